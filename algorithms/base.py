@@ -1,0 +1,154 @@
+"""The algorithm interface: a few hooks the runtime calls each round.
+
+Algorithms are plain synchronous PyTorch/numpy code: no sockets, no event loop,
+no clock. The runtime (``hfl.peer``) owns the round loop and calls, per round:
+
+1. ``local_update(round)`` – train on private data;
+2. ``share(round)`` – what leaves the peer this round (a :class:`Payload`, or None);
+3. by ``mode``:
+   - ``"local"``: nothing is exchanged;
+   - ``"broadcast"``: the payload goes to every live peer, and
+     ``absorb(round, {peer: payload})`` receives what the peers sent;
+   - ``"aggregator"``: the payload goes to the round's elected aggregator,
+     whose ``aggregate(round, {peer: payload})`` returns one result, which every
+     peer receives through ``absorb(round, {aggregator: result})``;
+4. ``evaluate()`` – metrics for the round.
+
+Knowledge is a dict of named numpy arrays plus small metadata, so the same hooks
+carry weights, posteriors, heads, prototypes or feature batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from hfl.algorithms.settings import TrainConfig
+from hfl.algorithms.training import evaluate, make_optimizer, train_epochs
+from torch import nn
+
+Mode = Literal["local", "broadcast", "aggregator"]
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Knowledge produced by an algorithm: named arrays plus small metadata."""
+
+    kind: str
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(t.nbytes) for t in self.tensors.values())
+
+
+@dataclass
+class AlgorithmContext:
+    """Everything an algorithm instance works with; built by the peer runtime."""
+
+    peer_id: str
+    model: nn.Module  # an hfl.models.HflModel: .features (-> E), .head (E -> C)
+    train: Any  # hfl.data.ArrayDataset
+    test: Any  # hfl.data.ArrayDataset (the peer's own test split)
+    num_classes: int
+    device: torch.device
+    seed: int
+    train_cfg: TrainConfig = field(default_factory=TrainConfig)
+    extra_tests: dict[str, Any] = field(default_factory=dict)  # e.g. {"global": ds}
+
+
+@dataclass(frozen=True)
+class NoConfig:
+    """For algorithms without options of their own."""
+
+
+class Algorithm:
+    """Base class. Subclasses set ``name`` and ``mode`` and override hooks."""
+
+    name: ClassVar[str] = ""
+    mode: ClassVar[Mode] = "local"
+    Config: ClassVar[type] = NoConfig
+
+    def __init__(self, ctx: AlgorithmContext, cfg: Any = None):
+        self.ctx = ctx
+        self.cfg = cfg if cfg is not None else self.Config()
+        self.model = ctx.model.to(ctx.device)
+        self.optimizer = make_optimizer(self.model.parameters(), ctx.train_cfg)
+        self.generator = torch.Generator().manual_seed(ctx.seed)  # batch order
+
+    # ------------------------------------------------------------------ hooks
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, round: int) -> torch.Tensor:
+        """Per-batch training loss; plain cross-entropy unless overridden."""
+        return nn.functional.cross_entropy(self.model(x), y)
+
+    def local_update(self, round: int) -> dict[str, float]:
+        train_loss = train_epochs(
+            self.model, self.ctx.train, self.optimizer, self.ctx.train_cfg,
+            self.ctx.device, self.generator, lambda x, y: self.loss(x, y, round),
+        )
+        return {"train_loss": train_loss}
+
+    def share(self, round: int) -> Payload | None:
+        return None
+
+    def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
+        return None
+
+    def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
+        return {}
+
+    def evaluate(self) -> dict[str, float]:
+        metrics = {}
+        acc, loss = evaluate(self.model, self.ctx.test, self.ctx.device)
+        metrics["test_acc"], metrics["test_loss"] = acc, loss
+        for name, ds in self.ctx.extra_tests.items():
+            metrics[f"{name}_acc"], metrics[f"{name}_loss"] = evaluate(
+                self.model, ds, self.ctx.device
+            )
+        return metrics
+
+    def handshake_info(self) -> dict[str, int]:
+        """Dimensions peers must agree on (sent in the hello; nothing else)."""
+        return {}
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors and plain values only: checkpoints load with weights_only=True."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def module_to_arrays(module: nn.Module) -> dict[str, np.ndarray]:
+    """A module's state as CPU numpy arrays (copies), keyed by state-dict name."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def arrays_to_module(module: nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    """Load arrays into a module, checking names and shapes first."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(arrays))
+    unexpected = sorted(set(arrays) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"state mismatch: missing {missing}, unexpected {unexpected}")
+    for k, v in own.items():
+        if tuple(arrays[k].shape) != tuple(v.shape):
+            raise ValueError(f"{k}: shape {tuple(arrays[k].shape)} != {tuple(v.shape)}")
+    module.load_state_dict(
+        {k: torch.as_tensor(np.array(arrays[k]), dtype=own[k].dtype) for k in own}
+    )

@@ -1,0 +1,72 @@
+"""The one training loop every algorithm uses, plus evaluation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import torch
+from hfl.algorithms.settings import TrainConfig
+from torch import nn
+
+
+def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(
+        params, lr=cfg.lr, weight_decay=cfg.weight_decay, amsgrad=cfg.optimizer == "amsgrad"
+    )
+
+
+def batches(ds, batch_size: int, generator: torch.Generator | None, shuffle: bool = True):
+    """Yield (x, y) CPU tensors from an ArrayDataset in a seeded order."""
+    n = len(ds)
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    x_all = torch.from_numpy(np.ascontiguousarray(ds.x))
+    y_all = torch.from_numpy(np.ascontiguousarray(ds.y))
+    for start in range(0, n, batch_size):
+        idx = order[start : start + batch_size]
+        yield x_all[idx], y_all[idx]
+
+
+def train_epochs(
+    model: nn.Module,
+    ds,
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    device: torch.device,
+    generator: torch.Generator,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> float:
+    """Run ``cfg.local_epochs`` epochs (or ``cfg.max_batches`` batches). Returns mean loss."""
+    model.train()
+    total, count, steps = 0.0, 0, 0
+    for _ in range(cfg.local_epochs):
+        for x, y in batches(ds, cfg.batch_size, generator):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(x, y)
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(y)
+            count += len(y)
+            steps += 1
+            if cfg.max_batches is not None and steps >= cfg.max_batches:
+                return total / max(count, 1)
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, ds, device: torch.device, batch_size: int = 512) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of ``model`` on ``ds``."""
+    if ds is None or len(ds) == 0:
+        return float("nan"), float("nan")
+    model.eval()
+    correct, loss, n = 0, 0.0, 0
+    for x, y in batches(ds, batch_size, None, shuffle=False):
+        x, y = x.to(device), y.to(device)
+        logits = model(x)  # (B, C)
+        loss += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(1) == y).sum())
+        n += len(y)
+    return correct / n, loss / n

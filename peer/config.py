@@ -1,0 +1,164 @@
+"""A peer's configuration: YAML -> validated frozen dataclasses.
+
+Torch-free on purpose: ``hfl-peer --config bad.yaml`` must fail at once. Each
+component gets only its own section. The ``algorithm`` section is validated
+against the chosen algorithm's own ``Config`` dataclass when the peer builds it
+(see ``hfl.peer.factory``), because that class lives with the algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hfl.algorithms.registry import CATALOG
+from hfl.algorithms.settings import TrainConfig
+from hfl.peer.configtools import ConfigError, apply_overrides, build, load_yaml
+
+ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+DEVICE_PATTERN = r"cpu|auto|cuda|cuda:\d+|mps"
+
+BUILTIN_DATASETS = ("digits", "breast_cancer", "wine")
+FILE_DATASETS = ("npz", "csv")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    id: str = field(metadata={"pattern": ID_PATTERN, "help": "this peer's unique id"})
+    listen: str = field(
+        default="tcp://127.0.0.1:0",
+        metadata={"help": "address to bind: tcp://host:port (port 0 = any free port), ipc://path, mem://name"},
+    )
+    bootstrap: tuple[str, ...] = field(
+        default=(), metadata={"help": "addresses of any live peers; the rest is learned by gossip"}
+    )
+    run_dir: str = field(default="runs/{id}", metadata={"help": "metrics, logs and checkpoints; {id} expands"})
+    device: str = field(default="cpu", metadata={"pattern": DEVICE_PATTERN})
+    threads: int | None = field(default=None, metadata={"min": 1, "help": "torch CPU threads"})
+    seed: int = field(default=0, metadata={"help": "this peer's own randomness (batch order, dropout)"})
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    checkpoint: bool = True
+    resume: bool = field(default=True, metadata={"help": "resume from run_dir's checkpoint if present"})
+    min_peers: int = field(default=1, metadata={"min": 1, "help": "cohort size to wait for before round 1"})
+
+    def validate(self) -> None:
+        scheme = self.listen.split("://", 1)[0]
+        if scheme not in ("tcp", "ipc", "mem") or "://" not in self.listen:
+            raise ValueError(
+                f"listen: got {self.listen!r}; expected tcp://host:port, ipc://path or mem://name"
+            )
+
+
+@dataclass(frozen=True)
+class CohortConfig:
+    """What every peer of a cohort must agree on; checked in the handshake."""
+
+    name: str = field(default="hfl", metadata={"pattern": ID_PATTERN})
+    algorithm: str = field(default="solo", metadata={"choices": tuple(sorted(CATALOG))})
+    rounds: int = field(default=10, metadata={"min": 1})
+    num_classes: int | None = field(
+        default=None, metadata={"min": 2, "help": "label-set size (default: from the dataset)"}
+    )
+    seed: int = field(default=0, metadata={"help": "shared seed: model initialisation"})
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    heartbeat_interval_s: float = field(default=0.5, metadata={"gt": 0})
+    suspect_after_s: float = field(default=2.0, metadata={"gt": 0})
+    dead_after_s: float = field(default=5.0, metadata={"gt": 0})
+    round_timeout_s: float = field(
+        default=60.0, metadata={"gt": 0, "help": "how long to wait for live peers' knowledge"}
+    )
+    aggregate_grace_s: float = field(
+        default=10.0, metadata={"min": 0, "help": "extra wait for the aggregator's result"}
+    )
+    join_timeout_s: float = field(
+        default=120.0, metadata={"gt": 0, "help": "how long to wait for min_peers before round 1"}
+    )
+    send_timeout_s: float = field(default=2.0, metadata={"gt": 0})
+    gossip_fanout: int = field(default=3, metadata={"min": 1})
+    lookahead_rounds: int = field(default=2, metadata={"min": 0})
+
+    def validate(self) -> None:
+        if not self.heartbeat_interval_s < self.suspect_after_s < self.dead_after_s:
+            raise ValueError(
+                "expected heartbeat_interval_s < suspect_after_s < dead_after_s; got "
+                f"{self.heartbeat_interval_s} / {self.suspect_after_s} / {self.dead_after_s}"
+            )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = field(default="digits", metadata={"choices": BUILTIN_DATASETS + FILE_DATASETS})
+    path: str | None = field(default=None, metadata={"help": "file for dataset npz/csv"})
+    target: str | None = field(default=None, metadata={"help": "label column for dataset csv"})
+    partition: Literal["none", "iid", "dirichlet"] = "iid"
+    num_partitions: int = field(default=1, metadata={"min": 1})
+    partition_index: int = field(default=0, metadata={"min": 0})
+    alpha: float = field(default=0.5, metadata={"gt": 0, "help": "Dirichlet concentration"})
+    test_fraction: float = field(default=0.2, metadata={"gt": 0, "lt": 1})
+    global_test_fraction: float = field(
+        default=0.2, metadata={"min": 0, "lt": 1, "help": "held out before partitioning; 0 = none"}
+    )
+    seed: int = field(default=0, metadata={"help": "shared by the cohort so partitions agree"})
+
+    def validate(self) -> None:
+        if self.partition_index >= self.num_partitions:
+            raise ValueError(
+                f"partition_index: got {self.partition_index}; allowed: 0..{self.num_partitions - 1}"
+            )
+        if self.dataset in FILE_DATASETS and not self.path:
+            raise ValueError(f"path: required for dataset {self.dataset!r}")
+        if self.dataset == "csv" and not self.target:
+            raise ValueError("target: required for dataset 'csv' (the label column)")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = field(default="mlp", metadata={"help": "mlp, lenet, resnet18, ..."})
+    embedding_dim: int = field(default=64, metadata={"min": 1})
+    options: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "architecture options, e.g. {hidden: [128]}"}
+    )
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    node: NodeConfig
+    cohort: CohortConfig = field(default_factory=CohortConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    algorithm: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "options of the chosen algorithm"}
+    )
+
+    @property
+    def run_dir(self) -> str:
+        return self.node.run_dir.replace("{id}", self.node.id)
+
+
+def load_config(path: str, overrides: list[str] | None = None) -> PeerConfig:
+    """Load, override and validate a peer config file. Raises ConfigError."""
+    data = apply_overrides(load_yaml(path), overrides or [])
+    return build(PeerConfig, data)
+
+
+def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -> PeerConfig:
+    return build(PeerConfig, apply_overrides(data, overrides or []))
+
+
+__all__ = [
+    "CohortConfig",
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "NodeConfig",
+    "PeerConfig",
+    "TimingConfig",
+    "TrainConfig",
+    "config_from_dict",
+    "load_config",
+]

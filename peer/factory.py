@@ -1,0 +1,116 @@
+"""Build a peer's data, model and algorithm from its (validated) config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hfl.peer.config import ConfigError, DataConfig, PeerConfig
+from hfl.peer.configtools import build
+
+
+@dataclass
+class PeerData:
+    train: Any  # ArrayDataset
+    test: Any
+    global_test: Any | None  # held out before partitioning: the same for every peer
+    num_classes: int
+
+
+def load_peer_data(cfg: DataConfig) -> PeerData:
+    """This peer's private train/test split (and the shared global test set).
+
+    Every peer of a cohort runs the same seeded split with its own
+    ``partition_index``, so the parts are disjoint without any coordination.
+    """
+    from hfl.data import (
+        dirichlet_partition,
+        iid_partition,
+        load_builtin,
+        load_csv,
+        load_npz,
+        train_test_split_indices,
+    )
+
+    try:
+        if cfg.dataset == "npz":
+            full = load_npz(cfg.path)
+        elif cfg.dataset == "csv":
+            full = load_csv(cfg.path, cfg.target)
+        else:
+            full = load_builtin(cfg.dataset)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError("data", f"cannot load dataset {cfg.dataset!r}: {exc}") from exc
+    global_test = None
+    pool = full
+    if cfg.global_test_fraction > 0:
+        pool_idx, global_idx = train_test_split_indices(
+            len(full), cfg.global_test_fraction, cfg.seed, stratify=full.y
+        )
+        pool, global_test = full.subset(pool_idx), full.subset(global_idx)
+    if cfg.partition == "none" or cfg.num_partitions == 1:
+        mine = pool
+    else:
+        if cfg.partition == "iid":
+            parts = iid_partition(pool.y, cfg.num_partitions, cfg.seed)
+        else:
+            parts = dirichlet_partition(pool.y, cfg.num_partitions, cfg.alpha, cfg.seed)
+        mine = pool.subset(parts[cfg.partition_index])
+    train_idx, test_idx = train_test_split_indices(
+        len(mine), cfg.test_fraction, cfg.seed * 7919 + cfg.partition_index
+    )
+    return PeerData(mine.subset(train_idx), mine.subset(test_idx), global_test, full.num_classes)
+
+
+def resolve_device(spec: str):
+    import torch
+
+    if spec == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("node.device", f"got {spec!r} but CUDA is not available here; use cpu or auto")
+        index = int(spec.split(":", 1)[1]) if ":" in spec else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(
+                "node.device",
+                f"got {spec!r}; this process sees {torch.cuda.device_count()} GPU(s) (check CUDA_VISIBLE_DEVICES)",
+            )
+        return torch.device(f"cuda:{index}")
+    return torch.device(spec)
+
+
+def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
+    """Data, model and algorithm instance for this peer."""
+    import torch
+    from hfl.algorithms.base import AlgorithmContext
+    from hfl.algorithms.registry import get_algorithm
+    from hfl.models import build_model
+
+    if cfg.node.threads:
+        torch.set_num_threads(cfg.node.threads)
+    device = resolve_device(cfg.node.device)
+    data = data or load_peer_data(cfg.data)
+    num_classes = cfg.cohort.num_classes or data.num_classes
+    if num_classes < data.num_classes:
+        raise ConfigError(
+            "cohort.num_classes",
+            f"got {num_classes} but the dataset has {data.num_classes} classes",
+        )
+    alg_cls = get_algorithm(cfg.cohort.algorithm)
+    alg_cfg = build(alg_cls.Config, cfg.algorithm, "algorithm")
+    torch.manual_seed(cfg.cohort.seed)  # the same initial weights for the same architecture
+    try:
+        model = build_model(
+            cfg.model.arch, data.train.input_shape, num_classes, cfg.model.embedding_dim,
+            **cfg.model.options,
+        )
+    except ValueError as exc:
+        raise ConfigError("model", str(exc)) from exc
+    torch.manual_seed(cfg.node.seed)  # this peer's own randomness from here on
+    ctx = AlgorithmContext(
+        peer_id=cfg.node.id, model=model, train=data.train, test=data.test,
+        num_classes=num_classes, device=device, seed=cfg.node.seed, train_cfg=cfg.train,
+        extra_tests={"global": data.global_test} if data.global_test is not None else {},
+    )
+    return alg_cls(ctx, alg_cfg), num_classes

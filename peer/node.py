@@ -1,0 +1,497 @@
+"""The peer: an asyncio shell around membership, rounds and an algorithm.
+
+One event loop per peer. Three owned tasks run while the node lives:
+
+- ``receive``: decode, validate and dispatch every inbound message; a bad one
+  is dropped with a logged reason and counted, never raised;
+- ``tick``: heartbeats, gossip, hellos to newly learned members and failure
+  detection, every ``heartbeat_interval_s``;
+- ``rounds``: the round engine (below). Training, sharing, aggregation and
+  evaluation run in a worker thread, so heartbeats never stall behind a step.
+
+A round r: local update -> share -> by the algorithm's mode, either wait for
+every live peer's knowledge until ``round_timeout_s`` (broadcast), or send the
+knowledge to the aggregator elected for (r, epoch) and wait for its result; if
+the aggregator dies or stays silent past its deadline, fail over to the next
+live peer in the rotation (epoch + 1) -> absorb -> evaluate -> metrics ->
+checkpoint. Every peer stops after ``cohort.rounds`` and says goodbye.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hfl.algorithms.base import Algorithm, Payload
+from hfl.peer.clock import MonotonicClock
+from hfl.peer.config import CohortConfig, TimingConfig
+from hfl.peer.membership import Membership, elect
+from hfl.peer.rounds import RoundBuffer
+from hfl.peer.transport import Transport
+from hfl.protocol import (
+    PROTOCOL_VERSION,
+    AggregateResult,
+    Error,
+    ErrorCode,
+    Gossip,
+    Heartbeat,
+    Hello,
+    Knowledge,
+    Leave,
+    Limits,
+    Message,
+    ProtocolError,
+    Welcome,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("hfl.peer")
+
+
+@dataclass
+class NodeResult:
+    rounds_completed: int
+    last_round: int
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+class Node:
+    def __init__(
+        self,
+        peer_id: str,
+        transport: Transport,
+        algorithm: Algorithm,
+        cohort: CohortConfig,
+        num_classes: int,
+        timing: TimingConfig,
+        bootstrap: tuple[str, ...] = (),
+        min_peers: int = 1,
+        incarnation: int = 0,
+        start_round: int = 1,
+        known_members: list[tuple[str, str]] | None = None,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+        on_checkpoint: Callable[[int, Node], None] | None = None,
+        clock=None,
+        limits: Limits | None = None,
+        seed: int = 0,
+    ):
+        self.id = peer_id
+        self.transport = transport
+        self.alg = algorithm
+        self.cohort = cohort
+        self.num_classes = num_classes
+        self.timing = timing
+        self.bootstrap = tuple(bootstrap)
+        self.min_peers = min_peers
+        self.incarnation = incarnation
+        self.round = start_round
+        self.known_members = known_members or []
+        self.on_round = on_round
+        self.on_checkpoint = on_checkpoint
+        self.clock = clock or MonotonicClock()
+        self.limits = limits or Limits()
+        self.rng = random.Random(f"{seed}:{peer_id}:{incarnation}")
+        self.buffer = RoundBuffer(lookahead=timing.lookahead_rounds, round=start_round)
+        self.dropped: Counter[str] = Counter()
+        self.epoch = 0
+        self.membership: Membership | None = None
+        self._wakeup = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._handshake_info = algorithm.handshake_info()
+        self._metrics: list[dict[str, Any]] = []
+        self._stopping = False
+
+    # ================================================================ lifecycle
+
+    async def run(self) -> NodeResult:
+        await self.transport.start()
+        self.membership = Membership(
+            self.id, self.transport.address, self.incarnation,
+            self.timing.suspect_after_s, self.timing.dead_after_s,
+        )
+        now = self.clock.now()
+        for peer_id, address in self.known_members:  # from a checkpoint
+            self.membership.heard_from(peer_id, -1, now, address=address)
+        log.info("%s listening on %s (incarnation %d)", self.id, self.transport.address,
+                 self.incarnation)
+        background = [
+            self._spawn(self._receive_loop(), "receive"),
+            self._spawn(self._tick_loop(), "tick"),
+        ]
+        try:
+            await self._run_rounds()
+            await self._leave("finished")
+        except asyncio.CancelledError:
+            # Stopped from outside (SIGTERM, Ctrl-C): tell the others, briefly.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._leave("stopped"), self.timing.send_timeout_s)
+            raise
+        finally:
+            self._stopping = True
+            for task in background + list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*background, *self._tasks, return_exceptions=True)
+            await self.transport.close()
+        return NodeResult(
+            rounds_completed=len(self._metrics),
+            last_round=self.round - 1,
+            metrics=self._metrics,
+            dropped=dict(self.dropped),
+        )
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=f"{self.id}:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def shutdown(self, reason: str = "shutdown") -> None:
+        """Say goodbye to every member (best effort, bounded by send_timeout_s)."""
+        await self._leave(reason)
+
+    # ================================================================ sending
+
+    def _envelope(self) -> dict[str, Any]:
+        return {"sender": self.id, "incarnation": self.incarnation}
+
+    async def _send(self, address: str, msg: Message, timeout_s: float | None = None) -> bool:
+        frames = encode(msg)
+        return await self.transport.send(
+            address, frames, self.timing.send_timeout_s if timeout_s is None else timeout_s
+        )
+
+    async def _send_to(self, peer_id: str, msg: Message, timeout_s: float | None = None) -> bool:
+        address = self.membership.address_of(peer_id)
+        return False if address is None else await self._send(address, msg, timeout_s)
+
+    async def _broadcast(self, peer_ids: list[str], msg: Message, timeout_s: float | None = None) -> int:
+        """Send one message to several peers concurrently. Returns how many took it."""
+        frames = encode(msg)  # encode once
+        timeout = self.timing.send_timeout_s if timeout_s is None else timeout_s
+        sends = []
+        for p in peer_ids:
+            address = self.membership.address_of(p)
+            if address is not None:
+                sends.append(self.transport.send(address, frames, timeout))
+        results = await asyncio.gather(*sends)
+        return sum(results)
+
+    def _reply_soon(self, address: str, msg: Message) -> None:
+        """Reply from the receive loop without blocking it."""
+        self._spawn(self._send(address, msg), "reply")
+
+    # ================================================================ receiving
+
+    async def _receive_loop(self) -> None:
+        while True:
+            identity, frames = await self.transport.recv()
+            try:
+                self._handle(identity, frames)
+            except Exception:  # a bug in a handler must not kill the peer
+                log.exception("%s: handler failed on a message from %s", self.id, identity)
+                self.dropped["handler_error"] += 1
+
+    def _drop(self, code: str, reason: str) -> None:
+        self.dropped[code] += 1
+        log.warning("%s: dropped message: %s", self.id, reason)
+
+    def _handle(self, identity: str, frames: list) -> None:
+        try:
+            msg = decode(frames, self.limits)
+        except ProtocolError as err:
+            self._drop(err.code, f"from {identity!r}: {err}")
+            return
+        if msg.sender != identity:
+            self._drop(ErrorCode.IDENTITY_MISMATCH,
+                       f"header says {msg.sender!r} but the connection is {identity!r}")
+            return
+        now = self.clock.now()
+        mem = self.membership
+        if isinstance(msg, Hello):
+            self._on_hello(msg, now)
+            return
+        if msg.sender not in mem.members:
+            if isinstance(msg, (Welcome, Gossip)):
+                pass  # answers to our hello, or gossip from a peer we have not met: learn from it
+            else:
+                self._drop(ErrorCode.NOT_MEMBER, f"{msg.TYPE} from unknown peer {msg.sender!r}")
+                return
+        elif not mem.is_current(msg.sender, msg.incarnation):
+            self._drop("stale_incarnation",
+                       f"{msg.TYPE} from {msg.sender} incarnation {msg.incarnation} (a dead process)")
+            return
+        address = msg.address if isinstance(msg, Welcome) else None
+        round_ = getattr(msg, "round", None) if isinstance(msg, (Heartbeat, Welcome)) else None
+        if isinstance(msg, Leave):
+            change = mem.left(msg.sender, msg.incarnation)
+        else:
+            change = mem.heard_from(msg.sender, msg.incarnation, now, address=address, round=round_)
+        if change:
+            log.info("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
+                     change.reason)
+        if isinstance(msg, (Welcome, Gossip)):
+            if isinstance(msg, Welcome) and msg.sender in mem.members:
+                mem.members[msg.sender].greeted = True
+            for new in mem.merge(msg.members, now):
+                log.info("%s: learned of %s via %s", self.id, new, msg.sender)
+        elif isinstance(msg, Knowledge):
+            reason = self.buffer.offer_knowledge(msg)
+            if reason:
+                self._drop("stale_knowledge" if "late" in reason else "rejected_knowledge", reason)
+        elif isinstance(msg, AggregateResult):
+            reason = self.buffer.offer_result(msg)
+            if reason:
+                self._drop("stale_result", reason)
+        elif isinstance(msg, Error):
+            log.warning("%s: %s reports %s: %s", self.id, msg.sender, msg.code, msg.reason)
+        self._wakeup.set()
+
+    def _on_hello(self, msg: Hello, now: float) -> None:
+        problem = self._incompatibility(msg)
+        if problem:
+            self._drop(ErrorCode.COHORT_MISMATCH, f"hello from {msg.sender}: {problem}")
+            self._reply_soon(msg.address, Error(
+                **self._envelope(), code=ErrorCode.COHORT_MISMATCH, reason=problem, ref_type="hello"))
+            return
+        mem = self.membership
+        if not mem.is_current(msg.sender, msg.incarnation) and msg.sender in mem.members:
+            self._drop("stale_incarnation", f"hello from an old incarnation of {msg.sender}")
+            return
+        change = mem.heard_from(msg.sender, msg.incarnation, now, address=msg.address,
+                                round=msg.round)
+        if change:
+            log.info("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
+                     change.reason)
+        mem.members[msg.sender].address = msg.address
+        self._reply_soon(msg.address, Welcome(
+            **self._envelope(), address=mem.self_address, round=self.round, members=mem.records()))
+        self._wakeup.set()
+
+    def _incompatibility(self, msg: Hello) -> str | None:
+        checks = [
+            ("cohort", msg.cohort, self.cohort.name),
+            ("algorithm", msg.algorithm, self.cohort.algorithm),
+            ("num_classes", msg.num_classes, self.num_classes),
+            ("rounds", msg.rounds, self.cohort.rounds),
+            ("shared", msg.shared, self._handshake_info),
+        ]
+        for name, theirs, ours in checks:
+            if theirs != ours:
+                return f"{name} differs: theirs {theirs!r}, ours {ours!r}"
+        return None
+
+    def _hello(self) -> Hello:
+        return Hello(
+            **self._envelope(), address=self.membership.self_address, cohort=self.cohort.name,
+            algorithm=self.cohort.algorithm, num_classes=self.num_classes,
+            rounds=self.cohort.rounds, round=self.round, shared=self._handshake_info,
+            capabilities=[self.alg.mode, f"protocol:{PROTOCOL_VERSION}"],
+        )
+
+    # ================================================================ ticking
+
+    async def _tick_loop(self) -> None:
+        tick = 0
+        while True:
+            await self._tick(tick)
+            tick += 1
+            await asyncio.sleep(self.timing.heartbeat_interval_s)
+
+    async def _tick(self, tick: int) -> None:
+        mem = self.membership
+        for change in mem.tick(self.clock.now()):
+            log.warning("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
+                        change.reason)
+            self._wakeup.set()
+        sends = []
+        # Bootstrap until someone answers; then greet whoever gossip taught us.
+        if not mem.members:
+            hello = self._hello()
+            sends += [self._send(a, hello, 0.05) for a in self.bootstrap if a != mem.self_address]
+        for m in mem.members.values():
+            if not m.greeted and m.status != "left":
+                sends.append(self._send(m.address, self._hello(), 0.05))
+        targets = mem.gossip_targets()
+        if targets:
+            sends.append(self._broadcast(targets, Heartbeat(**self._envelope(), round=self.round), 0.05))
+            if tick % 2 == 0:
+                fanout = self.rng.sample(targets, min(self.timing.gossip_fanout, len(targets)))
+                sends.append(self._broadcast(fanout, Gossip(**self._envelope(),
+                                                            members=mem.records()), 0.05))
+        await asyncio.gather(*sends)
+
+    # ================================================================ waiting
+
+    async def _wait_until(self, done: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``done()`` or the clock passes ``deadline``. Never hangs."""
+        while not done():
+            remaining = deadline - self.clock.now()
+            if remaining <= 0:
+                return False
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(),
+                                       timeout=min(remaining, self.timing.heartbeat_interval_s))
+            except TimeoutError:
+                pass
+        return True
+
+    async def _join(self) -> None:
+        mem = self.membership
+        deadline = self.clock.now() + self.timing.join_timeout_s
+        # A peer resuming mid-run rejoins whoever is left; it needs one of them.
+        need = self.min_peers if self.round == 1 else min(self.min_peers, 2)
+        if need > 1 or self.bootstrap:
+            ok = await self._wait_until(
+                lambda: len(mem.live_view()) >= need
+                and all(m.greeted for m in mem.members.values() if m.status == "alive"),
+                deadline,
+            )
+            if not ok:
+                log.warning("%s: only %d of %d peers joined within %.0fs; starting anyway",
+                            self.id, len(mem.live_view()), need,
+                            self.timing.join_timeout_s)
+        log.info("%s: cohort %s", self.id, ", ".join(mem.live_view()))
+
+    # ================================================================ rounds
+
+    async def _run_rounds(self) -> None:
+        await self._join()
+        while self.round <= self.cohort.rounds:
+            target = self.membership.max_live_round()
+            if target > self.round:
+                log.info("%s: catching up from round %d to the cohort's round %d",
+                         self.id, self.round, min(target, self.cohort.rounds))
+                self.round = min(target, self.cohort.rounds)
+                self.buffer.advance(self.round)
+            await self._one_round(self.round)
+            self.round += 1
+            self.buffer.advance(self.round)
+
+    async def _one_round(self, r: int) -> None:
+        t_start, wall_start = self.clock.now(), time.time()
+        sent0, recv0 = self.transport.stats.bytes_sent, self.transport.stats.bytes_received
+        compute = 0.0
+
+        async def work(fn, *args):
+            nonlocal compute
+            t = time.perf_counter()
+            out = await asyncio.to_thread(fn, *args)
+            compute += time.perf_counter() - t
+            return out
+
+        metrics: dict[str, Any] = dict(await work(self.alg.local_update, r))
+        payload = await work(self.alg.share, r)
+        info: dict[str, Any] = {}
+        if self.alg.mode == "broadcast":
+            received = await self._exchange(r, payload, info)
+        elif self.alg.mode == "aggregator":
+            received = await self._aggregate_round(r, payload, info, work)
+        else:
+            received = {}
+        if received:
+            metrics.update(await work(self.alg.absorb, r, received))
+        metrics.update(await work(self.alg.evaluate))
+        stats = self.transport.stats
+        record = {
+            "peer": self.id, "round": r, "time": wall_start,
+            "round_time_s": self.clock.now() - t_start, "compute_s": compute,
+            **metrics, **info,
+            "live_peers": len(self.membership.live_view()),
+            "bytes_sent": stats.bytes_sent - sent0, "bytes_received": stats.bytes_received - recv0,
+            "total_bytes_sent": stats.bytes_sent, "total_bytes_received": stats.bytes_received,
+            "dropped": sum(self.dropped.values()), "incarnation": self.incarnation,
+        }
+        self._metrics.append(record)
+        if self.on_checkpoint is not None:
+            await asyncio.to_thread(self.on_checkpoint, r, self)
+        if self.on_round is not None:
+            self.on_round(record)
+
+    def _knowledge(self, r: int, payload: Payload | None, epoch: int = 0) -> Knowledge:
+        payload = payload or Payload(kind="none")
+        return Knowledge(**self._envelope(), round=r, kind=payload.kind, epoch=epoch,
+                         meta=payload.meta, tensors=payload.tensors)
+
+    @staticmethod
+    def _payload(msg: Knowledge | AggregateResult) -> Payload:
+        return Payload(kind=msg.kind, tensors=dict(msg.tensors), meta=dict(msg.meta))
+
+    async def _exchange(self, r: int, payload: Payload | None, info: dict) -> dict[str, Payload]:
+        """Decentralized round: everyone's knowledge to everyone, until the deadline."""
+        mem = self.membership
+        await self._broadcast(mem.live_peers(), self._knowledge(r, payload))
+        deadline = self.clock.now() + self.timing.round_timeout_s
+        complete = await self._wait_until(lambda: self.buffer.has_all(r, mem.live_peers()), deadline)
+        got = self.buffer.received(r)
+        info.update(received_from=len(got), timed_out=not complete)
+        return {p: self._payload(m) for p, m in sorted(got.items()) if m.kind != "none"}
+
+    async def _aggregate_round(self, r: int, payload: Payload | None, info: dict, work) -> dict[str, Payload]:
+        """Server-style round on the aggregator elected for (r, epoch), with fail-over."""
+        mem = self.membership
+        self.epoch = 0
+        for _attempt in range(len(mem.rotation_order()) + 1):
+            elected = elect(mem.rotation_order(), mem.is_live, r, self.epoch)
+            if elected is None:
+                break
+            aggregator, self.epoch = elected
+            info.update(aggregator=aggregator, epoch=self.epoch)
+            if aggregator == self.id:
+                return await self._serve(r, payload, info, work)
+            await self._send_to(aggregator, self._knowledge(r, payload, self.epoch))
+            deadline = (self.clock.now() + self.timing.round_timeout_s
+                        + self.timing.aggregate_grace_s)
+            await self._wait_until(
+                lambda a=aggregator: self.buffer.result(r, self.epoch) is not None
+                or not mem.is_live(a),
+                deadline,
+            )
+            result = self.buffer.result(r, self.epoch)
+            if result is not None:
+                info.update(aggregator=result.sender, epoch=result.epoch,
+                            contributors=len(result.contributors))
+                return {result.sender: self._payload(result)}
+            why = "is dead" if not mem.is_live(aggregator) else "missed its deadline"
+            log.warning("%s: round %d: aggregator %s (epoch %d) %s; failing over",
+                        self.id, r, aggregator, self.epoch, why)
+            self.epoch += 1
+        log.error("%s: round %d: no aggregator could be reached; keeping the local model",
+                  self.id, r)
+        info.update(aggregator=None)
+        return {}
+
+    async def _serve(self, r: int, payload: Payload | None, info: dict, work) -> dict[str, Payload]:
+        mem = self.membership
+        deadline = self.clock.now() + self.timing.round_timeout_s
+        complete = await self._wait_until(lambda: self.buffer.has_all(r, mem.live_peers()), deadline)
+        contributions = {p: self._payload(m) for p, m in self.buffer.received(r).items()
+                         if m.kind != "none"}
+        if payload is not None:
+            contributions[self.id] = payload
+        result = await work(self.alg.aggregate, r, contributions)
+        if result is None:
+            return {}
+        msg = AggregateResult(**self._envelope(), round=r, epoch=self.epoch, kind=result.kind,
+                              contributors=sorted(contributions), meta=result.meta,
+                              tensors=result.tensors)
+        await self._broadcast(mem.live_peers(), msg)
+        info.update(contributors=len(contributions), timed_out=not complete)
+        return {self.id: result}
+
+    async def _leave(self, reason: str) -> None:
+        if self.membership is None or self.transport is None:
+            return
+        targets = [p for p in self.membership.gossip_targets() if self.membership.is_live(p)]
+        if targets:
+            await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
+                                                 round=self.round))

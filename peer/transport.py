@@ -1,0 +1,391 @@
+"""Transports: how encoded frames move between peers.
+
+A transport sends a list of frames to an address and yields ``(sender_id,
+frames)`` pairs on receipt, where ``sender_id`` is the identity the *transport*
+vouches for (the ZeroMQ routing id of the connection), not what the message
+header claims. The peer compares the two and drops a message whose header lies.
+
+The address scheme picks the backend (:func:`make_transport`):
+
+- ``tcp://host:port`` / ``ipc://path`` -> :class:`ZmqTransport`
+- ``mem://name`` -> :class:`InMemoryTransport` (one process, used by tests)
+
+:class:`FaultyTransport` wraps either and injects seeded faults (drop, delay,
+duplicate, reorder, partition) on the send path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+Frames = Sequence[bytes | memoryview]
+
+
+@dataclass
+class TransportStats:
+    messages_sent: int = 0
+    messages_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    send_failures: int = 0  # destination unreachable, queue full or send timeout
+
+
+def frames_nbytes(frames: Frames) -> int:
+    return sum(memoryview(f).nbytes for f in frames)
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    """Deliberate socket settings (see PROTOCOL.md, "Transport")."""
+
+    max_message_bytes: int = 256 * 2**20  # ZMQ_MAXMSGSIZE: larger inbound parts drop the link
+    send_hwm: int = 1000  # messages queued per destination before sends fail
+    recv_hwm: int = 10000
+    reconnect_ivl_ms: int = 100  # first reconnect attempt after a dropped link...
+    reconnect_ivl_max_ms: int = 2000  # ...then exponential backoff up to this
+    linger_ms: int = 0  # never block process exit on unsent messages
+    inbox_size: int = 10000  # in-memory transport: bounded receive queue
+
+
+class Transport(ABC):
+    """Point-to-point, message-oriented, unreliable: a send may be lost."""
+
+    def __init__(self, peer_id: str, address: str):
+        self.peer_id = peer_id
+        self.address = address
+        self.stats = TransportStats()
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Bind the listening address. ``self.address`` is final afterwards."""
+
+    @abstractmethod
+    async def send(self, address: str, frames: Frames, timeout_s: float) -> bool:
+        """Queue ``frames`` for ``address``; False if it could not within ``timeout_s``."""
+
+    @abstractmethod
+    async def recv(self) -> tuple[str, list[memoryview]]:
+        """Wait for the next message: (transport-vouched sender id, frames)."""
+
+    async def forget(self, address: str) -> None:  # noqa: B027 - optional hook
+        """Drop any connection state kept for ``address`` (a peer that left)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- ZeroMQ
+
+
+class ZmqTransport(Transport):
+    """One ROUTER socket bound at our address; one DEALER per destination.
+
+    Each DEALER carries our peer id as its routing id, so the receiving ROUTER
+    prefixes every message with it: that is the identity we check headers
+    against. ``ROUTER_HANDOVER`` lets a peer that restarts under the same id
+    take over its old, half-dead connection instead of being silently ignored.
+    ``IMMEDIATE`` on the DEALER means nothing is queued for a peer that is not
+    connected, so a send to a dead peer fails fast instead of delivering stale
+    knowledge minutes later.
+    """
+
+    def __init__(self, peer_id: str, address: str, options: TransportOptions | None = None):
+        super().__init__(peer_id, address)
+        self.options = options or TransportOptions()
+        self._ctx = None
+        self._router = None
+        self._dealers: dict[str, object] = {}
+
+    async def start(self) -> None:
+        import zmq
+        import zmq.asyncio
+
+        o = self.options
+        self._ctx = zmq.asyncio.Context()
+        router = self._ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, o.linger_ms)
+        router.setsockopt(zmq.RCVHWM, o.recv_hwm)
+        router.setsockopt(zmq.MAXMSGSIZE, o.max_message_bytes)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        router.setsockopt(zmq.IDENTITY, self.peer_id.encode())
+        router.bind(self.address)
+        # A port of 0 asks the OS for a free one; report the real endpoint.
+        self.address = router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._router = router
+
+    def _dealer(self, address: str):
+        import zmq
+
+        sock = self._dealers.get(address)
+        if sock is None:
+            o = self.options
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, self.peer_id.encode())
+            sock.setsockopt(zmq.LINGER, o.linger_ms)
+            sock.setsockopt(zmq.SNDHWM, o.send_hwm)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.RECONNECT_IVL, o.reconnect_ivl_ms)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, o.reconnect_ivl_max_ms)
+            sock.connect(address)
+            self._dealers[address] = sock
+        return sock
+
+    async def send(self, address: str, frames: Frames, timeout_s: float) -> bool:
+        import zmq
+
+        if self._router is None:
+            raise RuntimeError("transport not started")
+        sock = self._dealer(address)
+        try:
+            ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
+            if not ready & zmq.POLLOUT:
+                self.stats.send_failures += 1
+                return False
+            sock.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.stats.send_failures += 1
+            return False
+        except zmq.ZMQError as exc:
+            log.warning("send to %s failed: %s", address, exc)
+            self.stats.send_failures += 1
+            return False
+        self.stats.messages_sent += 1
+        self.stats.bytes_sent += frames_nbytes(frames)
+        return True
+
+    async def recv(self) -> tuple[str, list[memoryview]]:
+        while True:
+            parts = await self._router.recv_multipart(copy=False)
+            if len(parts) < 2:  # an identity frame alone: nothing to deliver
+                continue
+            identity = parts[0].bytes.decode("utf-8", errors="replace")
+            frames = [p.buffer for p in parts[1:]]
+            self.stats.messages_received += 1
+            self.stats.bytes_received += frames_nbytes(frames)
+            return identity, frames
+
+    async def forget(self, address: str) -> None:
+        sock = self._dealers.pop(address, None)
+        if sock is not None:
+            sock.close(linger=0)
+
+    async def close(self) -> None:
+        for sock in self._dealers.values():
+            sock.close(linger=0)
+        self._dealers.clear()
+        if self._router is not None:
+            self._router.close(linger=0)
+            self._router = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+
+# --------------------------------------------------------------------------- in-memory
+
+
+class MemoryHub:
+    """The "network" of in-memory transports: address -> transport."""
+
+    def __init__(self) -> None:
+        self.endpoints: dict[str, InMemoryTransport] = {}
+
+
+DEFAULT_HUB = MemoryHub()
+
+
+class InMemoryTransport(Transport):
+    """Delivers copies of the frames to another transport's bounded inbox.
+
+    Frames are copied on send, as a network would, so a receiver can never
+    observe a later change to the sender's buffers.
+    """
+
+    def __init__(
+        self,
+        peer_id: str,
+        address: str,
+        hub: MemoryHub | None = None,
+        options: TransportOptions | None = None,
+    ):
+        super().__init__(peer_id, address)
+        self.hub = hub or DEFAULT_HUB
+        self.options = options or TransportOptions()
+        self._inbox: asyncio.Queue[tuple[str, list[memoryview]]] | None = None
+
+    async def start(self) -> None:
+        if self.address in self.hub.endpoints:
+            # A restarted peer takes its address over, as ROUTER_HANDOVER does.
+            log.info("in-memory address %s taken over by %s", self.address, self.peer_id)
+        self._inbox = asyncio.Queue(maxsize=self.options.inbox_size)
+        self.hub.endpoints[self.address] = self
+
+    async def send(self, address: str, frames: Frames, timeout_s: float) -> bool:
+        dest = self.hub.endpoints.get(address)
+        nbytes = frames_nbytes(frames)
+        if dest is None or dest._inbox is None or nbytes > dest.options.max_message_bytes:
+            self.stats.send_failures += 1
+            return False
+        copies = [memoryview(bytes(f)) for f in frames]
+        try:
+            dest._inbox.put_nowait((self.peer_id, copies))
+        except asyncio.QueueFull:
+            self.stats.send_failures += 1
+            return False
+        self.stats.messages_sent += 1
+        self.stats.bytes_sent += nbytes
+        dest.stats.messages_received += 1
+        dest.stats.bytes_received += nbytes
+        return True
+
+    async def recv(self) -> tuple[str, list[memoryview]]:
+        if self._inbox is None:
+            raise RuntimeError("transport not started")
+        return await self._inbox.get()
+
+    async def close(self) -> None:
+        if self.hub.endpoints.get(self.address) is self:
+            del self.hub.endpoints[self.address]
+        self._inbox = None
+
+
+# --------------------------------------------------------------------------- faults
+
+
+@dataclass
+class FaultPlan:
+    """Seeded faults shared by every :class:`FaultyTransport` of a test cohort.
+
+    Probabilities apply per message on the send path. ``blocked`` holds
+    directed (from_address, to_address) links that currently drop everything;
+    :meth:`partition` and :meth:`heal` edit it, so a test can cut the cohort in
+    two at an exact point and join it again.
+    """
+
+    seed: int = 0
+    drop: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0  # hold a message back and deliver it after the next one
+    delay: float = 0.0
+    delay_s: tuple[float, float] = (0.01, 0.05)
+    only_types: frozenset[str] | None = None  # restrict faults to these header types
+    blocked: set[tuple[str, str]] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def partition(self, side_a: Sequence[str], side_b: Sequence[str]) -> None:
+        for a in side_a:
+            for b in side_b:
+                self.blocked.add((a, b))
+                self.blocked.add((b, a))
+
+    def heal(self) -> None:
+        self.blocked.clear()
+
+    def count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+
+class FaultyTransport(Transport):
+    """Wraps a transport and misbehaves on purpose, reproducibly.
+
+    The random stream is seeded from the plan's seed and this transport's
+    address, so a cohort with the same plan makes the same per-link decisions.
+    """
+
+    def __init__(self, inner: Transport, plan: FaultPlan):
+        super().__init__(inner.peer_id, inner.address)
+        self.inner = inner
+        self.plan = plan
+        self.stats = inner.stats
+        self._rng = random.Random(f"{plan.seed}:{inner.address}")
+        self._held: dict[str, list[Frames]] = {}
+        self._delayed: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        await self.inner.start()
+        self.address = self.inner.address
+        self._rng = random.Random(f"{self.plan.seed}:{self.address}")
+
+    def _applies(self, frames: Frames) -> bool:
+        if self.plan.only_types is None:
+            return True
+        try:
+            import msgpack
+
+            header = msgpack.unpackb(bytes(frames[0]), raw=False)
+            return header.get("type") in self.plan.only_types
+        except Exception:
+            return True
+
+    async def send(self, address: str, frames: Frames, timeout_s: float) -> bool:
+        plan = self.plan
+        if (self.address, address) in plan.blocked:
+            plan.count("partitioned")
+            return True  # the sender cannot tell: the network ate it
+        if not self._applies(frames):
+            return await self.inner.send(address, frames, timeout_s)
+        rng = self._rng
+        if rng.random() < plan.drop:
+            plan.count("dropped")
+            return True
+        if rng.random() < plan.delay:
+            plan.count("delayed")
+            delay = rng.uniform(*plan.delay_s)
+            copies = [bytes(f) for f in frames]
+            task = asyncio.create_task(
+                self._send_later(address, copies, delay, timeout_s), name=f"delayed-send->{address}"
+            )
+            self._delayed.add(task)
+            task.add_done_callback(self._delayed.discard)
+            return True
+        if rng.random() < plan.reorder and not self._held.get(address):
+            plan.count("reordered")
+            self._held.setdefault(address, []).append([bytes(f) for f in frames])
+            return True
+        ok = await self.inner.send(address, frames, timeout_s)
+        for held in self._held.pop(address, []):
+            await self.inner.send(address, held, timeout_s)
+        if rng.random() < plan.duplicate:
+            plan.count("duplicated")
+            await self.inner.send(address, frames, timeout_s)
+        return ok
+
+    async def _send_later(self, address: str, frames: Frames, delay: float, timeout_s: float):
+        await asyncio.sleep(delay)
+        await self.inner.send(address, frames, timeout_s)
+
+    async def recv(self) -> tuple[str, list[memoryview]]:
+        return await self.inner.recv()
+
+    async def forget(self, address: str) -> None:
+        await self.inner.forget(address)
+
+    async def close(self) -> None:
+        for task in list(self._delayed):
+            task.cancel()
+        await asyncio.gather(*self._delayed, return_exceptions=True)
+        await self.inner.close()
+
+
+def make_transport(
+    peer_id: str,
+    address: str,
+    options: TransportOptions | None = None,
+    hub: MemoryHub | None = None,
+) -> Transport:
+    """Pick the backend from the address scheme."""
+    scheme = address.split("://", 1)[0] if "://" in address else ""
+    if scheme in ("tcp", "ipc"):
+        return ZmqTransport(peer_id, address, options)
+    if scheme == "mem":
+        return InMemoryTransport(peer_id, address, hub=hub, options=options)
+    raise ValueError(
+        f"address {address!r}: unknown scheme {scheme!r}; allowed: tcp://host:port, ipc://path, mem://name"
+    )

@@ -1,0 +1,161 @@
+"""Message types of the hfl wire protocol (spec: PROTOCOL.md at the repo root).
+
+Every message is a frozen dataclass. All share the envelope fields ``sender``
+(the peer id) and ``incarnation`` (bumped each time that peer process restarts),
+so a receiver can bind a message to a peer and tell a restarted peer from a
+stale one. Tensors travel as raw frames after a msgpack header (see codec.py);
+here they are plain numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+#: Member status values carried in the membership view.
+MEMBER_STATUSES = ("alive", "suspect", "dead", "left")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    """Envelope fields common to every message."""
+
+    TYPE: ClassVar[str] = ""
+    sender: str
+    incarnation: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemberRecord:
+    """One entry of a membership view."""
+
+    peer_id: str
+    address: str
+    incarnation: int
+    status: str = "alive"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hello(Message):
+    """Handshake: sent to a bootstrap address and to every newly learned member.
+
+    ``shared`` carries the dimensions the algorithm needs peers to agree on (for
+    example ``{"embedding_dim": 64}``), never anything about the architecture.
+    """
+
+    TYPE: ClassVar[str] = "hello"
+    address: str
+    cohort: str
+    algorithm: str
+    num_classes: int
+    rounds: int
+    round: int = 0
+    shared: dict[str, int] = field(default_factory=dict)
+    capabilities: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Welcome(Message):
+    """Handshake reply: the sender's membership view and its current round."""
+
+    TYPE: ClassVar[str] = "welcome"
+    address: str
+    round: int
+    members: list[MemberRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gossip(Message):
+    """Periodic push of the sender's membership view."""
+
+    TYPE: ClassVar[str] = "gossip"
+    members: list[MemberRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Heartbeat(Message):
+    """Liveness signal; also tells the receiver which round the sender is in."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+    round: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Leave(Message):
+    """The sender is leaving the cohort on purpose (finished, or shutting down)."""
+
+    TYPE: ClassVar[str] = "leave"
+    reason: str = ""
+    round: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knowledge(Message):
+    """What an algorithm shares for one round.
+
+    ``epoch`` is used by aggregator-based methods: a contribution for round r is
+    addressed to the aggregator elected for (r, epoch).
+    """
+
+    TYPE: ClassVar[str] = "knowledge"
+    round: int
+    kind: str
+    epoch: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AggregateResult(Message):
+    """The elected aggregator's result for (round, epoch)."""
+
+    TYPE: ClassVar[str] = "aggregate"
+    round: int
+    epoch: int
+    kind: str
+    contributors: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Error(Message):
+    """A refusal or failure report, sent instead of raising across the wire."""
+
+    TYPE: ClassVar[str] = "error"
+    code: str
+    reason: str
+    ref_type: str = ""
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (Hello, Welcome, Gossip, Heartbeat, Leave, Knowledge, AggregateResult, Error)
+}
+
+
+class ErrorCode:
+    """Codes used in :class:`Error` replies and in :class:`ProtocolError`."""
+
+    BAD_FRAMES = "bad_frames"  # wrong frame count, empty message
+    TOO_LARGE = "too_large"  # over max_message_bytes / max_frames / max tensor size
+    BAD_HEADER = "bad_header"  # header is not a msgpack map of the right shape
+    UNKNOWN_TYPE = "unknown_type"  # type not in MESSAGE_TYPES
+    VERSION_MISMATCH = "version_mismatch"
+    BAD_TENSOR = "bad_tensor"  # dtype not allowed, shape/bytes mismatch
+    IDENTITY_MISMATCH = "identity_mismatch"  # header sender != transport identity
+    COHORT_MISMATCH = "cohort_mismatch"  # handshake for another cohort / algorithm
+    NOT_MEMBER = "not_member"  # message from a peer that never said hello
+
+
+class ProtocolError(Exception):
+    """A message could not be accepted. Carries an :class:`ErrorCode` value."""
+
+    def __init__(self, code: str, reason: str):
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+        self.reason = reason
