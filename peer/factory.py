@@ -83,6 +83,7 @@ def resolve_device(spec: str):
 def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     """Data, model and algorithm instance for this peer."""
     import torch
+
     from hfl.algorithms.base import AlgorithmContext
     from hfl.algorithms.registry import get_algorithm
     from hfl.models import build_model

@@ -209,6 +209,10 @@ class Node:
             msg = decode(frames, self.limits)
         except ProtocolError as err:
             self._drop(err.code, f"from {identity!r}: {err}")
+            address = self.membership.address_of(identity)
+            if address and err.code in (ErrorCode.UNKNOWN_TYPE, ErrorCode.VERSION_MISMATCH):
+                # Politely: a newer peer learns what we do not understand.
+                self._reply_soon(address, Error(**self._envelope(), code=err.code, reason=err.reason))
             return
         if msg.sender != identity:
             self._drop(ErrorCode.IDENTITY_MISMATCH,

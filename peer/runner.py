@@ -60,6 +60,7 @@ async def run_peer(
 ) -> NodeResult:
     """Build this peer from ``cfg`` and run it to the cohort's last round."""
     import torch
+
     from hfl.peer.factory import build_algorithm
 
     run_dir = Path(cfg.run_dir)
