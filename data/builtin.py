@@ -1,0 +1,100 @@
+"""Built-in offline datasets, looked up by name.
+
+All of them ship with scikit-learn, so a new user gets a real run with no
+download. Later loaders (rotated domains, torchvision datasets with a local
+root) register here with :func:`register_builtin`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import numpy as np
+
+from .dataset import ArrayDataset
+
+BuiltinLoader = Callable[..., ArrayDataset]
+
+_BUILTINS: dict[str, BuiltinLoader] = {}
+
+
+def register_builtin(name: str) -> Callable[[BuiltinLoader], BuiltinLoader]:
+    """Decorator registering a loader ``fn(**kwargs) -> ArrayDataset`` under ``name``."""
+
+    def decorate(fn: BuiltinLoader) -> BuiltinLoader:
+        if name in _BUILTINS:
+            raise ValueError(f"built-in dataset {name!r} is already registered")
+        _BUILTINS[name] = fn
+        return fn
+
+    return decorate
+
+
+def builtin_names() -> list[str]:
+    """Names accepted by :func:`load_builtin`, sorted."""
+    return sorted(_BUILTINS)
+
+
+def load_builtin(name: str, **kwargs: object) -> ArrayDataset:
+    """Load a built-in dataset by name (see :func:`builtin_names`)."""
+    if name not in _BUILTINS:
+        raise ValueError(
+            f"unknown built-in dataset {name!r}; allowed names: {', '.join(builtin_names())}"
+        )
+    fn = _BUILTINS[name]
+    allowed = [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"built-in dataset {name!r} got unknown option(s) {', '.join(unknown)}; "
+            f"allowed options: {', '.join(allowed) if allowed else '(none)'}"
+        )
+    return fn(**kwargs)
+
+
+@register_builtin("digits")
+def _digits(*, flatten: bool = False) -> ArrayDataset:
+    """scikit-learn's 8x8 handwritten digits: 1797 images, 10 classes, pixels in [0, 1].
+
+    ``x`` is ``(N, 1, 8, 8)``, or ``(N, 64)`` with ``flatten=True``.
+    """
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]  # (N, 1, 8, 8)
+    if flatten:
+        x = x.reshape(len(x), -1)
+    return ArrayDataset(x=x, y=bunch.target.astype(np.int64), num_classes=10, name="digits")
+
+
+@register_builtin("breast_cancer")
+def _breast_cancer() -> ArrayDataset:
+    """scikit-learn's Wisconsin breast cancer set: 569 rows, 30 raw features, 2 classes."""
+    from sklearn.datasets import load_breast_cancer
+
+    bunch = load_breast_cancer()
+    return ArrayDataset(
+        x=bunch.data.astype(np.float32),
+        y=bunch.target.astype(np.int64),
+        num_classes=2,
+        name="breast_cancer",
+    )
+
+
+@register_builtin("wine")
+def _wine() -> ArrayDataset:
+    """scikit-learn's wine recognition set: 178 rows, 13 raw features, 3 classes."""
+    from sklearn.datasets import load_wine
+
+    bunch = load_wine()
+    return ArrayDataset(
+        x=bunch.data.astype(np.float32),
+        y=bunch.target.astype(np.int64),
+        num_classes=3,
+        name="wine",
+    )

@@ -1,0 +1,196 @@
+"""An experiment file describes a cohort; this module expands it into peer configs.
+
+    name: quickstart
+    peers: 4
+    defaults:            # a peer config shared by every peer (any hfl-peer section)
+      cohort: {algorithm: fedavg, rounds: 20}
+      data: {dataset: digits, partition: dirichlet, alpha: 0.5}
+    peer_overrides:      # per-peer changes, deep-merged over the defaults
+      p2: {model: {arch: lenet}}
+    faults:
+      - {peer: aggregator, at_round: 3}            # kill round 3's elected aggregator
+      - {peer: p1, at_round: 5, restart_at_round: 8}
+
+Expansion fills in what a cohort on one box needs: ids ``p0..p{N-1}``, free
+loopback ports, bootstrap addresses, run directories, the data partition index,
+CPU threads per peer and a GPU per peer (round-robin).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hfl.peer.config import ID_PATTERN, PeerConfig
+from hfl.peer.configtools import ConfigError, apply_overrides, build, load_yaml, to_dict
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    peer: str = field(metadata={"help": "peer id, or 'aggregator' for that round's elected aggregator"})
+    at_round: int = field(metadata={"min": 1, "help": "kill it while it is in this round"})
+    restart_at_round: int | None = field(
+        default=None, metadata={"min": 2, "help": "restart it (from its checkpoint) once the cohort is in this round"}
+    )
+    signal: str = field(default="SIGKILL", metadata={"choices": ("SIGKILL", "SIGTERM")})
+
+    def validate(self) -> None:
+        if self.restart_at_round is not None and self.restart_at_round <= self.at_round:
+            raise ValueError(
+                f"restart_at_round: got {self.restart_at_round}; must be > at_round ({self.at_round})"
+            )
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str = field(metadata={"pattern": ID_PATTERN})
+    peers: int = field(metadata={"min": 1, "max": 256})
+    run_dir: str = field(default="runs/{name}", metadata={"help": "{name} expands"})
+    host: str = "127.0.0.1"
+    devices: str = field(
+        default="auto", metadata={"help": "auto (GPUs if found), cpu, or a comma list of GPU indices"}
+    )
+    threads_per_peer: int | None = field(default=None, metadata={"min": 1, "help": "default: cores / peers"})
+    timeout_s: float = field(default=1800.0, metadata={"gt": 0, "help": "stop everything after this"})
+    defaults: dict[str, Any] = field(default_factory=dict)
+    peer_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    faults: tuple[FaultSpec, ...] = ()
+
+    def peer_ids(self) -> list[str]:
+        width = len(str(self.peers - 1))
+        return [f"p{i:0{width}d}" if self.peers > 10 else f"p{i}" for i in range(self.peers)]
+
+    def validate(self) -> None:
+        ids = set(self.peer_ids())
+        for key in self.peer_overrides:
+            if key not in ids:
+                raise ConfigError(f"peer_overrides.{key}", f"no such peer; allowed: {', '.join(sorted(ids))}")
+        for i, fault in enumerate(self.faults):
+            if fault.peer != "aggregator" and fault.peer not in ids:
+                raise ConfigError(
+                    f"faults[{i}].peer",
+                    f"got {fault.peer!r}; allowed: 'aggregator', {', '.join(sorted(ids))}",
+                )
+
+    @property
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir.replace("{name}", self.name))
+
+
+def load_experiment(path: str, overrides: list[str] | None = None) -> ExperimentConfig:
+    data = apply_overrides(load_yaml(path), overrides or [])
+    try:
+        return build(ExperimentConfig, data)
+    except ConfigError as err:
+        raise err.with_source(str(path)) from None
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def free_ports(n: int, host: str) -> list[int]:
+    """n distinct free TCP ports on ``host`` (bound all at once, then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def detect_gpus(spec: str) -> list[str]:
+    """GPU indices to spread peers over: from the spec, CUDA_VISIBLE_DEVICES or nvidia-smi."""
+    if spec == "cpu":
+        return []
+    if spec != "auto":
+        return [d.strip() for d in spec.split(",") if d.strip()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+@dataclass
+class PeerPlan:
+    id: str
+    index: int
+    config: PeerConfig
+    config_path: Path
+    env: dict[str, str]
+
+
+def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int] | None = None) -> list[PeerPlan]:
+    """Per-peer configs, validated, written under ``<run_dir>/peers/``."""
+    ids = exp.peer_ids()
+    run_dir = exp.resolved_run_dir
+    gpus = detect_gpus(exp.devices) if gpus is None else gpus
+    ports = ports or free_ports(len(ids), exp.host)
+    addresses = [f"tcp://{exp.host}:{p}" for p in ports]
+    threads = exp.threads_per_peer or max(1, (os.cpu_count() or 1) // len(ids))
+    (run_dir / "peers").mkdir(parents=True, exist_ok=True)
+    plans = []
+    for i, pid in enumerate(ids):
+        data = deep_merge(exp.defaults, exp.peer_overrides.get(pid, {}))
+        node = data.setdefault("node", {})
+        node.update(
+            id=pid, listen=addresses[i], run_dir=str(run_dir / pid),
+            bootstrap=[addresses[0]] if i > 0 else ([addresses[1]] if len(ids) > 1 else []),
+        )
+        node.setdefault("min_peers", len(ids))
+        node.setdefault("threads", threads)
+        data_sec = data.setdefault("data", {})
+        if data_sec.get("partition", "iid") != "none":
+            data_sec.setdefault("num_partitions", len(ids))
+            data_sec.setdefault("partition_index", i)
+        data.setdefault("cohort", {}).setdefault("name", exp.name)
+        env = {"OMP_NUM_THREADS": str(node["threads"]), "MKL_NUM_THREADS": str(node["threads"])}
+        device = node.get("device", "auto" if gpus else "cpu")
+        if gpus and device in ("auto", "cuda") or (gpus and str(device).startswith("cuda")):
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+            node["device"] = "cuda:0"  # the one GPU this process sees
+        elif device == "auto":
+            node["device"] = "cpu"
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        try:
+            cfg = build(PeerConfig, data)
+        except ConfigError as err:  # defaults + this peer's overrides, as expanded
+            raise err.with_source(f"peer {pid}") from None
+        path = run_dir / "peers" / f"{pid}.yaml"
+        path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        plans.append(PeerPlan(pid, i, cfg, path, env))
+    return plans
+
+
+def aggregator_of(ids: list[str], round: int) -> str:
+    """The peer the rotation elects for ``round`` when everyone is alive (epoch 0)."""
+    order = sorted(ids)
+    return order[round % len(order)]

@@ -1,0 +1,90 @@
+"""The results table: one row per peer plus the mean, from the peers' own files."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+COLUMNS = [
+    ("peer", "peer", "{}"),
+    ("arch", "arch", "{}"),
+    ("rounds", "rounds", "{}"),
+    ("test_acc", "test acc", "{:.4f}"),
+    ("global_acc", "global acc", "{:.4f}"),
+    ("best_global_acc", "best global", "{:.4f}"),
+    ("mean_round_s", "s/round", "{:.3f}"),
+    ("sent_mb", "sent MB", "{:.2f}"),
+    ("recv_mb", "recv MB", "{:.2f}"),
+    ("restarts", "restarts", "{}"),
+]
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
+    records = read_metrics(run_dir)
+    by_round = {r["round"]: r for r in records}  # a restarted peer may repeat a round
+    last = records[-1] if records else {}
+    global_accs = [r["global_acc"] for r in records if "global_acc" in r]
+    return {
+        "peer": peer_id,
+        "arch": arch,
+        "rounds": len(by_round),
+        "last_round": max(by_round, default=0),
+        "test_acc": last.get("test_acc", math.nan),
+        "global_acc": last.get("global_acc", math.nan),
+        "best_global_acc": max(global_accs, default=math.nan),
+        "mean_round_s": (sum(r["round_time_s"] for r in records) / len(records)) if records else math.nan,
+        "sent_mb": sum(r.get("bytes_sent", 0) for r in records) / 1e6,
+        "recv_mb": sum(r.get("bytes_received", 0) for r in records) / 1e6,
+        "restarts": max((r.get("incarnation", 0) for r in records), default=0),
+    }
+
+
+def mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"peer": "mean", "arch": ""}
+    for key, _, _ in COLUMNS[2:]:
+        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
+        out[key] = sum(vals) / len(vals) if vals else math.nan
+    out["rounds"] = round(out["rounds"], 1) if not math.isnan(out["rounds"]) else "-"
+    out["restarts"] = sum(r["restarts"] for r in rows)
+    return out
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    try:
+        return spec.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table (reads well in a terminal too)."""
+    header = [title for _, title, _ in COLUMNS]
+    body = [[_fmt(r.get(k), spec) for k, _, spec in COLUMNS] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep, *(line(b) for b in body)])
+
+
+def write_results(run_dir: Path, rows: list[dict[str, Any]], extra: dict[str, Any]) -> str:
+    table = render_table(rows)
+    (run_dir / "results.md").write_text(table + "\n")
+    (run_dir / "results.json").write_text(json.dumps({"peers": rows, **extra}, indent=2, default=str))
+    return table
