@@ -25,9 +25,10 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
+from torch import nn
+
 from hfl.algorithms.settings import TrainConfig
 from hfl.algorithms.training import evaluate, make_optimizer, train_epochs
-from torch import nn
 
 Mode = Literal["local", "broadcast", "aggregator"]
 

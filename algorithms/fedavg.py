@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from hfl.algorithms.base import Algorithm, Payload, arrays_to_module, module_to_arrays
 from hfl.algorithms.registry import register
 

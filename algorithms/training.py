@@ -6,8 +6,9 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
-from hfl.algorithms.settings import TrainConfig
 from torch import nn
+
+from hfl.algorithms.settings import TrainConfig
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:

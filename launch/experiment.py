@@ -23,7 +23,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -33,12 +33,22 @@ from hfl.peer.configtools import ConfigError, apply_overrides, build, load_yaml,
 
 @dataclass(frozen=True)
 class FaultSpec:
+    """Kill a peer at an exact point of a round, and optionally restart it.
+
+    The crash is carried out by the peer process itself (its ``fault`` config
+    section: an abrupt exit, no goodbye, as if SIGKILLed), because a round can
+    take milliseconds and a launcher polling from outside cannot hit it exactly.
+    """
+
     peer: str = field(metadata={"help": "peer id, or 'aggregator' for that round's elected aggregator"})
-    at_round: int = field(metadata={"min": 1, "help": "kill it while it is in this round"})
+    at_round: int = field(metadata={"min": 1, "help": "it dies in this round"})
+    phase: Literal["train", "wait", "serve"] = field(
+        default="train",
+        metadata={"help": "train: before local training; wait: after sharing; serve: as aggregator, before sending the result"},
+    )
     restart_at_round: int | None = field(
         default=None, metadata={"min": 2, "help": "restart it (from its checkpoint) once the cohort is in this round"}
     )
-    signal: str = field(default="SIGKILL", metadata={"choices": ("SIGKILL", "SIGTERM")})
 
     def validate(self) -> None:
         if self.restart_at_round is not None and self.restart_at_round <= self.at_round:
@@ -71,12 +81,24 @@ class ExperimentConfig:
         for key in self.peer_overrides:
             if key not in ids:
                 raise ConfigError(f"peer_overrides.{key}", f"no such peer; allowed: {', '.join(sorted(ids))}")
+        targets: dict[str, int] = {}
         for i, fault in enumerate(self.faults):
             if fault.peer != "aggregator" and fault.peer not in ids:
                 raise ConfigError(
                     f"faults[{i}].peer",
                     f"got {fault.peer!r}; allowed: 'aggregator', {', '.join(sorted(ids))}",
                 )
+            target = self.fault_target(fault)
+            if target in targets:
+                raise ConfigError(
+                    f"faults[{i}].peer",
+                    f"{target} already crashes in faults[{targets[target]}]; one fault per peer",
+                )
+            targets[target] = i
+
+    def fault_target(self, fault: FaultSpec) -> str:
+        """The peer a fault hits ('aggregator' resolves through the rotation)."""
+        return aggregator_of(self.peer_ids(), fault.at_round) if fault.peer == "aggregator" else fault.peer
 
     @property
     def resolved_run_dir(self) -> Path:
@@ -172,6 +194,9 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
             data_sec.setdefault("num_partitions", len(ids))
             data_sec.setdefault("partition_index", i)
         data.setdefault("cohort", {}).setdefault("name", exp.name)
+        for fault in exp.faults:
+            if exp.fault_target(fault) == pid:
+                data["fault"] = {"crash_at_round": fault.at_round, "crash_phase": fault.phase}
         env = {"OMP_NUM_THREADS": str(node["threads"]), "MKL_NUM_THREADS": str(node["threads"])}
         device = node.get("device", "auto" if gpus else "cpu")
         if gpus and device in ("auto", "cuda") or (gpus and str(device).startswith("cuda")):

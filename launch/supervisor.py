@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from hfl.launch.experiment import ExperimentConfig, FaultSpec, PeerPlan, aggregator_of
+from hfl.launch.experiment import ExperimentConfig, FaultSpec, PeerPlan
 
 POLL_S = 0.1
+CRASH_EXIT_CODE = 137  # FaultConfig.exit_code's default
 
 
 @dataclass
@@ -68,7 +69,7 @@ class Supervisor:
         self.exp = exp
         self.peers = {p.id: PeerProc(p) for p in plans}
         self.rounds = plans[0].config.cohort.rounds
-        self.faults = [FaultState(f) for f in exp.faults]
+        self.faults = [FaultState(f, target=exp.fault_target(f)) for f in exp.faults]
         self.out = out
         self.progress = progress
         self.events: list[dict[str, Any]] = []
@@ -92,13 +93,6 @@ class Supervisor:
         pp.starts += 1
         pp.killed_on_purpose = False
         self._event("start", pp.plan.id, pid=pp.proc.pid, start=pp.starts)
-
-    def _kill(self, pp: PeerProc, sig_name: str) -> None:
-        if pp.running:
-            pp.killed_on_purpose = True
-            pp.proc.send_signal(getattr(signal, sig_name))
-            pp.proc.wait()
-            self._event("kill", pp.plan.id, signal=sig_name, round=pp.last_round + 1)
 
     def stop_all(self, grace_s: float = 10.0) -> None:
         for pp in self.peers.values():
@@ -177,24 +171,18 @@ class Supervisor:
         """The round the cohort is in: one past the most advanced peer's last line."""
         return max(pp.last_round for pp in self.peers.values()) + 1
 
-    def _apply_faults(self) -> None:
-        ids = list(self.peers)
+    def _expected_crash(self, pid: str, code: int) -> FaultState | None:
         for fs in self.faults:
-            if fs.done:
+            if fs.target == pid and fs.killed_at is None and code == CRASH_EXIT_CODE:
+                return fs
+        return None
+
+    def _apply_restarts(self) -> None:
+        for fs in self.faults:
+            if fs.done or fs.killed_at is None:
                 continue
-            spec = fs.spec
-            if fs.killed_at is None:
-                target = aggregator_of(ids, spec.at_round) if spec.peer == "aggregator" else spec.peer
-                pp = self.peers[target]
-                # Kill it in round at_round: right after its line for the round before.
-                if pp.running and pp.last_round >= spec.at_round - 1:
-                    fs.target = target
-                    self._kill(pp, spec.signal)
-                    fs.killed_at = time.monotonic()
-                    fs.done = spec.restart_at_round is None
-            elif spec.restart_at_round is not None and self._cohort_round() >= spec.restart_at_round:
-                pp = self.peers[fs.target]
-                self._start(pp)
+            if self._cohort_round() >= fs.spec.restart_at_round:
+                self._start(self.peers[fs.target])
                 fs.restarted_at = time.monotonic()
                 fs.done = True
 
@@ -208,8 +196,8 @@ class Supervisor:
             while True:
                 for pp in self.peers.values():
                     self._read_metrics(pp)
-                self._apply_faults()
                 self._reap()
+                self._apply_restarts()
                 self._print(self._progress_line())
                 restart_pending = any(f.killed_at is not None and not f.done for f in self.faults)
                 if not any(pp.running for pp in self.peers.values()) and not restart_pending:
@@ -240,6 +228,13 @@ class Supervisor:
             code = pp.proc.returncode
             pp.exit_codes.append(code)
             if pp.killed_on_purpose:
+                continue
+            crash = self._expected_crash(pid, code)
+            if crash is not None:
+                crash.killed_at = time.monotonic()
+                crash.done = crash.spec.restart_at_round is None
+                self._event("crashed", pid, round=crash.spec.at_round, phase=crash.spec.phase,
+                            restart_at_round=crash.spec.restart_at_round)
                 continue
             self._event("exit", pid, code=code)
             if code != 0:

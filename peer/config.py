@@ -124,6 +124,23 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class FaultConfig:
+    """Deliberate crash at an exact point, for fault-injection runs.
+
+    In its first life (incarnation 0) the process exits abruptly, with no
+    goodbye and no cleanup, as if SIGKILLed: in round ``crash_at_round`` at
+    the start of local training (``train``), after sending its knowledge
+    (``wait``), or as the round's aggregator after collecting contributions and
+    before sending the result (``serve``; a peer not elected crashes at ``wait``).
+    A restarted process resumes from its checkpoint and does not crash again.
+    """
+
+    crash_at_round: int | None = field(default=None, metadata={"min": 1})
+    crash_phase: Literal["train", "wait", "serve"] = "train"
+    exit_code: int = field(default=137, metadata={"min": 1, "max": 255})
+
+
+@dataclass(frozen=True)
 class PeerConfig:
     node: NodeConfig
     cohort: CohortConfig = field(default_factory=CohortConfig)
@@ -134,6 +151,7 @@ class PeerConfig:
     algorithm: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "options of the chosen algorithm"}
     )
+    fault: FaultConfig = field(default_factory=FaultConfig)
 
     @property
     def run_dir(self) -> str:
@@ -154,6 +172,7 @@ __all__ = [
     "CohortConfig",
     "ConfigError",
     "DataConfig",
+    "FaultConfig",
     "ModelConfig",
     "NodeConfig",
     "PeerConfig",

@@ -63,7 +63,9 @@ class Membership:
         """Direct evidence that ``peer_id`` is alive. Returns a change, if any.
 
         Returns None and changes nothing when the message comes from an older
-        incarnation than we know (a zombie); callers drop such messages.
+        incarnation than we know (a zombie; callers drop such messages), or from
+        the incarnation that already said goodbye (a late or reordered message
+        must not bring a peer that left back to life).
         """
         if peer_id == self.self_id:
             return None
@@ -77,9 +79,13 @@ class Membership:
             return Change(peer_id, "unknown", ALIVE, "joined")
         if incarnation < m.incarnation:
             return None
+        if incarnation == m.incarnation and m.status == LEFT:
+            return None
         change = None
         if incarnation > m.incarnation:
-            change = Change(peer_id, m.status, ALIVE, f"restarted (incarnation {incarnation})")
+            reason = (f"restarted (incarnation {incarnation})" if m.incarnation >= 0
+                      else "heard from (known from our checkpoint)")
+            change = Change(peer_id, m.status, ALIVE, reason)
             m.incarnation = incarnation
             m.greeted = False
             m.round = 0
@@ -100,10 +106,10 @@ class Membership:
 
     def left(self, peer_id: str, incarnation: int) -> Change | None:
         m = self.members.get(peer_id)
-        if m is None or incarnation < m.incarnation or m.status == LEFT:
+        if m is None or incarnation < m.incarnation:
             return None
-        old, m.status = m.status, LEFT
-        return Change(peer_id, old, LEFT, "left")
+        old, m.status, m.incarnation = m.status, LEFT, incarnation
+        return None if old == LEFT else Change(peer_id, old, LEFT, "left")
 
     def merge(self, records: list[MemberRecord], now: float) -> list[str]:
         """Merge a gossiped view. Returns ids of members that are new to us.
@@ -124,7 +130,10 @@ class Membership:
             elif r.incarnation > m.incarnation:
                 # A newer life of this peer exists: take its address, await direct word.
                 m.incarnation, m.address, m.greeted = r.incarnation, r.address, False
-                if r.status != LEFT:
+                m.round = 0
+                if r.status == LEFT:
+                    m.status = LEFT
+                else:
                     m.status, m.last_heard = ALIVE, now
                     new.append(r.peer_id)
             elif r.incarnation == m.incarnation and r.status == LEFT:
@@ -182,8 +191,10 @@ class Membership:
         own = MemberRecord(
             peer_id=self.self_id, address=self.self_address, incarnation=self.incarnation
         )
+        # A member restored from a checkpoint has incarnation -1 until heard from;
+        # the wire only carries incarnations >= 0.
         return [own] + [
-            MemberRecord(peer_id=m.peer_id, address=m.address, incarnation=m.incarnation,
+            MemberRecord(peer_id=m.peer_id, address=m.address, incarnation=max(m.incarnation, 0),
                          status=m.status)
             for m in sorted(self.members.values(), key=lambda m: m.peer_id)
         ]

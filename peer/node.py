@@ -31,7 +31,7 @@ from typing import Any
 
 from hfl.algorithms.base import Algorithm, Payload
 from hfl.peer.clock import MonotonicClock
-from hfl.peer.config import CohortConfig, TimingConfig
+from hfl.peer.config import CohortConfig, FaultConfig, TimingConfig
 from hfl.peer.membership import Membership, elect
 from hfl.peer.rounds import RoundBuffer
 from hfl.peer.transport import Transport
@@ -83,6 +83,8 @@ class Node:
         clock=None,
         limits: Limits | None = None,
         seed: int = 0,
+        fault: FaultConfig | None = None,
+        crash: Callable[[int], None] | None = None,
     ):
         self.id = peer_id
         self.transport = transport
@@ -109,6 +111,8 @@ class Node:
         self._handshake_info = algorithm.handshake_info()
         self._metrics: list[dict[str, Any]] = []
         self._stopping = False
+        self.fault = fault or FaultConfig()
+        self._crash = crash or _hard_exit
 
     # ================================================================ lifecycle
 
@@ -151,8 +155,13 @@ class Node:
     def _spawn(self, coro, name: str) -> asyncio.Task:
         task = asyncio.create_task(coro, name=f"{self.id}:{name}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
         return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: task %s failed", self.id, task.get_name(), exc_info=task.exception())
 
     async def shutdown(self, reason: str = "shutdown") -> None:
         """Say goodbye to every member (best effort, bounded by send_timeout_s)."""
@@ -165,9 +174,12 @@ class Node:
 
     async def _send(self, address: str, msg: Message, timeout_s: float | None = None) -> bool:
         frames = encode(msg)
-        return await self.transport.send(
+        ok = await self.transport.send(
             address, frames, self.timing.send_timeout_s if timeout_s is None else timeout_s
         )
+        if not ok:
+            log.debug("%s: %s to %s not sent (unreachable or timed out)", self.id, msg.TYPE, address)
+        return ok
 
     async def _send_to(self, peer_id: str, msg: Message, timeout_s: float | None = None) -> bool:
         address = self.membership.address_of(peer_id)
@@ -214,6 +226,7 @@ class Node:
                 # Politely: a newer peer learns what we do not understand.
                 self._reply_soon(address, Error(**self._envelope(), code=err.code, reason=err.reason))
             return
+        log.debug("%s: <- %s from %s", self.id, msg.TYPE, msg.sender)
         if msg.sender != identity:
             self._drop(ErrorCode.IDENTITY_MISMATCH,
                        f"header says {msg.sender!r} but the connection is {identity!r}")
@@ -226,6 +239,13 @@ class Node:
         if msg.sender not in mem.members:
             if isinstance(msg, (Welcome, Gossip)):
                 pass  # answers to our hello, or gossip from a peer we have not met: learn from it
+            elif isinstance(msg, Error):
+                # Most likely the refusal of our hello (cohort_mismatch): its reason is all a
+                # misconfigured peer gets to see, so say it rather than "unknown peer".
+                self.dropped["refused"] += 1
+                log.error("%s: %s refused our %s: %s: %s", self.id, msg.sender,
+                          msg.ref_type or "message", msg.code, msg.reason)
+                return
             else:
                 self._drop(ErrorCode.NOT_MEMBER, f"{msg.TYPE} from unknown peer {msg.sender!r}")
                 return
@@ -305,10 +325,17 @@ class Node:
 
     async def _tick_loop(self) -> None:
         tick = 0
+        interval = self.timing.heartbeat_interval_s
         while True:
-            await self._tick(tick)
+            try:
+                # Bounded: a stuck send must never stop failure detection.
+                await asyncio.wait_for(self._tick(tick), timeout=interval * 2)
+            except TimeoutError:
+                log.warning("%s: tick %d took longer than %.2fs", self.id, tick, interval * 2)
+            except Exception:
+                log.exception("%s: tick %d failed", self.id, tick)
             tick += 1
-            await asyncio.sleep(self.timing.heartbeat_interval_s)
+            await asyncio.sleep(interval)
 
     async def _tick(self, tick: int) -> None:
         mem = self.membership
@@ -350,20 +377,26 @@ class Node:
         return True
 
     async def _join(self) -> None:
+        """Wait until ``min_peers`` members (ourselves included) completed a handshake.
+
+        A peer resuming mid-run needs just one of its old cohort, and stops
+        waiting as soon as everyone it remembers is known to be dead.
+        """
         mem = self.membership
-        deadline = self.clock.now() + self.timing.join_timeout_s
-        # A peer resuming mid-run rejoins whoever is left; it needs one of them.
-        need = self.min_peers if self.round == 1 else min(self.min_peers, 2)
-        if need > 1 or self.bootstrap:
-            ok = await self._wait_until(
-                lambda: len(mem.live_view()) >= need
-                and all(m.greeted for m in mem.members.values() if m.status == "alive"),
-                deadline,
-            )
-            if not ok:
+        resumed = self.round > 1
+        need = min(self.min_peers, 2) if resumed else self.min_peers
+
+        def joined() -> bool:
+            greeted = [m for m in mem.members.values() if m.status == "alive" and m.greeted]
+            if 1 + len(greeted) >= need:
+                return True
+            return resumed and not mem.live_peers()
+
+        if need > 1:
+            deadline = self.clock.now() + self.timing.join_timeout_s
+            if not await self._wait_until(joined, deadline):
                 log.warning("%s: only %d of %d peers joined within %.0fs; starting anyway",
-                            self.id, len(mem.live_view()), need,
-                            self.timing.join_timeout_s)
+                            self.id, len(mem.live_view()), need, self.timing.join_timeout_s)
         log.info("%s: cohort %s", self.id, ", ".join(mem.live_view()))
 
     # ================================================================ rounds
@@ -393,6 +426,7 @@ class Node:
             compute += time.perf_counter() - t
             return out
 
+        self._maybe_crash(r, "train")
         metrics: dict[str, Any] = dict(await work(self.alg.local_update, r))
         payload = await work(self.alg.share, r)
         info: dict[str, Any] = {}
@@ -434,6 +468,7 @@ class Node:
         """Decentralized round: everyone's knowledge to everyone, until the deadline."""
         mem = self.membership
         await self._broadcast(mem.live_peers(), self._knowledge(r, payload))
+        self._maybe_crash(r, "wait")
         deadline = self.clock.now() + self.timing.round_timeout_s
         complete = await self._wait_until(lambda: self.buffer.has_all(r, mem.live_peers()), deadline)
         got = self.buffer.received(r)
@@ -453,6 +488,7 @@ class Node:
             if aggregator == self.id:
                 return await self._serve(r, payload, info, work)
             await self._send_to(aggregator, self._knowledge(r, payload, self.epoch))
+            self._maybe_crash(r, "wait", "serve")
             deadline = (self.clock.now() + self.timing.round_timeout_s
                         + self.timing.aggregate_grace_s)
             await self._wait_until(
@@ -482,6 +518,7 @@ class Node:
                          if m.kind != "none"}
         if payload is not None:
             contributions[self.id] = payload
+        self._maybe_crash(r, "serve")
         result = await work(self.alg.aggregate, r, contributions)
         if result is None:
             return {}
@@ -492,6 +529,12 @@ class Node:
         info.update(contributors=len(contributions), timed_out=not complete)
         return {self.id: result}
 
+    def _maybe_crash(self, r: int, *phases: str) -> None:
+        f = self.fault
+        if f.crash_at_round == r and f.crash_phase in phases and self.incarnation == 0:
+            log.critical("%s: injected crash in round %d (%s)", self.id, r, f.crash_phase)
+            self._crash(f.exit_code)
+
     async def _leave(self, reason: str) -> None:
         if self.membership is None or self.transport is None:
             return
@@ -499,3 +542,12 @@ class Node:
         if targets:
             await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
                                                  round=self.round))
+
+
+def _hard_exit(code: int) -> None:
+    """Die like a SIGKILLed process: no goodbye, no cleanup, no checkpoint."""
+    import os
+
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(code)

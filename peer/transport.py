@@ -101,7 +101,8 @@ class ZmqTransport(Transport):
         self.options = options or TransportOptions()
         self._ctx = None
         self._router = None
-        self._dealers: dict[str, object] = {}
+        self._dealers: dict[str, object] = {}  # address -> asyncio DEALER
+        self._senders: dict[str, object] = {}  # address -> blocking shadow of that DEALER
 
     async def start(self) -> None:
         import zmq
@@ -133,22 +134,31 @@ class ZmqTransport(Transport):
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.RECONNECT_IVL, o.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, o.reconnect_ivl_max_ms)
-            sock.connect(address)
+            try:
+                sock.connect(address)
+            except zmq.ZMQError:  # a malformed address (possibly gossiped): no socket kept
+                sock.close(linger=0)
+                raise
             self._dealers[address] = sock
-        return sock
+            self._senders[address] = zmq.Socket.shadow(sock.underlying)
+        return sock, self._senders[address]
 
     async def send(self, address: str, frames: Frames, timeout_s: float) -> bool:
         import zmq
 
         if self._router is None:
             raise RuntimeError("transport not started")
-        sock = self._dealer(address)
         try:
+            sock, sender = self._dealer(address)
             ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
             if not ready & zmq.POLLOUT:
                 self.stats.send_failures += 1
                 return False
-            sock.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
+            # Send on the blocking shadow: NOBLOCK raises EAGAIN at once when a concurrent
+            # send filled the queue since the poll. The asyncio socket's send_multipart
+            # would instead report EAGAIN only through its future, or (when other sends
+            # are polling the same socket) queue this send with no timeout at all.
+            sender.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self.stats.send_failures += 1
             return False
@@ -172,6 +182,7 @@ class ZmqTransport(Transport):
             return identity, frames
 
     async def forget(self, address: str) -> None:
+        self._senders.pop(address, None)
         sock = self._dealers.pop(address, None)
         if sock is not None:
             sock.close(linger=0)
@@ -180,6 +191,7 @@ class ZmqTransport(Transport):
         for sock in self._dealers.values():
             sock.close(linger=0)
         self._dealers.clear()
+        self._senders.clear()
         if self._router is not None:
             self._router.close(linger=0)
             self._router = None
