@@ -97,6 +97,7 @@ class Supervisor:
     def stop_all(self, grace_s: float = 10.0) -> None:
         for pp in self.peers.values():
             if pp.running:
+                pp.killed_on_purpose = True  # its exit status is ours, not a failure
                 pp.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for pp in self.peers.values():
@@ -239,9 +240,16 @@ class Supervisor:
             self._event("exit", pid, code=code)
             if code != 0:
                 log_path = Path(pp.plan.config.run_dir) / "peer.log"
-                tail = _tail(log_path, 15)
                 self.failures.append(f"{pid} exited with status {code}")
-                self._print(f"--- last lines of {log_path} ---\n{tail}", newline=True)
+                # Failures are reported even with progress off, on stderr.
+                print(f"hfl-launch: {pid} exited with status {code}; last lines of {log_path}:\n"
+                      f"{_tail(log_path, 15)}", file=sys.stderr, flush=True)
+                if pp.last_round == 0:
+                    # It never got going (bad data path, bad architecture...): the
+                    # others would only wait out their join timeout. Stop them now.
+                    print(f"hfl-launch: {pid} failed at start-up; stopping the cohort",
+                          file=sys.stderr, flush=True)
+                    self.stop_all()
 
 
 def _tail(path: Path, n: int) -> str:

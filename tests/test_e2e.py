@@ -1,0 +1,161 @@
+"""End to end: the real ``hfl-launch`` spawning real ``hfl-peer`` processes over
+ZeroMQ on loopback (random free ports). Faults are injected at exact points by
+the peers themselves (see FaultConfig), so these runs are deterministic in what
+they assert: which rounds complete, who aggregates, who resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+FAST_TIMING = {
+    "heartbeat_interval_s": 0.2,
+    "suspect_after_s": 0.8,
+    "dead_after_s": 1.6,
+    "round_timeout_s": 15,
+    "aggregate_grace_s": 5,
+    "join_timeout_s": 60,
+}
+
+
+def experiment(tmp_path: Path, rounds: int, faults=(), train=None, **extra) -> Path:
+    exp = {
+        "name": "e2e",
+        "peers": 4,
+        "run_dir": str(tmp_path / "run"),
+        "defaults": {
+            "cohort": {"algorithm": "fedavg", "rounds": rounds},
+            "data": {"dataset": "digits", "partition": "dirichlet", "alpha": 0.5},
+            "model": {"arch": "mlp", "options": {"hidden": [64]}},
+            "train": train or {"max_batches": 4},
+            "timing": FAST_TIMING,
+        },
+        "faults": list(faults),
+        **extra,
+    }
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    return path
+
+
+def launch(path: Path, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def metrics(tmp_path: Path, peer: str) -> list[dict]:
+    lines = (tmp_path / "run" / peer / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_clean_run_every_peer_finishes_and_the_table_is_written(tmp_path):
+    proc = launch(experiment(tmp_path, rounds=4))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    peers = {row["peer"]: row for row in results["peers"]}
+    assert set(peers) == {"p0", "p1", "p2", "p3", "mean"}
+    for pid in ("p0", "p1", "p2", "p3"):
+        assert peers[pid]["rounds"] == 4
+        rounds = metrics(tmp_path, pid)
+        assert [r["round"] for r in rounds] == [1, 2, 3, 4]
+        assert all(r["bytes_sent"] > 0 for r in rounds)
+    # FedAvg: every peer ends on the same averaged model.
+    assert len({peers[p]["global_acc"] for p in ("p0", "p1", "p2", "p3")}) == 1
+    assert "| mean" in proc.stdout and (tmp_path / "run" / "results.md").exists()
+    # Aggregation rotated over the cohort.
+    assert {r["aggregator"] for r in metrics(tmp_path, "p0")} == {"p1", "p2", "p3", "p0"}
+
+
+def test_aggregator_killed_mid_round_round_completes_under_the_next_one(tmp_path):
+    # Round 3's aggregator is p3 (rotation: sorted ids[3 % 4]); it dies holding
+    # everyone's weights, after collecting them and before sending the result.
+    proc = launch(experiment(tmp_path, rounds=5,
+                             faults=[{"peer": "aggregator", "at_round": 3, "phase": "serve"}]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "injected crash in round 3 (serve)" in (tmp_path / "run" / "p3" / "peer.log").read_text()
+    for pid in ("p0", "p1", "p2"):
+        rounds = {r["round"]: r for r in metrics(tmp_path, pid)}
+        assert sorted(rounds) == [1, 2, 3, 4, 5]
+        r3 = rounds[3]
+        assert r3["aggregator"] == "p0" and r3["epoch"] == 1  # the next live peer in the rotation
+        # Within its deadlines: the wait for the dead aggregator ended on failure
+        # detection, long before the round timeout.
+        assert r3["round_time_s"] < FAST_TIMING["round_timeout_s"]
+        assert rounds[4]["aggregator"] != "p3" and rounds[5]["aggregator"] != "p3"
+    finals = {metrics(tmp_path, p)[-1]["global_acc"] for p in ("p0", "p1", "p2")}
+    assert len(finals) == 1
+
+
+def test_killed_peer_restarts_from_its_checkpoint_rejoins_and_finishes(tmp_path):
+    # Slow rounds (whole local epochs) so the restarted process, which needs a
+    # few seconds to import torch, rejoins a cohort that is still running.
+    rounds = 40
+    proc = launch(experiment(tmp_path, rounds=rounds, train={"local_epochs": 40},
+                             faults=[{"peer": "p1", "at_round": 3, "restart_at_round": 4}]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (tmp_path / "run" / "p1" / "peer.log").read_text()
+    assert "injected crash in round 3 (train)" in log
+    assert "resumed from checkpoint after round 2 (incarnation 1)" in log
+    p1 = metrics(tmp_path, "p1")
+    first_life = [r["round"] for r in p1 if r["incarnation"] == 0]
+    second_life = [r["round"] for r in p1 if r["incarnation"] == 1]
+    assert first_life == [1, 2]
+    assert second_life[-1] == rounds and second_life[0] > 4  # caught up with the cohort
+    # The others never stopped: every round done, the dead peer skipped meanwhile.
+    for pid in ("p0", "p2", "p3"):
+        assert [r["round"] for r in metrics(tmp_path, pid)] == list(range(1, rounds + 1))
+    # Back in the cohort: it ends on the same averaged model as everyone else.
+    assert len({metrics(tmp_path, p)[-1]["global_acc"] for p in ("p0", "p1", "p2", "p3")}) == 1
+
+
+def test_a_peer_that_fails_at_start_up_fails_the_launch_fast(tmp_path):
+    path = experiment(tmp_path, rounds=3, peer_overrides={
+        "p2": {"data": {"dataset": "npz", "path": str(tmp_path / "missing.npz")}}})
+    started = time.monotonic()
+    proc = launch(path)
+    assert proc.returncode == 1
+    assert "p2 exited with status" in proc.stderr
+    assert "missing.npz" in proc.stderr  # the tail of p2's log names the file
+    assert time.monotonic() - started < FAST_TIMING["join_timeout_s"]
+
+
+def test_invalid_experiment_names_the_field_and_allowed_values(tmp_path):
+    path = experiment(tmp_path, rounds=3)
+    proc = launch(path, "--set", "defaults.cohort.algorithm=fedvg")
+    assert proc.returncode == 2
+    assert "cohort.algorithm" in proc.stderr and "fedavg" in proc.stderr
+    proc = launch(path, "--set", "faults=[{peer: p9, at_round: 2}]")
+    assert proc.returncode == 2 and "faults[0].peer" in proc.stderr
+
+
+def test_ctrl_c_stops_every_peer(tmp_path):
+    path = experiment(tmp_path, rounds=10_000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    metrics_file = tmp_path / "run" / "p0" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not metrics_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # waiting for an external process to reach round 1
+    assert metrics_file.exists()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    events = json.loads((tmp_path / "run" / "results.json").read_text())["events"]
+    pids = [e["pid"] for e in events if e["event"] == "start"]
+    for pid in pids:  # every child is gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
