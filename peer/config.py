@@ -29,6 +29,11 @@ class NodeConfig:
         default="tcp://127.0.0.1:0",
         metadata={"help": "address to bind: tcp://host:port (port 0 = any free port), ipc://path, mem://name"},
     )
+    advertise: str | None = field(
+        default=None,
+        metadata={"help": "address the others should dial (default: the bound address; "
+                          "with a wildcard listen host, this machine's address)"},
+    )
     bootstrap: tuple[str, ...] = field(
         default=(), metadata={"help": "addresses of any live peers; the rest is learned by gossip"}
     )

@@ -85,6 +85,7 @@ class Node:
         seed: int = 0,
         fault: FaultConfig | None = None,
         crash: Callable[[int], None] | None = None,
+        advertise: str | None = None,
     ):
         self.id = peer_id
         self.transport = transport
@@ -111,6 +112,7 @@ class Node:
         self._handshake_info = algorithm.handshake_info()
         self._metrics: list[dict[str, Any]] = []
         self._stopping = False
+        self.advertise = advertise
         self.fault = fault or FaultConfig()
         self._crash = crash or _hard_exit
 
@@ -119,14 +121,14 @@ class Node:
     async def run(self) -> NodeResult:
         await self.transport.start()
         self.membership = Membership(
-            self.id, self.transport.address, self.incarnation,
+            self.id, advertised_address(self.transport.address, self.advertise), self.incarnation,
             self.timing.suspect_after_s, self.timing.dead_after_s,
         )
         now = self.clock.now()
         for peer_id, address in self.known_members:  # from a checkpoint
             self.membership.heard_from(peer_id, -1, now, address=address)
-        log.info("%s listening on %s (incarnation %d)", self.id, self.transport.address,
-                 self.incarnation)
+        log.info("%s listening on %s, reachable at %s (incarnation %d)", self.id,
+                 self.transport.address, self.membership.self_address, self.incarnation)
         background = [
             self._spawn(self._receive_loop(), "receive"),
             self._spawn(self._tick_loop(), "tick"),
@@ -542,6 +544,22 @@ class Node:
         if targets:
             await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
                                                  round=self.round))
+
+
+def advertised_address(bound: str, advertise: str | None) -> str:
+    """The address other peers should dial to reach us."""
+    if advertise:
+        return advertise
+    scheme, _, rest = bound.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme == "tcp" and host in ("0.0.0.0", "*", "[::]", "::"):
+        import socket
+
+        ip = socket.gethostbyname(socket.gethostname())
+        log.warning("listening on %s: advertising %s to peers (set node.advertise to override)",
+                    bound, f"tcp://{ip}:{port}")
+        return f"tcp://{ip}:{port}"
+    return bound
 
 
 def _hard_exit(code: int) -> None:

@@ -89,7 +89,7 @@ async def run_peer(
         min_peers=cfg.node.min_peers, incarnation=incarnation, start_round=start_round,
         known_members=members, on_round=MetricsWriter(run_dir / METRICS_NAME, cfg.cohort.rounds),
         on_checkpoint=(lambda r, n: _save(run_dir, r, n)) if cfg.node.checkpoint else None,
-        clock=clock, seed=cfg.node.seed, fault=cfg.fault,
+        clock=clock, seed=cfg.node.seed, fault=cfg.fault, advertise=cfg.node.advertise,
     )
     result = await node.run()
     last = result.metrics[-1] if result.metrics else {}

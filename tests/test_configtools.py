@@ -10,6 +10,7 @@ from typing import Any, Literal, Optional
 
 import pytest
 import yaml
+
 from hfl.peer import configtools
 from hfl.peer.configtools import (
     ConfigError,

@@ -10,6 +10,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+
 from hfl.protocol import (
     DEFAULT_LIMITS,
     MESSAGE_TYPES,

@@ -1,0 +1,555 @@
+"""Integration: whole cohorts in one process, on the in-memory transport and on ZeroMQ loopback.
+
+Faults are deterministic: they come from a seeded FaultPlan, from a partition installed
+at an exact point (every peer held at the start of a round's training until the test
+lets it go), or from a peer that crashes from inside its own round hook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from hfl.peer.config import PeerConfig, config_from_dict
+from hfl.peer.factory import build_algorithm
+from hfl.peer.node import Node, NodeResult
+from hfl.peer.runner import run_peer
+from hfl.peer.transport import (
+    FaultPlan,
+    FaultyTransport,
+    InMemoryTransport,
+    MemoryHub,
+    make_transport,
+)
+from hfl.protocol import PROTOCOL_VERSION, AggregateResult, Heartbeat, Knowledge, encode
+
+pytestmark = pytest.mark.timeout(60)
+
+TIMING = {
+    "heartbeat_interval_s": 0.05,
+    "suspect_after_s": 0.5,
+    "dead_after_s": 1.0,
+    "round_timeout_s": 3.0,
+    "aggregate_grace_s": 1.0,
+    "join_timeout_s": 10.0,
+    "send_timeout_s": 1.0,
+}
+WAIT_S = 15.0  # upper bound on any single wait in a test (a hang fails, never blocks)
+
+
+def peer_cfg(
+    tmp_path,
+    peer_id: str,
+    index: int,
+    n: int,
+    *,
+    listen: str | None = None,
+    bootstrap: tuple[str, ...] = (),
+    rounds: int = 3,
+    min_peers: int | None = None,
+    cohort: dict[str, Any] | None = None,
+    timing: dict[str, Any] | None = None,
+) -> PeerConfig:
+    return config_from_dict(
+        {
+            "node": {
+                "id": peer_id,
+                "listen": listen or f"mem://{peer_id}",
+                "bootstrap": list(bootstrap),
+                "run_dir": str(tmp_path / peer_id),
+                "min_peers": min_peers or n,
+                "resume": False,
+                "checkpoint": False,
+                "seed": index,
+            },
+            "cohort": {"algorithm": "fedavg", "rounds": rounds, **(cohort or {})},
+            "timing": {**TIMING, **(timing or {})},
+            "data": {
+                "dataset": "digits",
+                "partition": "iid",
+                "num_partitions": n,
+                "partition_index": index % n,
+            },
+            "model": {"arch": "mlp"},
+            "train": {"max_batches": 5},
+        }
+    )
+
+
+def cohort_cfgs(tmp_path, n: int, **kw) -> list[PeerConfig]:
+    """p0 .. p{n-1}; everyone but p0 knows only p0's address."""
+    return [
+        peer_cfg(tmp_path, f"p{i}", i, n, bootstrap=() if i == 0 else ("mem://p0",), **kw)
+        for i in range(n)
+    ]
+
+
+def build_node(
+    cfg: PeerConfig,
+    hub: MemoryHub | None,
+    plan: FaultPlan | None = None,
+    on_round: Callable[[dict], None] | None = None,
+    **kw,
+) -> Node:
+    """What run_peer does, minus files, so a test can hold on to the Node."""
+    algorithm, num_classes = build_algorithm(cfg)
+    transport = make_transport(cfg.node.id, cfg.node.listen, hub=hub)
+    if plan is not None:
+        transport = FaultyTransport(transport, plan)
+    return Node(
+        peer_id=cfg.node.id,
+        transport=transport,
+        algorithm=algorithm,
+        cohort=cfg.cohort,
+        num_classes=num_classes,
+        timing=cfg.timing,
+        bootstrap=cfg.node.bootstrap,
+        min_peers=cfg.node.min_peers,
+        on_round=on_round,
+        seed=cfg.node.seed,
+        **kw,
+    )
+
+
+class RoundWatch:
+    """An ``on_round`` hook: keeps every record; an event per round fires once all peers did it."""
+
+    def __init__(self, peers):
+        self.peers = set(peers)
+        self.records: dict[int, dict[str, dict]] = defaultdict(dict)
+        self._done: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        self.hooks: dict[str, Callable[[dict], None]] = {}
+
+    def __call__(self, record: dict) -> None:
+        self.records[record["round"]][record["peer"]] = record
+        if set(self.records[record["round"]]) >= self.peers:
+            self._done[record["round"]].set()
+        hook = self.hooks.get(record["peer"])
+        if hook is not None:
+            hook(record)
+
+    async def all_finished(self, r: int) -> None:
+        await asyncio.wait_for(self._done[r].wait(), WAIT_S)
+
+
+class TrainingGate:
+    """Holds every peer at the start of local training in the given rounds until released.
+
+    The wait happens in the training worker thread, so the peers' event loop (heartbeats,
+    receiving) keeps running: this pauses the round engine only, at an exact point.
+    """
+
+    def __init__(self, rounds):
+        self.gates = {r: threading.Event() for r in rounds}
+
+    def install(self, node: Node) -> None:
+        train = node.alg.local_update
+
+        def local_update(round: int):
+            gate = self.gates.get(round)
+            if gate is not None and not gate.wait(timeout=WAIT_S):
+                raise TimeoutError(f"{node.id}: round {round} gate never opened")
+            return train(round)
+
+        node.alg.local_update = local_update
+
+    def release(self, r: int) -> None:
+        self.gates[r].set()
+
+    def release_all(self) -> None:
+        for gate in self.gates.values():
+            gate.set()
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    """Poll a condition (bounded); for states reached through the peers' own timers."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def by_round(results: dict[str, NodeResult]) -> dict[int, dict[str, dict]]:
+    out: dict[int, dict[str, dict]] = defaultdict(dict)
+    for peer, res in results.items():
+        for rec in res.metrics:
+            out[rec["round"]][peer] = rec
+    return out
+
+
+def assert_completed(results: dict[str, NodeResult], rounds: int) -> None:
+    for peer, res in results.items():
+        assert isinstance(res, NodeResult), f"{peer} failed: {res!r}"
+        assert [m["round"] for m in res.metrics] == list(range(1, rounds + 1)), peer
+        assert res.last_round == rounds
+
+
+def assert_same_model(records: dict[str, dict]) -> None:
+    """Peers that loaded the same averaged model score exactly the same on the global test set."""
+    accs = {p: rec["global_acc"] for p, rec in records.items()}
+    assert len(set(accs.values())) == 1, accs
+
+
+# =========================================================================== a, b
+
+
+def run_cohort_with_run_peer(cfgs, plan: FaultPlan | None = None) -> dict[str, NodeResult]:
+    hub = MemoryHub()
+
+    async def main():
+        return await asyncio.gather(*(run_peer(c, hub=hub, fault_plan=plan) for c in cfgs))
+
+    return {c.node.id: r for c, r in zip(cfgs, asyncio.run(main()), strict=True)}
+
+
+def assert_healthy_fedavg_cohort(results: dict[str, NodeResult], n: int, rounds: int) -> None:
+    assert_completed(results, rounds)
+    rounds_seen = by_round(results)
+    order = sorted(results)
+    for r in range(1, rounds + 1):
+        recs = rounds_seen[r]
+        # Everyone elected the same aggregator: the rotation's pick for this round.
+        assert {rec["aggregator"] for rec in recs.values()} == {order[r % n]}, r
+        assert {rec["epoch"] for rec in recs.values()} == {0}
+        assert {rec["contributors"] for rec in recs.values()} == {n}
+        assert_same_model(recs)
+        if r < rounds:  # in the last round a peer that finished first may have left already
+            assert {rec["live_peers"] for rec in recs.values()} == {n}
+    turns = [rounds_seen[r][order[0]]["aggregator"] for r in range(1, min(n, rounds) + 1)]
+    assert len(set(turns)) == len(turns)  # a different peer aggregates every round
+
+
+def test_fedavg_cohort_learns_the_cohort_by_gossip_and_rotates_the_aggregator(tmp_path):
+    n, rounds = 4, 4
+    results = run_cohort_with_run_peer(cohort_cfgs(tmp_path, n, rounds=rounds))
+    assert_healthy_fedavg_cohort(results, n, rounds)
+    for peer, res in results.items():
+        assert res.dropped == {}, peer
+        assert (tmp_path / peer / "metrics.jsonl").read_text().count("\n") == rounds
+        assert (tmp_path / peer / "summary.json").exists()
+
+
+def test_fedavg_cohort_survives_faults_on_heartbeats_and_gossip(tmp_path):
+    n, rounds = 4, 3
+    plan = FaultPlan(
+        seed=11,
+        drop=0.2,
+        duplicate=0.2,
+        delay=0.2,
+        reorder=0.2,
+        delay_s=(0.01, 0.05),
+        only_types=frozenset({"heartbeat", "gossip"}),
+    )
+    results = run_cohort_with_run_peer(cohort_cfgs(tmp_path, n, rounds=rounds), plan)
+    assert {"dropped", "duplicated", "delayed", "reordered"} <= set(plan.counts)
+    assert min(plan.counts.values()) > 0
+    assert_healthy_fedavg_cohort(results, n, rounds)
+
+
+# =========================================================================== c
+
+
+def test_partition_then_heal(tmp_path):
+    """{p0,p1} | {p2,p3} for round 2 exactly; healed before round 3."""
+    n, rounds = 4, 4
+    side_a, side_b = ["p0", "p1"], ["p2", "p3"]
+    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds)
+    plan = FaultPlan(seed=3)
+    watch = RoundWatch(c.node.id for c in cfgs)
+    gate = TrainingGate(rounds=(2, 3))
+    hub = MemoryHub()
+    nodes = [build_node(c, hub, plan, on_round=watch) for c in cfgs]
+    for node in nodes:
+        gate.install(node)
+
+    async def conduct():
+        try:
+            await watch.all_finished(1)
+            plan.partition([f"mem://{p}" for p in side_a], [f"mem://{p}" for p in side_b])
+            gate.release(2)
+            await watch.all_finished(2)
+            plan.heal()
+            await until(
+                lambda: all(len(nd.membership.live_view()) == n for nd in nodes),
+                "every peer to see the whole cohort alive again",
+            )
+            gate.release(3)
+        finally:
+            gate.release_all()
+
+    async def main():
+        conductor = asyncio.create_task(conduct())
+        try:
+            return await asyncio.gather(*(nd.run() for nd in nodes))
+        finally:
+            gate.release_all()
+            await conductor
+
+    results = dict(zip([c.node.id for c in cfgs], asyncio.run(main()), strict=True))
+    assert_completed(results, rounds)
+    rounds_seen = by_round(results)
+    # Round 1: whole cohort. Round 2: each side aggregates on its own.
+    assert_same_model(rounds_seen[1])
+    r2 = rounds_seen[2]
+    # Side A gave up on p2 (epoch 0) and p3 (epoch 1): p0 at epoch 2. Side B kept p2.
+    assert {(r2[p]["aggregator"], r2[p]["epoch"]) for p in side_a} == {("p0", 2)}
+    assert {(r2[p]["aggregator"], r2[p]["epoch"]) for p in side_b} == {("p2", 0)}
+    assert {r2[p]["contributors"] for p in r2} == {2}
+    assert_same_model({p: r2[p] for p in side_a})
+    assert_same_model({p: r2[p] for p in side_b})
+    # After healing: everyone sees everyone again, and the cohort is one again.
+    assert {rec["live_peers"] for rec in rounds_seen[3].values()} == {n}
+    for r in (3, 4):
+        assert {rec["aggregator"] for rec in rounds_seen[r].values()} == {f"p{r % n}"}
+        assert {rec["contributors"] for rec in rounds_seen[r].values()} == {n}
+        assert_same_model(rounds_seen[r])
+    assert plan.counts.get("partitioned", 0) > 0
+
+
+# =========================================================================== d
+
+
+def test_hostile_and_malformed_messages_are_dropped_and_counted(tmp_path):
+    n, rounds = 4, 3
+    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds)
+    watch = RoundWatch(c.node.id for c in cfgs)
+    hub = MemoryHub()
+    nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
+    victim = nodes[1]
+    mallory = InMemoryTransport("mallory", "mem://mallory", hub)
+
+    def header(type_: str, sender: str = "mallory", tensors=()):
+        return msgpack.packb(
+            {
+                "v": PROTOCOL_VERSION,
+                "type": type_,
+                "sender": sender,
+                "incarnation": 0,
+                "body": {},
+                "tensors": list(tensors),
+            }
+        )
+
+    weights = {"w": np.full(4, 1e6, dtype=np.float32)}
+    attacks = [
+        [b"\x92\xc1garbage"],  # not msgpack
+        [],  # no frames at all
+        [header("nuke")],  # a type nobody knows
+        encode(Heartbeat(sender="p0", incarnation=0, round=2)),  # lies about who sends it
+        encode(
+            Knowledge(sender="mallory", incarnation=0, round=2, kind="weights", tensors=weights)
+        ),  # never said hello
+        encode(
+            AggregateResult(
+                sender="mallory", incarnation=0, round=2, epoch=99, kind="weights", tensors=weights
+            )
+        ),  # a forged result
+        [
+            msgpack.packb(
+                {
+                    "v": PROTOCOL_VERSION,
+                    "type": "knowledge",
+                    "sender": "mallory",
+                    "incarnation": 0,
+                    "body": {"round": 2, "kind": "w"},
+                    "tensors": [{"name": "w", "dtype": "float32", "shape": [1000]}],
+                }
+            ),
+            b"\x00" * 4,
+        ],  # the tensor frame does not fit its shape
+        [
+            msgpack.packb(
+                {
+                    "v": PROTOCOL_VERSION,
+                    "type": "knowledge",
+                    "sender": "mallory",
+                    "incarnation": 0,
+                    "body": {"round": 2, "kind": "w"},
+                    "tensors": [{"name": "w", "dtype": "object", "shape": [1]}],
+                }
+            ),
+            b"\x00" * 8,
+        ],  # a dtype outside the allowlist
+    ]
+
+    async def attack():
+        await mallory.start()
+        await watch.all_finished(1)  # the cohort is formed and running
+        for frames in attacks:
+            assert await mallory.send(victim.transport.address, frames, 1.0)
+
+    async def main():
+        attacker = asyncio.create_task(attack())
+        try:
+            return await asyncio.gather(*(nd.run() for nd in nodes))
+        finally:
+            await asyncio.wait_for(attacker, WAIT_S)
+            await mallory.close()
+
+    results = dict(zip([c.node.id for c in cfgs], asyncio.run(main()), strict=True))
+    assert_completed(results, rounds)
+    dropped = results["p1"].dropped
+    for code, count in {
+        "bad_header": 1,
+        "bad_frames": 1,
+        "unknown_type": 1,
+        "identity_mismatch": 1,
+        "not_member": 2,
+        "bad_tensor": 2,
+    }.items():
+        assert dropped.get(code, 0) >= count, (code, dropped)
+    assert "mallory" not in victim.membership.members
+    for r, recs in by_round(results).items():
+        assert_same_model(recs)  # the forged result was not used by anyone
+        assert {rec["contributors"] for rec in recs.values()} == {n}, r
+
+
+# =========================================================================== e
+
+
+class Crashed(Exception):
+    """Stands for a process that died: no goodbye, no cleanup beyond closing its socket."""
+
+
+@pytest.mark.parametrize("when", ["after_round_1", "while_serving_round_2"])
+def test_aggregator_that_dies_is_replaced_by_the_next_in_rotation(tmp_path, when):
+    n, rounds = 4, 3
+    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds)
+    watch = RoundWatch(c.node.id for c in cfgs if c.node.id != "p2")
+    hub = MemoryHub()
+    doomed = "p2"  # sorted order p0..p3: p2 is elected for round 2 at epoch 0
+
+    def crash(*_):
+        raise Crashed(doomed)
+
+    nodes = []
+    for c in cfgs:
+        extra = {}
+        if c.node.id == doomed and when == "while_serving_round_2":
+            from hfl.peer.config import FaultConfig
+
+            # Collects everyone's contributions, then dies before sending the result.
+            extra = {"fault": FaultConfig(crash_at_round=2, crash_phase="serve"), "crash": crash}
+        nodes.append(build_node(c, hub, on_round=watch, **extra))
+    if when == "after_round_1":
+        watch.hooks[doomed] = lambda rec: crash() if rec["round"] == 1 else None
+
+    async def main():
+        return await asyncio.gather(*(nd.run() for nd in nodes), return_exceptions=True)
+
+    outcome = dict(zip([c.node.id for c in cfgs], asyncio.run(main()), strict=True))
+    assert isinstance(outcome.pop(doomed), Crashed)
+    assert_completed(outcome, rounds)
+    rounds_seen = by_round(outcome)
+    assert {rec["aggregator"] for rec in rounds_seen[1].values()} == {"p1"}
+    r2 = rounds_seen[2]
+    # Everyone gave up on p2 at epoch 0 and took the next in rotation at epoch 1; nobody
+    # took a result older than the epoch it had failed over to.
+    assert {(rec["aggregator"], rec["epoch"]) for rec in r2.values()} == {("p3", 1)}
+    assert {rec["contributors"] for rec in r2.values()} == {n - 1}
+    assert_same_model(r2)
+    for r in range(2, rounds + 1):
+        assert doomed not in {rec["aggregator"] for rec in rounds_seen[r].values()}
+        assert_same_model(rounds_seen[r])
+    for peer, res in outcome.items():
+        assert res.dropped.get("stale_result", 0) == 0, peer
+
+
+# =========================================================================== f
+
+
+def test_fedavg_cohort_over_zeromq_loopback(tmp_path):
+    n, rounds = 3, 3
+
+    async def main():
+        first = build_node(
+            peer_cfg(tmp_path, "p0", 0, n, listen="tcp://127.0.0.1:0", rounds=rounds), hub=None
+        )
+        tasks = [asyncio.create_task(first.run(), name="p0")]
+        try:
+            # p0 binds a free port first; the others bootstrap from wherever it landed.
+            await until(lambda: first.membership is not None, "p0 to bind")
+            address = first.transport.address
+            assert address.startswith("tcp://127.0.0.1:") and not address.endswith(":0")
+            for i in range(1, n):
+                node = build_node(
+                    peer_cfg(
+                        tmp_path,
+                        f"p{i}",
+                        i,
+                        n,
+                        listen="tcp://127.0.0.1:0",
+                        bootstrap=(address,),
+                        rounds=rounds,
+                    ),
+                    hub=None,
+                )
+                tasks.append(asyncio.create_task(node.run(), name=f"p{i}"))
+            return await asyncio.wait_for(asyncio.gather(*tasks), 4 * WAIT_S)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = dict(zip([f"p{i}" for i in range(n)], asyncio.run(main()), strict=True))
+    assert_healthy_fedavg_cohort(results, n, rounds)
+    for res in results.values():
+        assert res.dropped == {}
+        assert res.metrics[-1]["total_bytes_received"] > 0  # it all went over the sockets
+
+
+# =========================================================================== g
+
+
+@pytest.mark.parametrize(
+    "mismatch", [{"rounds": 5}, {"algorithm": "solo"}], ids=["rounds", "algorithm"]
+)
+def test_a_peer_of_another_cohort_is_refused(tmp_path, mismatch, caplog):
+    n, rounds = 3, 3
+    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds)
+    odd = peer_cfg(
+        tmp_path,
+        "odd",
+        0,
+        n,
+        bootstrap=("mem://p0",),
+        min_peers=2,
+        cohort={"rounds": rounds, **mismatch},
+        timing={"join_timeout_s": 1.0},
+    )
+    hub = MemoryHub()
+    # The odd peer starts last: the others' addresses are bound before its first hello.
+    nodes = [build_node(c, hub) for c in [*cfgs, odd]]
+
+    async def main():
+        return await asyncio.gather(*(nd.run() for nd in nodes))
+
+    with caplog.at_level(logging.WARNING, logger="hfl.peer"):
+        results = dict(zip([nd.id for nd in nodes], asyncio.run(main()), strict=True))
+    odd_result = results.pop("odd")
+    assert_completed(results, rounds)
+    assert results["p0"].dropped.get("cohort_mismatch", 0) >= 1
+    for node in nodes[:n]:
+        assert "odd" not in node.membership.members, node.id
+    for peer, res in results.items():
+        assert all(rec["live_peers"] <= n for rec in res.metrics), peer
+        assert res.metrics[0]["live_peers"] == n
+    # The odd peer ran alone and was told why.
+    assert all(rec["live_peers"] == 1 for rec in odd_result.metrics)
+    assert odd_result.dropped.get("refused", 0) >= 1
+    field = next(iter(mismatch))
+    assert any(
+        "odd: p0 refused our hello: cohort_mismatch" in r.getMessage()
+        and f"{field} differs" in r.getMessage()
+        for r in caplog.records
+    )

@@ -1,0 +1,381 @@
+"""Membership as a pure state machine: joins, failure detection, incarnations, gossip, election."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from hfl.peer.clock import FakeClock
+from hfl.peer.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, elect
+from hfl.protocol import MemberRecord
+
+SUSPECT_S, DEAD_S = 2.0, 5.0
+
+
+def view(self_id: str = "a", incarnation: int = 0) -> Membership:
+    return Membership(self_id, f"mem://{self_id}", incarnation, SUSPECT_S, DEAD_S)
+
+
+def rec(peer_id: str, incarnation: int = 0, status: str = "alive", address: str | None = None):
+    return MemberRecord(
+        peer_id=peer_id,
+        address=address or f"mem://{peer_id}",
+        incarnation=incarnation,
+        status=status,
+    )
+
+
+# ---------------------------------------------------------------------------- joining
+
+
+def test_first_word_from_a_peer_with_an_address_adds_it_alive():
+    m = view()
+    change = m.heard_from("b", 0, now=1.0, address="mem://b", round=3)
+    assert (change.peer_id, change.old, change.new) == ("b", "unknown", ALIVE)
+    assert m.members["b"].status == ALIVE
+    assert m.members["b"].round == 3
+    assert m.address_of("b") == "mem://b"
+    assert m.live_peers() == ["b"]
+
+
+def test_word_from_an_unknown_peer_without_an_address_adds_nothing():
+    m = view()
+    assert m.heard_from("b", 0, now=1.0) is None
+    assert m.members == {}
+
+
+def test_our_own_messages_never_make_us_a_member():
+    m = view()
+    assert m.heard_from("a", 5, now=1.0, address="mem://a") is None
+    assert m.members == {}
+    assert m.live_view() == ["a"]
+
+
+# ---------------------------------------------------------------------------- failure detection
+
+
+def test_suspect_then_dead_exactly_at_the_configured_silences():
+    clock = FakeClock(start=10.0)
+    m = view()
+    m.heard_from("b", 0, clock.now(), address="mem://b")
+
+    clock.advance(SUSPECT_S - 0.25)
+    assert m.tick(clock.now()) == []
+    assert m.members["b"].status == ALIVE
+
+    clock.advance(0.25)  # silent for exactly suspect_after_s
+    [change] = m.tick(clock.now())
+    assert (change.old, change.new) == (ALIVE, SUSPECT)
+    assert m.is_live("b") and m.live_peers() == ["b"]  # a suspect is still waited for
+
+    clock.advance(DEAD_S - SUSPECT_S - 0.25)
+    assert m.tick(clock.now()) == []
+    assert m.members["b"].status == SUSPECT
+
+    clock.advance(0.25)  # silent for exactly dead_after_s
+    [change] = m.tick(clock.now())
+    assert (change.old, change.new) == (SUSPECT, DEAD)
+    assert not m.is_live("b") and m.live_peers() == []
+    assert m.tick(clock.now() + 100) == []  # dead stays dead without a new transition
+
+
+def test_a_long_silence_goes_straight_to_dead():
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b")
+    [change] = m.tick(DEAD_S)
+    assert (change.old, change.new) == (ALIVE, DEAD)
+
+
+def test_hearing_from_a_peer_resets_its_silence():
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b")
+    m.heard_from("b", 0, SUSPECT_S - 0.5)
+    assert m.tick(SUSPECT_S) == []
+    [change] = m.tick(2 * SUSPECT_S - 0.5)
+    assert change.new == SUSPECT
+
+
+def test_a_suspect_or_dead_peer_heard_again_is_alive():
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b")
+    m.tick(DEAD_S)
+    change = m.heard_from("b", 0, DEAD_S + 1)
+    assert (change.old, change.new) == (DEAD, ALIVE)
+    assert m.live_peers() == ["b"]
+
+
+# ---------------------------------------------------------------------------- incarnations
+
+
+def test_a_higher_incarnation_revives_a_dead_peer_and_resets_its_round():
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b", round=7)
+    m.members["b"].greeted = True
+    m.tick(DEAD_S)
+    assert m.members["b"].status == DEAD
+
+    change = m.heard_from("b", 1, DEAD_S + 1, address="mem://b2")
+    assert (change.old, change.new) == (DEAD, ALIVE)
+    b = m.members["b"]
+    assert (b.status, b.incarnation, b.round, b.address) == (ALIVE, 1, 0, "mem://b2")
+    assert b.greeted is False  # the new process must be greeted again
+    assert m.max_live_round() == 0
+
+
+def test_a_lower_incarnation_is_ignored():
+    m = view()
+    m.heard_from("b", 3, 0.0, address="mem://b", round=2)
+    m.tick(DEAD_S)
+    assert m.heard_from("b", 2, DEAD_S + 1, address="mem://zombie", round=9) is None
+    b = m.members["b"]
+    assert (b.status, b.incarnation, b.round, b.address, b.last_heard) == (
+        DEAD,
+        3,
+        2,
+        "mem://b",
+        0.0,
+    )
+    assert not m.is_current("b", 2)
+    assert m.is_current("b", 3) and m.is_current("b", 4)
+    assert not m.is_current("stranger", 0)
+
+
+# ---------------------------------------------------------------------------- leaving
+
+
+def test_leave_removes_a_peer_from_the_live_view_and_the_rotation():
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b")
+    m.heard_from("c", 0, 0.0, address="mem://c")
+    change = m.left("b", 0)
+    assert (change.old, change.new) == (ALIVE, LEFT)
+    assert m.live_peers() == ["c"]
+    assert m.rotation_order() == ["a", "c"]
+    assert m.gossip_targets() == ["c"]
+    assert m.left("b", 0) is None  # said once
+    assert m.tick(100.0)[0].peer_id == "c"  # a left peer is not failure-detected
+
+
+def test_leave_from_an_older_incarnation_is_ignored():
+    m = view()
+    m.heard_from("b", 2, 0.0, address="mem://b")
+    assert m.left("b", 1) is None
+    assert m.members["b"].status == ALIVE
+
+
+def test_a_late_message_after_leave_does_not_revive_the_peer():
+    # A heartbeat delayed or reordered behind the goodbye, from the same process.
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b")
+    m.left("b", 0)
+    assert m.heard_from("b", 0, 1.0, round=5) is None
+    assert m.members["b"].status == LEFT
+    assert m.live_peers() == []
+
+
+def test_a_new_incarnation_after_leave_rejoins():
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b")
+    m.left("b", 0)
+    change = m.heard_from("b", 1, 1.0, address="mem://b")
+    assert change.new == ALIVE
+    assert m.live_peers() == ["b"]
+
+
+# ---------------------------------------------------------------------------- gossip
+
+
+def test_merge_learns_new_peers_alive_with_a_fresh_timestamp():
+    m = view()
+    new = m.merge([rec("b"), rec("c", 2, status="dead")], now=4.0)
+    assert new == ["b", "c"]
+    assert {p: (x.status, x.incarnation, x.last_heard) for p, x in m.members.items()} == {
+        "b": (ALIVE, 0, 4.0),
+        "c": (ALIVE, 2, 4.0),
+    }
+    assert all(not x.greeted for x in m.members.values())  # they still need our hello
+    assert m.merge([rec("b"), rec("c", 2)], now=5.0) == []  # nothing new the second time
+    assert m.members["b"].last_heard == 4.0  # gossip is no direct evidence of life
+
+
+def test_merge_does_not_revive_a_dead_peer_at_the_same_incarnation():
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b")
+    m.tick(DEAD_S)
+    assert m.merge([rec("b", 0, "alive")], now=DEAD_S + 1) == []
+    assert m.members["b"].status == DEAD
+
+
+def test_merge_takes_a_higher_incarnation():
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://old", round=4)
+    m.members["b"].greeted = True
+    m.tick(DEAD_S)
+    assert m.merge([rec("b", 1, address="mem://new")], now=10.0) == ["b"]
+    b = m.members["b"]
+    assert (b.incarnation, b.address, b.status, b.greeted, b.last_heard, b.round) == (
+        1,
+        "mem://new",
+        ALIVE,
+        False,
+        10.0,
+        0,
+    )
+
+
+def test_merge_ignores_lower_incarnations():
+    m = view()
+    m.heard_from("b", 3, 0.0, address="mem://b")
+    assert m.merge([rec("b", 1, address="mem://zombie", status="left")], now=1.0) == []
+    assert (m.members["b"].incarnation, m.members["b"].address) == (3, "mem://b")
+    assert m.members["b"].status == ALIVE
+
+
+def test_merge_ignores_our_own_record():
+    m = view("a", incarnation=2)
+    assert m.merge([rec("a", 9, address="mem://impostor")], now=1.0) == []
+    assert "a" not in m.members
+    assert m.records()[0] == rec("a", 2)
+
+
+def test_merge_respects_left():
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b")
+    # An unknown peer that already left is not learned.
+    assert m.merge([rec("c", 0, "left")], now=1.0) == []
+    assert "c" not in m.members
+    # A known peer reported left at its incarnation is left.
+    assert m.merge([rec("b", 0, "left")], now=1.0) == []
+    assert m.members["b"].status == LEFT
+    # A newer incarnation that left is left too, and not greeted.
+    m.heard_from("d", 0, 0.0, address="mem://d")
+    assert m.merge([rec("d", 1, "left")], now=1.0) == []
+    assert (m.members["d"].status, m.members["d"].incarnation) == (LEFT, 1)
+    # ... while a newer incarnation that is alive comes back.
+    assert m.merge([rec("b", 1, "alive")], now=2.0) == ["b"]
+    assert m.members["b"].status == ALIVE
+
+
+def test_records_round_trip_through_gossip():
+    a, b = view("a", 1), view("b")
+    a.heard_from("c", 0, 0.0, address="mem://c")
+    a.heard_from("d", 4, 0.0, address="mem://d")
+    a.tick(SUSPECT_S)
+    new = b.merge(a.records(), now=0.0)
+    assert new == ["a", "c", "d"]
+    assert {p: m.incarnation for p, m in b.members.items()} == {"a": 1, "c": 0, "d": 4}
+    assert {p: m.status for p, m in b.members.items()} == {"a": ALIVE, "c": ALIVE, "d": ALIVE}
+    assert b.rotation_order() == ["a", "b", "c", "d"]
+
+
+def test_records_never_carry_a_negative_incarnation():
+    # Members restored from a checkpoint are known at incarnation -1 until heard from;
+    # the wire only allows >= 0, so gossip must not carry -1 (it would fail to encode).
+    from hfl.protocol import Gossip, decode, encode
+
+    m = view()
+    m.heard_from("b", -1, 0.0, address="mem://b")
+    records = m.records()
+    assert [r.incarnation for r in records] == [0, 0]
+    assert decode(encode(Gossip(sender="a", incarnation=0, members=records))).members == records
+
+
+# ---------------------------------------------------------------------------- views
+
+
+def test_live_view_and_rotation_order():
+    m = view("c")
+    for p in ("e", "a", "b", "d"):
+        m.heard_from(p, 0, 0.0, address=f"mem://{p}")
+    m.heard_from("a", 0, 3.0)
+    m.heard_from("e", 0, 1.0)
+    m.tick(5.0)  # b, d: dead (silent 5 s); e: suspect (silent 4 s); a: alive
+    m.left("e", 0)
+    assert m.live_peers() == ["a"]
+    assert m.live_view() == ["a", "c"]
+    # Dead members stay in the rotation (so views that disagree on liveness agree on it).
+    assert m.rotation_order() == ["a", "b", "c", "d"]
+    assert m.gossip_targets() == ["a", "b", "d"]
+    assert [m.is_live(p) for p in "abcde"] == [True, False, True, False, False]
+
+
+def test_max_live_round_ignores_dead_peers():
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b", round=9)
+    m.heard_from("c", 0, 4.0, address="mem://c", round=3)
+    assert m.max_live_round() == 9
+    m.tick(DEAD_S)
+    assert m.max_live_round() == 3
+
+
+# ---------------------------------------------------------------------------- election
+
+
+ORDER = ["p0", "p1", "p2", "p3"]
+
+
+def test_elect_rotates_by_round_when_everyone_is_live():
+    chosen = [elect(ORDER, lambda p: True, r, 0) for r in range(1, 9)]
+    assert chosen == [(ORDER[r % 4], 0) for r in range(1, 9)]
+    assert {a for a, _ in chosen[:4]} == set(ORDER)  # every member takes a turn
+
+
+def test_elect_skips_dead_candidates_by_bumping_the_epoch():
+    live = {"p0", "p3"}.__contains__
+    assert elect(ORDER, live, 1, 0) == ("p3", 2)  # p1 (e=0), p2 (e=1) dead
+    assert elect(ORDER, live, 2, 0) == ("p3", 1)
+    assert elect(ORDER, live, 3, 0) == ("p3", 0)
+    assert elect(ORDER, live, 4, 0) == ("p0", 0)
+
+
+@pytest.mark.parametrize("live_set", [set(ORDER), {"p0"}, {"p2", "p3"}, {"p1"}])
+def test_elect_never_returns_an_epoch_below_the_one_asked(live_set):
+    for r, e in itertools.product(range(1, 6), range(0, 7)):
+        aggregator, epoch = elect(ORDER, live_set.__contains__, r, e)
+        assert epoch >= e
+        assert aggregator in live_set
+        assert aggregator == ORDER[(r + epoch) % 4]
+        # Every candidate between the asked epoch and the elected one was dead.
+        assert all(ORDER[(r + k) % 4] not in live_set for k in range(e, epoch))
+
+
+def test_elect_returns_none_once_every_member_was_tried():
+    assert elect(ORDER, lambda p: False, 3, 5) is None
+    assert elect([], lambda p: True, 1, 0) is None
+
+
+def test_self_is_always_live_so_a_lone_peer_elects_itself():
+    m = view("p2")
+    for p in ("p0", "p1", "p3"):
+        m.heard_from(p, 0, 0.0, address=f"mem://{p}")
+    m.tick(DEAD_S)
+    for r in range(1, 6):
+        assert elect(m.rotation_order(), m.is_live, r, 0)[0] == "p2"
+
+
+def test_peers_with_the_same_view_elect_the_same_aggregator_for_every_round_and_epoch():
+    # p0 and p1 were both told of p2, p3, p4 by gossip; both saw p2 die, both hear p3;
+    # p4 is suspect at p0 and alive at p1 (still live for both).
+    views = {}
+    for me, other in (("p0", "p1"), ("p1", "p0")):
+        m = Membership(me, f"mem://{me}", 0, SUSPECT_S, DEAD_S)
+        m.heard_from(other, 0, 0.0, address=f"mem://{other}")
+        m.merge([rec("p2"), rec("p3"), rec("p4")], now=0.0)
+        views[me] = m
+    for m in views.values():
+        m.heard_from("p0" if m.self_id == "p1" else "p1", 0, 4.0)
+        m.heard_from("p3", 0, 4.0)
+    views["p0"].heard_from("p4", 0, 2.5)
+    views["p1"].heard_from("p4", 0, 4.0)
+    for m in views.values():
+        m.tick(DEAD_S)
+    assert views["p0"].members["p4"].status == SUSPECT
+    assert views["p1"].members["p4"].status == ALIVE
+    a, b = views["p0"], views["p1"]
+    assert a.rotation_order() == b.rotation_order() == ["p0", "p1", "p2", "p3", "p4"]
+    for r, e in itertools.product(range(1, 12), range(0, 6)):
+        assert elect(a.rotation_order(), a.is_live, r, e) == elect(
+            b.rotation_order(), b.is_live, r, e
+        )
+        assert elect(a.rotation_order(), a.is_live, r, e)[0] != "p2"

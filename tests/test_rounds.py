@@ -1,0 +1,95 @@
+"""RoundBuffer: the staleness rules for knowledge and aggregator results (PROTOCOL.md, "Rounds")."""
+
+from __future__ import annotations
+
+from hfl.peer.rounds import RoundBuffer
+from hfl.protocol import AggregateResult, Knowledge
+
+
+def knowledge(sender: str, round: int, kind: str = "weights") -> Knowledge:
+    return Knowledge(sender=sender, incarnation=0, round=round, kind=kind)
+
+
+def result(sender: str, round: int, epoch: int) -> AggregateResult:
+    return AggregateResult(sender=sender, incarnation=0, round=round, epoch=epoch, kind="weights")
+
+
+def test_knowledge_for_the_current_round_is_kept():
+    buf = RoundBuffer(lookahead=2, round=3)
+    assert buf.offer_knowledge(knowledge("b", 3)) is None
+    assert buf.offer_knowledge(knowledge("c", 3)) is None
+    assert sorted(buf.received(3)) == ["b", "c"]
+    assert buf.has_all(3, ["b", "c"])
+    assert not buf.has_all(3, ["b", "c", "d"])
+    assert buf.has_all(3, [])
+
+
+def test_late_knowledge_is_dropped():
+    buf = RoundBuffer(lookahead=2, round=3)
+    reason = buf.offer_knowledge(knowledge("b", 2))
+    assert reason is not None and "late" in reason
+    assert buf.received(2) == {}
+
+
+def test_knowledge_up_to_lookahead_rounds_ahead_is_kept_and_further_is_dropped():
+    buf = RoundBuffer(lookahead=2, round=3)
+    assert buf.offer_knowledge(knowledge("b", 4)) is None
+    assert buf.offer_knowledge(knowledge("b", 5)) is None
+    reason = buf.offer_knowledge(knowledge("b", 6))
+    assert reason is not None and "ahead" in reason
+    assert buf.received(6) == {}
+    assert RoundBuffer(lookahead=0, round=3).offer_knowledge(knowledge("b", 4)) is not None
+
+
+def test_duplicate_knowledge_is_dropped_and_the_first_copy_kept():
+    buf = RoundBuffer(round=1)
+    first = knowledge("b", 1, kind="first")
+    assert buf.offer_knowledge(first) is None
+    reason = buf.offer_knowledge(knowledge("b", 1, kind="second"))
+    assert reason is not None and "duplicate" in reason
+    assert buf.received(1)["b"] is first
+
+
+def test_a_result_with_a_stale_epoch_is_not_returned():
+    buf = RoundBuffer(round=2)
+    assert buf.offer_result(result("p2", 2, epoch=0)) is None
+    assert buf.result(2, min_epoch=0).sender == "p2"
+    # The peer failed over to epoch 1: the epoch-0 aggregator's result is stale now.
+    assert buf.result(2, min_epoch=1) is None
+    assert buf.result(3, min_epoch=0) is None
+
+
+def test_a_higher_epoch_supersedes_and_a_lower_or_equal_one_is_refused():
+    buf = RoundBuffer(round=2)
+    assert buf.offer_result(result("p3", 2, epoch=1)) is None
+    reason = buf.offer_result(result("p2", 2, epoch=0))
+    assert reason is not None and "superseded" in reason
+    assert buf.offer_result(result("p9", 2, epoch=1)) is not None  # same epoch: first one stands
+    assert buf.result(2, min_epoch=0).sender == "p3"
+    assert buf.offer_result(result("p0", 2, epoch=2)) is None
+    assert (buf.result(2, min_epoch=2).sender, buf.result(2, min_epoch=2).epoch) == ("p0", 2)
+
+
+def test_late_and_far_ahead_results_are_dropped():
+    buf = RoundBuffer(lookahead=1, round=3)
+    assert "late" in buf.offer_result(result("p1", 2, epoch=5))
+    assert "ahead" in buf.offer_result(result("p1", 5, epoch=0))
+    assert buf.offer_result(result("p1", 4, epoch=0)) is None
+    assert buf.result(2, 0) is None and buf.result(5, 0) is None
+
+
+def test_advance_forgets_older_rounds_and_keeps_newer_ones():
+    buf = RoundBuffer(lookahead=2, round=1)
+    for r in (1, 2, 3):
+        assert buf.offer_knowledge(knowledge("b", r)) is None
+        assert buf.offer_result(result("p1", r, epoch=0)) is None
+    buf.advance(2)
+    assert buf.round == 2
+    assert buf.received(1) == {} and buf.result(1, 0) is None
+    assert list(buf.received(2)) == ["b"] and buf.result(2, 0) is not None
+    assert list(buf.received(3)) == ["b"] and buf.result(3, 0) is not None
+    # Round 1 is over: its knowledge and results are now refused as late.
+    assert "late" in buf.offer_knowledge(knowledge("c", 1))
+    assert "late" in buf.offer_result(result("p1", 1, epoch=3))
+    buf.advance(4)
+    assert buf.knowledge == {} and buf.results == {}

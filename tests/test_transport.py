@@ -1,0 +1,397 @@
+"""Transports: ZeroMQ on loopback, the in-memory hub, and the seeded fault injector."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from hfl.peer.transport import (
+    FaultPlan,
+    FaultyTransport,
+    InMemoryTransport,
+    MemoryHub,
+    TransportOptions,
+    ZmqTransport,
+    make_transport,
+)
+from hfl.protocol import Heartbeat, Knowledge, encode
+
+pytestmark = pytest.mark.timeout(20)
+
+RECV_TIMEOUT_S = 5.0
+
+
+async def recv(transport, timeout_s: float = RECV_TIMEOUT_S) -> tuple[str, list[bytes]]:
+    sender, frames = await asyncio.wait_for(transport.recv(), timeout_s)
+    return sender, [bytes(f) for f in frames]
+
+
+async def started(*transports):
+    for t in transports:
+        await t.start()
+    return transports
+
+
+async def close_all(*transports):
+    for t in transports:
+        await t.close()
+
+
+# =========================================================================== ZeroMQ
+
+
+def test_zmq_round_trip_carries_the_sender_peer_id_as_identity():
+    async def main():
+        a, b = await started(
+            ZmqTransport("alice", "tcp://127.0.0.1:0"), ZmqTransport("bob", "tcp://127.0.0.1:0")
+        )
+        try:
+            assert a.address.startswith("tcp://127.0.0.1:") and not a.address.endswith(":0")
+            assert await a.send(b.address, [b"hello", b"bob"], 2.0)
+            assert await recv(b) == ("alice", [b"hello", b"bob"])
+            assert await b.send(a.address, [b"hi"], 2.0)
+            assert await recv(a) == ("bob", [b"hi"])
+            assert (a.stats.messages_sent, a.stats.bytes_sent) == (1, 8)
+            assert (b.stats.messages_received, b.stats.bytes_received) == (1, 8)
+        finally:
+            await close_all(a, b)
+
+    asyncio.run(main())
+
+
+def test_zmq_multi_frame_multi_megabyte_message_arrives_intact():
+    async def main():
+        a, b = await started(
+            ZmqTransport("a", "tcp://127.0.0.1:0"), ZmqTransport("b", "tcp://127.0.0.1:0")
+        )
+        try:
+            big = np.arange(3 * 2**20, dtype=np.float32)  # 12 MiB
+            frames = [b"header", memoryview(big).cast("B"), b"", bytes(range(256)) * 4096]
+            assert await a.send(b.address, frames, 5.0)
+            sender, got = await recv(b)
+            assert sender == "a"
+            assert [len(f) for f in got] == [6, big.nbytes, 0, 2**20]
+            assert got[0] == b"header" and got[2] == b""
+            np.testing.assert_array_equal(np.frombuffer(got[1], dtype=np.float32), big)
+            assert got[3] == bytes(range(256)) * 4096
+        finally:
+            await close_all(a, b)
+
+    asyncio.run(main())
+
+
+def test_zmq_send_to_an_address_nobody_listens_on_fails_within_the_timeout(unused_tcp_address):
+    async def main():
+        (a,) = await started(ZmqTransport("a", "tcp://127.0.0.1:0"))
+        try:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            ok = await asyncio.wait_for(a.send(unused_tcp_address, [b"x"], 0.2), 5.0)
+            elapsed = loop.time() - t0
+            assert ok is False
+            assert elapsed < 2.0  # bounded by the send timeout (ZMQ_IMMEDIATE), not queued
+            assert (a.stats.send_failures, a.stats.messages_sent) == (1, 0)
+        finally:
+            await a.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("address", ["tcp://not a host", "mem://elsewhere", "nonsense"])
+def test_zmq_send_to_a_malformed_address_fails_instead_of_raising(address):
+    # A gossiped address is untrusted input: it must never crash the sender.
+    async def main():
+        (a,) = await started(ZmqTransport("a", "tcp://127.0.0.1:0"))
+        try:
+            assert await a.send(address, [b"x"], 0.1) is False
+            assert a.stats.send_failures == 1
+        finally:
+            await a.close()
+
+    asyncio.run(main())
+
+
+def test_zmq_a_full_queue_is_a_failed_send_not_a_silent_loss():
+    # Concurrent sends of large messages with tiny high-water marks: every send that
+    # reports success must arrive, and every other one must be counted as a failure.
+    async def main():
+        tiny = TransportOptions(send_hwm=1, recv_hwm=1)
+        a, b = await started(
+            ZmqTransport("a", "tcp://127.0.0.1:0", tiny),
+            ZmqTransport("b", "tcp://127.0.0.1:0", tiny),
+        )
+        try:
+            payload = b"x" * (4 * 2**20)
+            results = await asyncio.gather(*(a.send(b.address, [payload], 0.5) for _ in range(16)))
+            ok = sum(results)
+            assert ok >= 1
+            assert a.stats.messages_sent == ok
+            assert a.stats.send_failures == len(results) - ok
+            for _ in range(ok):
+                sender, frames = await recv(b)
+                assert sender == "a" and len(frames[0]) == len(payload)
+        finally:
+            await close_all(a, b)
+
+    asyncio.run(main())
+
+
+def test_zmq_peer_restarted_on_the_same_port_is_reachable_both_ways():
+    async def main():
+        a, b = await started(
+            ZmqTransport("a", "tcp://127.0.0.1:0"), ZmqTransport("b", "tcp://127.0.0.1:0")
+        )
+        b2 = None
+        try:
+            assert await a.send(b.address, [b"before"], 2.0)
+            assert await recv(b) == ("a", [b"before"])
+            assert await b.send(a.address, [b"before"], 2.0)
+            assert await recv(a) == ("b", [b"before"])
+            address = b.address
+
+            await b.close()  # the process dies...
+            b2 = ZmqTransport("b", address)  # ...and restarts under the same id and port
+            await b2.start()
+            assert b2.address == address
+
+            # The new process reaches the old peer (its ROUTER hands the id "b" over).
+            assert await b2.send(a.address, [b"after"], 2.0)
+            assert await recv(a) == ("b", [b"after"])
+
+            # The old peer's DEALER reconnects on its own; until then sends fail (IMMEDIATE).
+            # Poll: send, then wait briefly for it; bounded number of attempts.
+            for attempt in range(40):
+                if await a.send(address, [b"again", str(attempt).encode()], 0.1):
+                    try:
+                        sender, frames = await recv(b2, 0.25)
+                    except TimeoutError:
+                        continue
+                    assert sender == "a" and frames[0] == b"again"
+                    break
+            else:
+                pytest.fail("the restarted peer never received from the old one")
+        finally:
+            await close_all(a, b2 or b)
+
+    asyncio.run(main())
+
+
+def test_make_transport_picks_the_backend_from_the_scheme():
+    assert isinstance(make_transport("a", "tcp://127.0.0.1:0"), ZmqTransport)
+    assert isinstance(make_transport("a", "ipc:///tmp/hfl-a"), ZmqTransport)
+    assert isinstance(make_transport("a", "mem://a", hub=MemoryHub()), InMemoryTransport)
+    with pytest.raises(ValueError, match="unknown scheme"):
+        make_transport("a", "udp://127.0.0.1:1")
+
+
+# =========================================================================== in-memory
+
+
+def test_in_memory_round_trip_copies_frames():
+    async def main():
+        hub = MemoryHub()
+        a, b = await started(
+            InMemoryTransport("a", "mem://a", hub), InMemoryTransport("b", "mem://b", hub)
+        )
+        buf = bytearray(b"original")
+        arr = np.zeros(4, dtype=np.int32)
+        assert await a.send("mem://b", [buf, memoryview(arr).cast("B")], 1.0)
+        buf[:] = b"MUTATED!"  # the sender reuses its buffers right after sending
+        arr[:] = 7
+        sender, frames = await recv(b)
+        assert sender == "a"
+        assert frames[0] == b"original"
+        assert np.frombuffer(frames[1], dtype=np.int32).tolist() == [0, 0, 0, 0]
+        assert (a.stats.messages_sent, b.stats.messages_received) == (1, 1)
+        assert a.stats.bytes_sent == b.stats.bytes_received == 8 + 16
+        await close_all(a, b)
+
+    asyncio.run(main())
+
+
+def test_in_memory_inbox_is_bounded():
+    async def main():
+        hub = MemoryHub()
+        a, b = await started(
+            InMemoryTransport("a", "mem://a", hub),
+            InMemoryTransport("b", "mem://b", hub, TransportOptions(inbox_size=2)),
+        )
+        assert await a.send("mem://b", [b"1"], 1.0)
+        assert await a.send("mem://b", [b"2"], 1.0)
+        assert await a.send("mem://b", [b"3"], 1.0) is False  # full: refused, not blocked
+        assert a.stats.send_failures == 1
+        assert (await recv(b))[1] == [b"1"]
+        assert await a.send("mem://b", [b"4"], 1.0)
+        assert [(await recv(b))[1] for _ in range(2)] == [[b"2"], [b"4"]]
+        await close_all(a, b)
+
+    asyncio.run(main())
+
+
+def test_in_memory_unreachable_oversized_and_closed_destinations_fail():
+    async def main():
+        hub = MemoryHub()
+        a, b = await started(
+            InMemoryTransport("a", "mem://a", hub),
+            InMemoryTransport("b", "mem://b", hub, TransportOptions(max_message_bytes=10)),
+        )
+        assert await a.send("mem://nobody", [b"x"], 1.0) is False
+        assert await a.send("mem://b", [b"x" * 11], 1.0) is False
+        assert await a.send("mem://b", [b"x" * 10], 1.0)
+        await b.close()
+        assert await a.send("mem://b", [b"x"], 1.0) is False
+        assert a.stats.send_failures == 3
+        # A restarted peer takes its address over.
+        (b2,) = await started(InMemoryTransport("b", "mem://b", hub))
+        assert await a.send("mem://b", [b"back"], 1.0)
+        assert await recv(b2) == ("a", [b"back"])
+        await close_all(a, b2)
+
+    asyncio.run(main())
+
+
+# =========================================================================== faults
+
+
+async def faulty_pair(plan: FaultPlan):
+    """A fault-injecting sender 'a' and a plain receiver 'b' on a fresh hub."""
+    hub = MemoryHub()
+    a = FaultyTransport(InMemoryTransport("a", "mem://a", hub), plan)
+    b = InMemoryTransport("b", "mem://b", hub)
+    await started(a, b)
+    return a, b
+
+
+async def drain(transport) -> list[bytes]:
+    """Everything already delivered to an in-memory transport (delivery is synchronous)."""
+    out = []
+    while transport.stats.messages_received > len(out):
+        out.append((await recv(transport, 1.0))[1][0])
+    return out
+
+
+def test_faulty_drop_everything():
+    async def main():
+        plan = FaultPlan(seed=1, drop=1.0)
+        a, b = await faulty_pair(plan)
+        for i in range(10):
+            assert await a.send("mem://b", [b"%d" % i], 1.0)  # the sender cannot tell
+        assert b.stats.messages_received == 0
+        assert plan.counts == {"dropped": 10}
+        await close_all(a, b)
+
+    asyncio.run(main())
+
+
+def test_faulty_duplicate_everything():
+    async def main():
+        plan = FaultPlan(seed=1, duplicate=1.0)
+        a, b = await faulty_pair(plan)
+        for i in range(3):
+            assert await a.send("mem://b", [b"%d" % i], 1.0)
+        assert await drain(b) == [b"0", b"0", b"1", b"1", b"2", b"2"]
+        assert plan.counts == {"duplicated": 3}
+        await close_all(a, b)
+
+    asyncio.run(main())
+
+
+def test_faulty_reorder_delivers_the_held_message_after_the_next_one():
+    async def main():
+        plan = FaultPlan(seed=1, reorder=1.0)
+        a, b = await faulty_pair(plan)
+        for i in range(4):
+            assert await a.send("mem://b", [b"%d" % i], 1.0)
+        assert await drain(b) == [b"1", b"0", b"3", b"2"]
+        assert plan.counts == {"reordered": 2}
+        await close_all(a, b)
+
+    asyncio.run(main())
+
+
+def test_faulty_delay_delivers_later_and_close_cancels_pending_sends():
+    async def main():
+        plan = FaultPlan(seed=1, delay=1.0, delay_s=(0.01, 0.02))
+        a, b = await faulty_pair(plan)
+        assert await a.send("mem://b", [b"late"], 1.0)
+        assert b.stats.messages_received == 0  # not yet
+        assert await recv(b) == ("a", [b"late"])
+        assert plan.counts == {"delayed": 1}
+
+        plan.delay_s = (30.0, 30.0)
+        assert await a.send("mem://b", [b"never"], 1.0)
+        await asyncio.wait_for(a.close(), 1.0)  # cancels the pending delayed send
+        assert b.stats.messages_received == 1
+        await b.close()
+
+    asyncio.run(main())
+
+
+def test_faulty_partition_blocks_both_directions_until_healed():
+    async def main():
+        plan = FaultPlan(seed=1)
+        hub = MemoryHub()
+        a = FaultyTransport(InMemoryTransport("a", "mem://a", hub), plan)
+        b = FaultyTransport(InMemoryTransport("b", "mem://b", hub), plan)
+        c = FaultyTransport(InMemoryTransport("c", "mem://c", hub), plan)
+        await started(a, b, c)
+        plan.partition(["mem://a"], ["mem://b"])
+        assert await a.send("mem://b", [b"ab"], 1.0)
+        assert await b.send("mem://a", [b"ba"], 1.0)
+        assert await a.send("mem://c", [b"ac"], 1.0)  # other links are untouched
+        assert a.stats.messages_received == b.stats.messages_received == 0
+        assert await recv(c) == ("a", [b"ac"])
+        assert plan.counts == {"partitioned": 2}
+        plan.heal()
+        assert await a.send("mem://b", [b"ab"], 1.0)
+        assert await b.send("mem://a", [b"ba"], 1.0)
+        assert await recv(b) == ("a", [b"ab"])
+        assert await recv(a) == ("b", [b"ba"])
+        await close_all(a, b, c)
+
+    asyncio.run(main())
+
+
+def test_faulty_only_types_restricts_faults_to_those_message_types():
+    async def main():
+        plan = FaultPlan(seed=1, drop=1.0, only_types=frozenset({"heartbeat"}))
+        a, b = await faulty_pair(plan)
+        heartbeat = encode(Heartbeat(sender="a", incarnation=0, round=1))
+        knowledge = encode(
+            Knowledge(
+                sender="a",
+                incarnation=0,
+                round=1,
+                kind="k",
+                tensors={"w": np.ones(3, dtype=np.float32)},
+            )
+        )
+        assert await a.send("mem://b", heartbeat, 1.0)
+        assert await a.send("mem://b", knowledge, 1.0)
+        sender, frames = await recv(b)
+        assert b.stats.messages_received == 1 and len(frames) == 2  # only the knowledge
+        assert plan.counts == {"dropped": 1}
+        await close_all(a, b)
+
+    asyncio.run(main())
+
+
+def test_faulty_decisions_are_reproducible_from_the_seed():
+    async def delivered(seed: int) -> list[bytes]:
+        plan = FaultPlan(seed=seed, drop=0.3, duplicate=0.2, reorder=0.2)
+        a, b = await faulty_pair(plan)
+        for i in range(64):
+            await a.send("mem://b", [b"%d" % i], 1.0)
+        got = await drain(b)
+        await close_all(a, b)
+        return got
+
+    async def main():
+        first, again, other = await delivered(5), await delivered(5), await delivered(6)
+        assert first == again
+        assert first != other
+        assert 0 < len(set(first)) < 64  # some dropped, some not
+
+    asyncio.run(main())
