@@ -198,13 +198,15 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
             if exp.fault_target(fault) == pid:
                 data["fault"] = {"crash_at_round": fault.at_round, "crash_phase": fault.phase}
         env = {"OMP_NUM_THREADS": str(node["threads"]), "MKL_NUM_THREADS": str(node["threads"])}
-        device = node.get("device", "auto" if gpus else "cpu")
-        if gpus and device in ("auto", "cuda") or (gpus and str(device).startswith("cuda")):
-            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+        device = str(node.get("device", "auto"))
+        if gpus and (device == "auto" or device.startswith("cuda")):
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]  # round-robin
             node["device"] = "cuda:0"  # the one GPU this process sees
-        elif device == "auto":
-            node["device"] = "cpu"
-            env["CUDA_VISIBLE_DEVICES"] = ""
+        else:
+            if device == "auto":
+                node["device"] = "cpu"
+            if node["device"] == "cpu":
+                env["CUDA_VISIBLE_DEVICES"] = ""  # and skip CUDA initialisation
         try:
             cfg = build(PeerConfig, data)
         except ConfigError as err:  # defaults + this peer's overrides, as expanded

@@ -14,6 +14,7 @@ COLUMNS = [
     ("test_acc", "test acc", "{:.4f}"),
     ("global_acc", "global acc", "{:.4f}"),
     ("best_global_acc", "best global", "{:.4f}"),
+    ("wall_s", "wall s", "{:.1f}"),
     ("mean_round_s", "s/round", "{:.3f}"),
     ("sent_mb", "sent MB", "{:.2f}"),
     ("recv_mb", "recv MB", "{:.2f}"),
@@ -47,6 +48,8 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
         "test_acc": last.get("test_acc", math.nan),
         "global_acc": last.get("global_acc", math.nan),
         "best_global_acc": max(global_accs, default=math.nan),
+        # From the first round's start to the last round's end (restarts included).
+        "wall_s": (last["time"] + last["round_time_s"] - records[0]["time"]) if records else math.nan,
         "mean_round_s": (sum(r["round_time_s"] for r in records) / len(records)) if records else math.nan,
         "sent_mb": sum(r.get("bytes_sent", 0) for r in records) / 1e6,
         "recv_mb": sum(r.get("bytes_received", 0) for r in records) / 1e6,

@@ -1,0 +1,125 @@
+"""The launcher's pure parts: expanding an experiment, GPU and thread placement,
+fault targeting, the results table. (Real processes: test_e2e.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from hfl.launch.experiment import ExperimentConfig, aggregator_of, expand, load_experiment
+from hfl.launch.results import mean_row, peer_row, render_table
+from hfl.peer.config import load_config
+from hfl.peer.configtools import ConfigError, build
+
+
+def make(tmp_path, **over) -> ExperimentConfig:
+    data = {
+        "name": "t",
+        "peers": 4,
+        "run_dir": str(tmp_path / "run"),
+        "defaults": {"cohort": {"algorithm": "fedavg", "rounds": 3}},
+        **over,
+    }
+    return build(ExperimentConfig, data)
+
+
+def test_expand_gives_each_peer_an_id_port_bootstrap_partition_and_run_dir(tmp_path):
+    plans = expand(make(tmp_path), gpus=[], ports=[7000, 7001, 7002, 7003])
+    assert [p.id for p in plans] == ["p0", "p1", "p2", "p3"]
+    listens = [p.config.node.listen for p in plans]
+    assert listens == [f"tcp://127.0.0.1:{7000 + i}" for i in range(4)]
+    assert plans[0].config.node.bootstrap == ("tcp://127.0.0.1:7001",)
+    assert all(p.config.node.bootstrap == ("tcp://127.0.0.1:7000",) for p in plans[1:])
+    assert [p.config.data.partition_index for p in plans] == [0, 1, 2, 3]
+    assert all(p.config.data.num_partitions == 4 and p.config.node.min_peers == 4 for p in plans)
+    assert all(p.config.cohort.name == "t" for p in plans)
+    # The written file is a valid peer config that loads back to the same thing.
+    for p in plans:
+        assert load_config(str(p.config_path)) == p.config
+        assert p.config.run_dir == str(tmp_path / "run" / p.id)
+
+
+def test_gpus_are_assigned_round_robin_one_visible_device_per_peer(tmp_path):
+    plans = expand(make(tmp_path, peers=5), gpus=["0", "1"], ports=list(range(7000, 7005)))
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0", "1", "0", "1", "0"]
+    assert all(p.config.node.device == "cuda:0" for p in plans)
+
+
+def test_without_gpus_peers_run_on_cpu_and_share_the_cores(tmp_path, monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    plans = expand(make(tmp_path), gpus=[], ports=[7000, 7001, 7002, 7003])
+    assert all(p.config.node.device == "cpu" for p in plans)
+    assert all(p.env["CUDA_VISIBLE_DEVICES"] == "" for p in plans)
+    assert all(p.config.node.threads == 2 and p.env["OMP_NUM_THREADS"] == "2" for p in plans)
+
+
+def test_peer_overrides_deep_merge_over_the_defaults(tmp_path):
+    exp = make(tmp_path, defaults={"cohort": {"rounds": 3}, "model": {"arch": "mlp", "embedding_dim": 32}},
+               peer_overrides={"p2": {"model": {"arch": "lenet"}}})
+    plans = expand(exp, gpus=[], ports=[7000, 7001, 7002, 7003])
+    assert [p.config.model.arch for p in plans] == ["mlp", "mlp", "lenet", "mlp"]
+    assert all(p.config.model.embedding_dim == 32 for p in plans)
+
+
+def test_faults_target_the_rotations_aggregator_and_reach_only_that_peer(tmp_path):
+    exp = make(tmp_path, faults=[{"peer": "aggregator", "at_round": 3, "phase": "serve"},
+                                 {"peer": "p1", "at_round": 5, "restart_at_round": 7}])
+    assert aggregator_of(exp.peer_ids(), 3) == "p3"
+    plans = {p.id: p for p in expand(exp, gpus=[], ports=[7000, 7001, 7002, 7003])}
+    assert plans["p3"].config.fault.crash_at_round == 3
+    assert plans["p3"].config.fault.crash_phase == "serve"
+    assert plans["p1"].config.fault.crash_at_round == 5
+    assert plans["p0"].config.fault.crash_at_round is None
+
+
+@pytest.mark.parametrize(("over", "path", "needle"), [
+    ({"faults": [{"peer": "p9", "at_round": 2}]}, "faults[0].peer", "allowed"),
+    ({"faults": [{"peer": "p1", "at_round": 4, "restart_at_round": 3}]}, "faults[0]", "restart_at_round"),
+    ({"faults": [{"peer": "p3", "at_round": 2}, {"peer": "aggregator", "at_round": 3}]},
+     "faults[1].peer", "one fault per peer"),
+    ({"peer_overrides": {"q1": {}}}, "peer_overrides.q1", "no such peer"),
+    ({"peers": 0}, "peers", ">= 1"),
+])
+def test_bad_experiments_name_the_field(tmp_path, over, path, needle):
+    with pytest.raises(ConfigError) as err:
+        make(tmp_path, **over)
+    assert err.value.path == path and needle in str(err.value)
+
+
+def test_a_bad_peer_section_names_the_peer_and_field(tmp_path):
+    exp = make(tmp_path, peer_overrides={"p1": {"timing": {"round_timeout_s": -1}}})
+    with pytest.raises(ConfigError) as err:
+        expand(exp, gpus=[], ports=[7000, 7001, 7002, 7003])
+    assert "peer p1" in str(err.value) and err.value.path == "timing.round_timeout_s"
+
+
+def test_load_experiment_applies_overrides_and_names_the_file(tmp_path):
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "peers": 2}))
+    assert load_experiment(str(path), ["peers=6"]).peers == 6
+    with pytest.raises(ConfigError) as err:
+        load_experiment(str(path), ["peers=zero"])
+    assert str(path) in str(err.value)
+
+
+def test_results_rows_and_mean_from_metrics_files(tmp_path):
+    for pid, accs in (("p0", [0.5, 0.9, 0.8]), ("p1", [0.6, 0.7])):
+        d = tmp_path / pid
+        d.mkdir()
+        lines = [{"round": i + 1, "time": 100.0 + 2 * i, "test_acc": a, "global_acc": a, "round_time_s": 1.0,
+                  "bytes_sent": 1_000_000, "bytes_received": 500_000, "incarnation": 0}
+                 for i, a in enumerate(accs)]
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    rows = [peer_row("p0", "mlp", tmp_path / "p0"), peer_row("p1", "mlp", tmp_path / "p1"),
+            peer_row("p2", "mlp", tmp_path / "p2")]  # p2 never wrote anything
+    assert rows[0]["rounds"] == 3 and rows[0]["global_acc"] == 0.8 and rows[0]["best_global_acc"] == 0.9
+    assert rows[0]["sent_mb"] == pytest.approx(3.0)
+    assert rows[0]["wall_s"] == pytest.approx(5.0)  # rounds start at 100, 102, 104 and last 1 s
+    assert rows[2]["rounds"] == 0 and math.isnan(rows[2]["global_acc"])
+    mean = mean_row(rows)
+    assert mean["global_acc"] == pytest.approx((0.8 + 0.7) / 2)  # the silent peer is not a zero
+    table = render_table([*rows, mean])
+    assert table.splitlines()[0].startswith("| peer") and "| mean" in table and " - " in table
