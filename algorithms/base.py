@@ -59,6 +59,12 @@ class AlgorithmContext:
     seed: int
     train_cfg: TrainConfig = field(default_factory=TrainConfig)
     extra_tests: dict[str, Any] = field(default_factory=dict)  # e.g. {"global": ds}
+    public: Any = None  # this peer's public seed split, published to the cohort
+    val: Any = None  # validation split: model selection
+    # Multi-domain evaluation (FedH2L's protocol): every domain's test split by
+    # domain name, and which one is this peer's own.
+    domain_tests: dict[str, Any] = field(default_factory=dict)
+    own_domain: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,9 @@ class Algorithm:
     name: ClassVar[str] = ""
     mode: ClassVar[Mode] = "local"
     Config: ClassVar[type] = NoConfig
+    #: True if the method needs every peer's public seed set (the runtime then
+    #: publishes ``ctx.public`` and hands peers' sets to ``add_peer_seeds``).
+    uses_public_seeds: ClassVar[bool] = False
 
     def __init__(self, ctx: AlgorithmContext, cfg: Any = None):
         self.ctx = ctx
@@ -79,6 +88,9 @@ class Algorithm:
         self.model = ctx.model.to(ctx.device)
         self.optimizer = make_optimizer(self.model.parameters(), ctx.train_cfg)
         self.generator = torch.Generator().manual_seed(ctx.seed)  # batch order
+        self.peer_seeds: dict[str, Any] = {}  # owner -> ArrayDataset
+        self.best_val = -1.0
+        self.selected: dict[str, float] = {}  # test metrics of the best-validation model
 
     # ------------------------------------------------------------------ hooks
 
@@ -102,14 +114,37 @@ class Algorithm:
     def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
         return {}
 
+    def add_peer_seeds(self, owner: str, x: np.ndarray, y: np.ndarray) -> None:
+        """A peer's complete public seed set arrived (called between rounds)."""
+        from hfl.data import ArrayDataset
+
+        self.peer_seeds[owner] = ArrayDataset(x, y, self.ctx.num_classes, name=f"seeds@{owner}")
+
     def evaluate(self) -> dict[str, float]:
+        """Test metrics; with domains, FedH2L's ACC / BWT / FWT; with a validation
+        split, also the test metrics of the model that did best on validation."""
+        ctx = self.ctx
         metrics = {}
-        acc, loss = evaluate(self.model, self.ctx.test, self.ctx.device)
-        metrics["test_acc"], metrics["test_loss"] = acc, loss
-        for name, ds in self.ctx.extra_tests.items():
-            metrics[f"{name}_acc"], metrics[f"{name}_loss"] = evaluate(
-                self.model, ds, self.ctx.device
-            )
+        metrics["test_acc"], metrics["test_loss"] = evaluate(self.model, ctx.test, ctx.device)
+        for name, ds in ctx.extra_tests.items():
+            metrics[f"{name}_acc"], metrics[f"{name}_loss"] = evaluate(self.model, ds, ctx.device)
+        if ctx.domain_tests:
+            correct = {d: evaluate(self.model, ds, ctx.device)[0] * len(ds)
+                       for d, ds in ctx.domain_tests.items()}
+            sizes = {d: len(ds) for d, ds in ctx.domain_tests.items()}
+            others = [d for d in correct if d != ctx.own_domain]
+            metrics["acc"] = sum(correct.values()) / sum(sizes.values())  # all domains
+            if ctx.own_domain in correct:
+                metrics["bwt"] = correct[ctx.own_domain] / sizes[ctx.own_domain]  # own domain
+            if others:
+                metrics["fwt"] = sum(correct[d] for d in others) / sum(sizes[d] for d in others)
+        if ctx.val is not None and len(ctx.val):
+            metrics["val_acc"] = evaluate(self.model, ctx.val, ctx.device)[0]
+            if metrics["val_acc"] > self.best_val:
+                self.best_val = metrics["val_acc"]
+                self.selected = {k: v for k, v in metrics.items()
+                                 if k in ("acc", "bwt", "fwt", "test_acc", "global_acc")}
+            metrics.update({f"sel_{k}": v for k, v in self.selected.items()})
         return metrics
 
     def handshake_info(self) -> dict[str, int]:
@@ -124,12 +159,16 @@ class Algorithm:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
+            "best_val": self.best_val,
+            "selected": dict(self.selected),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
+        self.best_val = float(state.get("best_val", -1.0))
+        self.selected = dict(state.get("selected", {}))
 
 
 # ---------------------------------------------------------------------- helpers

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 CATALOG: dict[str, str] = {
     "solo": "hfl.algorithms.solo",
     "fedavg": "hfl.algorithms.fedavg",
+    "fedh2l": "hfl.algorithms.fedh2l",
+    "agg": "hfl.algorithms.agg",
+    "fedmd": "hfl.algorithms.fedmd",
 }
 
 _REGISTRY: dict[str, type[Algorithm]] = {}

@@ -1,25 +1,44 @@
 """hfl.data — datasets, partitioners and loaders shared by every algorithm.
 
-Imports only numpy at module load; scikit-learn and torch are imported by the
-functions that need them, so a CLI or config check can import this cheaply.
+Imports only numpy at module load; scikit-learn, scipy, Pillow and torch are
+imported by the functions that need them, so a CLI or config check can import
+this cheaply.
 """
 
 from .builtin import builtin_names, load_builtin, register_builtin
 from .dataset import ArrayDataset
-from .files import load_csv, load_npz
+from .domains import domain_partition, rotated_digits
+from .files import load_csv, load_image_folder, load_npz
+from .images import flatten, recolor, resize
 from .loader import make_loader
-from .partition import as_generator, dirichlet_partition, iid_partition, train_test_split_indices
+from .partition import (
+    as_generator,
+    dirichlet_partition,
+    iid_partition,
+    split_fractions,
+    train_test_split_indices,
+)
+from .vision import TORCHVISION_NAMES, load_torchvision
 
 __all__ = [
+    "TORCHVISION_NAMES",
     "ArrayDataset",
     "as_generator",
     "builtin_names",
     "dirichlet_partition",
+    "domain_partition",
+    "flatten",
     "iid_partition",
     "load_builtin",
     "load_csv",
+    "load_image_folder",
     "load_npz",
+    "load_torchvision",
     "make_loader",
+    "recolor",
     "register_builtin",
+    "resize",
+    "rotated_digits",
+    "split_fractions",
     "train_test_split_indices",
 ]

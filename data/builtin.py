@@ -1,8 +1,9 @@
 """Built-in offline datasets, looked up by name.
 
 All of them ship with scikit-learn, so a new user gets a real run with no
-download. Later loaders (rotated domains, torchvision datasets with a local
-root) register here with :func:`register_builtin`.
+download. Other modules register more here with :func:`register_builtin`:
+rotated and recoloured digits (``domains.py``) and torchvision datasets read
+from a local root (``vision.py``), which need a ``root`` option.
 """
 
 from __future__ import annotations
@@ -48,12 +49,20 @@ def load_builtin(name: str, **kwargs: object) -> ArrayDataset:
         for p in inspect.signature(fn).parameters.values()
         if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
+    required = [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(
             f"built-in dataset {name!r} got unknown option(s) {', '.join(unknown)}; "
             f"allowed options: {', '.join(allowed) if allowed else '(none)'}"
         )
+    missing = [r for r in required if r not in kwargs]
+    if missing:
+        raise ValueError(f"built-in dataset {name!r} needs option(s) {', '.join(missing)}")
     return fn(**kwargs)
 
 

@@ -139,3 +139,73 @@ def load_csv(
     return ArrayDataset(
         x=x, y=y, num_classes=_infer_num_classes(y, num_classes), name=name or p.stem
     )
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def load_image_folder(
+    root: PathLike,
+    size: int | tuple[int, int] | None = None,
+    grayscale: bool = False,
+    *,
+    name: str | None = None,
+) -> ArrayDataset:
+    """Load ``root/<class_name>/*.png|*.jpg|*.jpeg``, one folder per class.
+
+    Class index = position of the folder name in the sorted folder names
+    (hidden folders are skipped; other files in a class folder are ignored).
+    Images are read with Pillow, converted to RGB (or grey with
+    ``grayscale=True``) and, when ``size`` is given (an int for a square or
+    ``(height, width)``), resized bilinearly; without ``size`` all images must
+    share one size. ``x`` is float32 in ``[0, 1]`` of shape ``(N, 3 or 1, H, W)``,
+    in class order then file-name order. A missing or empty root, or a class
+    folder without images, raises FileNotFoundError; an image Pillow cannot
+    decode raises ValueError naming the file.
+    """
+    from PIL import Image
+
+    from .images import _image_size
+
+    p = Path(root)
+    layout = f"{p}/<class_name>/*.png|*.jpg|*.jpeg, one folder per class"
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: no such image folder (expected {layout})")
+    target = None if size is None else _image_size(size)
+    class_dirs = sorted(
+        (d for d in p.iterdir() if d.is_dir() and not d.name.startswith(".")), key=lambda d: d.name
+    )
+    if not class_dirs:
+        raise FileNotFoundError(f"{p}: no class folders found (expected {layout})")
+    images: list[np.ndarray] = []
+    labels: list[int] = []
+    first: Path | None = None
+    for label, folder in enumerate(class_dirs):
+        files = sorted(
+            (f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES),
+            key=lambda f: f.name,
+        )
+        if not files:
+            raise FileNotFoundError(
+                f"{folder}: class folder {folder.name!r} holds no .png/.jpg/.jpeg image"
+            )
+        for f in files:
+            try:
+                with Image.open(f) as im:
+                    im = im.convert("L" if grayscale else "RGB")
+                    if target is not None:
+                        im = im.resize((target[1], target[0]), Image.Resampling.BILINEAR)
+                    arr = np.asarray(im, dtype=np.uint8)
+            except (OSError, ValueError, Image.DecompressionBombError) as exc:
+                raise ValueError(f"{f}: cannot read image ({exc})") from exc
+            arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)  # (C, H, W)
+            if images and arr.shape != images[0].shape:
+                raise ValueError(
+                    f"{f}: image is {arr.shape[2]}x{arr.shape[1]} (WxH) but {first} is "
+                    f"{images[0].shape[2]}x{images[0].shape[1]}; pass size= to resize them all"
+                )
+            first = first or f
+            images.append(arr)
+            labels.append(label)
+    x = np.stack(images).astype(np.float32) / 255.0  # (N, C, H, W)
+    return ArrayDataset(x=x, y=np.asarray(labels), num_classes=len(class_dirs), name=name or p.name)

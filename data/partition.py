@@ -1,4 +1,5 @@
-"""Splitting a dataset's indices among peers and into train/test.
+"""Splitting a dataset's indices among peers and into train/test (or FedH2L's
+private/public/val/test parts, :func:`split_fractions`).
 
 Every function takes an explicit ``seed`` (an int or a ``np.random.Generator``)
 and never touches numpy's global RNG. Index arrays are int64 and sorted.
@@ -12,6 +13,7 @@ FedMA code (Wang et al., ICLR 2020, ``partition_data``, "hetero-dir").
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -174,3 +176,153 @@ def train_test_split_indices(
     mask = np.zeros(n, dtype=bool)
     mask[test] = True
     return np.flatnonzero(~mask).astype(np.int64), np.flatnonzero(mask).astype(np.int64)
+
+
+def split_fractions(
+    n: int,
+    fractions: Mapping[str, float],
+    seed: Seed,
+    stratify: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Split ``range(n)`` into named, disjoint parts that cover it, e.g. FedH2L's
+    ``{"private": 0.65, "public": 0.10, "val": 0.10, "test": 0.15}``.
+
+    ``fractions`` must be > 0 each and sum to 1 (within 1e-6). Part sizes are
+    ``n * fraction`` rounded by largest remainder (ties go to the part named
+    first), so they always add up to ``n``; every part must get at least one
+    sample. With ``stratify=labels`` the sizes stay the same and every class is
+    spread over the parts in proportion too: a class of ``c`` samples puts
+    ``floor`` or ``ceil`` of ``c * fraction`` into each part (a 2-D controlled
+    rounding, solved as a small bipartite flow; were there none, the sizes
+    would still hold and a class could be off by more than one). The result
+    maps each name, in the order given, to a sorted int64 index array.
+    """
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    if not isinstance(fractions, Mapping) or not fractions:
+        raise ValueError(
+            f"fractions must be a non-empty mapping from part name to fraction, got {fractions!r}"
+        )
+    names = list(fractions)
+    for key in names:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"fractions: part names must be non-empty strings, got {key!r}")
+    f = np.array([_fraction(k, fractions[k]) for k in names])  # (P,)
+    if abs(f.sum() - 1.0) > 1e-6:
+        raise ValueError(
+            f"fractions must sum to 1 (within 1e-6), got {f.sum():.9g} for "
+            + ", ".join(f"{k}={v:g}" for k, v in zip(names, f, strict=True))
+        )
+    f = f / f.sum()
+    sizes = _largest_remainder(n * f)  # (P,)
+    if sizes.min() == 0:
+        empty = ", ".join(repr(names[j]) for j in np.flatnonzero(sizes == 0))
+        raise ValueError(
+            f"n={n} is too small for fractions {dict(zip(names, f.round(6).tolist(), strict=True))}: "
+            f"part(s) {empty} would get no sample; use more samples or larger fractions"
+        )
+    rng = as_generator(seed)
+    if stratify is None:
+        cuts = np.cumsum(sizes)[:-1]
+        pieces = np.split(rng.permutation(n), cuts)
+    else:
+        y = _labels_1d(stratify)
+        if len(y) != n:
+            raise ValueError(f"stratify must have n={n} labels, got {len(y)}")
+        classes = np.unique(y)
+        class_idx = [np.flatnonzero(y == k) for k in classes]
+        counts = np.array([len(c) for c in class_idx])
+        table = _controlled_rounding(counts[:, None] * f[None, :], sizes)  # (K, P)
+        per_part: list[list[np.ndarray]] = [[] for _ in names]
+        for idx_k, row in zip(class_idx, table, strict=True):
+            for j, piece in enumerate(np.split(rng.permutation(idx_k), np.cumsum(row)[:-1])):
+                per_part[j].append(piece)
+        pieces = [np.concatenate(p) for p in per_part]
+    return {k: np.sort(p).astype(np.int64) for k, p in zip(names, pieces, strict=True)}
+
+
+def _fraction(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"fractions[{name!r}] must be a number in (0, 1], got {value!r}")
+    v = float(value)
+    if not np.isfinite(v) or not 0.0 < v <= 1.0:
+        raise ValueError(f"fractions[{name!r}] must be a number in (0, 1], got {value!r}")
+    return v
+
+
+def _largest_remainder(quota: np.ndarray) -> np.ndarray:
+    """Integers summing to ``round(quota.sum())``, each the floor or ceil of its quota."""
+    total = int(round(float(quota.sum())))
+    out = np.floor(quota + 1e-9).astype(np.int64)
+    short = total - int(out.sum())
+    order = np.argsort(-(quota - out), kind="stable")
+    out[order[:short]] += 1
+    return out
+
+
+def _controlled_rounding(quota: np.ndarray, col_sums: np.ndarray) -> np.ndarray:
+    """Round a (K, P) table of quotas whose rows sum to integers.
+
+    Every row keeps its sum, every column gets ``col_sums`` and each cell is
+    the floor or ceil of its quota. The floors are fixed first; the missing
+    units (at most one per cell, only where the quota is fractional) are placed
+    by augmenting paths on the bipartite graph rows x columns, starting from a
+    greedy fill by largest remainder. Should no such rounding exist, the last
+    units go to any column still short, so row and column sums always hold.
+    """
+    base = np.floor(quota + 1e-9).astype(np.int64)
+    rem = quota - base
+    allowed = rem > 1e-9
+    row_need = np.rint(quota.sum(axis=1)).astype(np.int64) - base.sum(axis=1)
+    col_need = col_sums - base.sum(axis=0)
+    extra = np.zeros_like(base)
+    for flat in np.argsort(-rem, axis=None, kind="stable"):
+        k, j = divmod(int(flat), quota.shape[1])
+        if allowed[k, j] and row_need[k] > 0 and col_need[j] > 0:
+            extra[k, j] = 1
+            row_need[k] -= 1
+            col_need[j] -= 1
+    for k in range(len(quota)):
+        while row_need[k] > 0 and _augment(k, extra, allowed, col_need):
+            row_need[k] -= 1
+    for k in np.flatnonzero(row_need > 0):  # no controlled rounding: keep the sums anyway
+        for j in np.flatnonzero(col_need > 0):
+            give = min(int(row_need[k]), int(col_need[j]))
+            extra[k, j] += give
+            row_need[k] -= give
+            col_need[j] -= give
+    return base + extra
+
+
+def _augment(start: int, extra: np.ndarray, allowed: np.ndarray, col_need: np.ndarray) -> bool:
+    """Give row ``start`` one more unit along an augmenting path; False if there is none.
+
+    The path goes row -> column through a free allowed cell, and column -> row
+    through a cell already holding a unit (that row then moves its unit on),
+    until it reaches a column still short of units.
+    """
+    col_parent: dict[int, int] = {}  # column -> the row that reached it through a free cell
+    row_parent: dict[int, int] = {start: -1}  # row -> the column whose unit it gives up
+    frontier = [start]
+    while frontier:
+        nxt: list[int] = []
+        for k in frontier:
+            for j in map(int, np.flatnonzero(allowed[k] & (extra[k] == 0))):
+                if j in col_parent:
+                    continue
+                col_parent[j] = k
+                if col_need[j] > 0:
+                    col_need[j] -= 1
+                    while j != -1:
+                        k_from = col_parent[j]
+                        extra[k_from, j] = 1
+                        j = row_parent[k_from]
+                        if j != -1:
+                            extra[k_from, j] = 0
+                    return True
+                for k2 in map(int, np.flatnonzero(extra[:, j] == 1)):
+                    if k2 not in row_parent:
+                        row_parent[k2] = j
+                        nxt.append(k2)
+        frontier = nxt
+    return False

@@ -1,11 +1,12 @@
 """hfl.models — the model zoo: every model is an HflModel (body ``features`` + linear ``head``).
 
-Build one with ``build_model(arch, input_shape, num_classes, embedding_dim)``;
-``model_names()`` lists the architectures. torchvision is imported only when a
-ResNet is built.
+Build one with ``build_model(arch, input_shape, num_classes, embedding_dim, **options)``;
+``model_names()`` lists the architectures and ``arch_options(arch)`` their options.
+torchvision is imported only when a torchvision-based model (ResNet, MobileNet,
+VGG) is built.
 """
 
-from . import lenet, mlp, resnet  # noqa: F401  (register the architectures)
+from . import alexnet, lenet, mlp, mobilenet, resnet, vgg  # noqa: F401  (register the architectures)
 from .base import HflModel, count_parameters
 from .registry import arch_options, build_model, model_names, register_model
 

@@ -61,6 +61,20 @@ def he_init_(module: nn.Module) -> None:
                 nn.init.zeros_(m.bias)
 
 
+#: The smallest feature-map side a 2x2 pool may leave behind. A 3x3 conv (padding 1) on a
+#: 1x1 map reaches only its centre tap, so 8 of its 9 weights would never get a gradient.
+MIN_MAP_SIDE_PX = 2
+
+
+def pool_keeps_map(height: int, width: int) -> bool:
+    """Whether a 2x2 stride-2 pool on a ``height x width`` map leaves at least ``MIN_MAP_SIDE_PX``.
+
+    VGG and AlexNet skip the pools for which this is false, so that 8 px inputs
+    keep a 2x2 map through their last conv layers while 32 px inputs keep most pools.
+    """
+    return min(height, width) // 2 >= MIN_MAP_SIDE_PX
+
+
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     """Number of scalar parameters (all, or only those with ``requires_grad``)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

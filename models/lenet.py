@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ._checks import image_shape
 from .base import HflModel, he_init_
 from .registry import register_model
 
@@ -32,9 +33,7 @@ def build_lenet(
     fc_width: int = 120,
 ) -> HflModel:
     """LeNet-5 for ``(C, H, W)`` inputs with ``H, W >= 8``."""
-    if len(input_shape) != 3:
-        raise ValueError(f"lenet needs image input_shape (C, H, W), got {input_shape}")
-    in_ch, height, width = input_shape
+    in_ch, height, width = image_shape("lenet", input_shape)
     if min(height, width) < _MIN_SIDE_PX:
         raise ValueError(
             f"lenet needs images of at least {_MIN_SIDE_PX}x{_MIN_SIDE_PX} px, got {height}x{width}"

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from ._checks import dropout_rate
 from .base import HflModel, he_init_
 from .registry import register_model
 
@@ -31,12 +32,7 @@ def build_mlp(
     for h in hidden:
         if isinstance(h, bool) or not isinstance(h, numbers.Integral) or h < 1:
             raise ValueError(f"mlp option hidden must be a list of ints >= 1, got {list(hidden)!r}")
-    if (
-        isinstance(dropout, bool)
-        or not isinstance(dropout, numbers.Real)
-        or not 0.0 <= dropout < 1.0
-    ):
-        raise ValueError(f"mlp option dropout must be a number in [0, 1), got {dropout!r}")
+    dropout = dropout_rate("mlp", dropout)
 
     layers: OrderedDict[str, nn.Module] = OrderedDict(flatten=nn.Flatten(start_dim=1))
     width = math.prod(input_shape)
@@ -44,7 +40,7 @@ def build_mlp(
         layers[f"fc{i}"] = nn.Linear(width, int(h))
         layers[f"relu{i}"] = nn.ReLU()
         if dropout > 0:
-            layers[f"drop{i}"] = nn.Dropout(float(dropout))
+            layers[f"drop{i}"] = nn.Dropout(dropout)
         width = int(h)
     layers["fc_embed"] = nn.Linear(width, embedding_dim)
     layers["relu_embed"] = nn.ReLU()  # (B, E)

@@ -1,9 +1,10 @@
-"""ResNet-18 (He et al., 2016) adapted to small images, as in the CIFAR variants.
+"""ResNet-18 and ResNet-34 (He et al., 2016) adapted to small images, as in the CIFAR variants.
 
-torchvision's ``resnet18(weights=None)`` with a 3x3 stride-1 stem conv taking
-``C`` input channels and no stem max-pool; the body ends at the global average
-pool followed by ``Linear(512, E) -> ReLU``. torchvision is imported only here,
-when such a model is built.
+torchvision's ``resnet18``/``resnet34(weights=None)`` with a 3x3 stride-1 stem
+conv taking ``C`` input channels and no stem max-pool, so the body downsamples
+by 8 (32 px -> 4x4, 8 px -> 1x1); it ends at the global average pool followed by
+``Linear(512, E) -> ReLU``. torchvision is imported only here, when such a model
+is built.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections import OrderedDict
 
 from torch import nn
 
+from ._checks import image_shape
 from .base import HflModel
 from .registry import register_model
 
@@ -23,12 +25,30 @@ def build_resnet18(
     embedding_dim: int,
 ) -> HflModel:
     """ResNet-18 body for ``(C, H, W)`` inputs (8 px and up) plus a linear head."""
-    from torchvision.models import resnet18
+    return _small_input_resnet("resnet18", input_shape, num_classes, embedding_dim)
 
-    if len(input_shape) != 3:
-        raise ValueError(f"resnet18 needs image input_shape (C, H, W), got {input_shape}")
-    in_ch = input_shape[0]
-    net = resnet18(weights=None, num_classes=num_classes)
+
+@register_model("resnet34")
+def build_resnet34(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    embedding_dim: int,
+) -> HflModel:
+    """ResNet-34 body for ``(C, H, W)`` inputs (8 px and up) plus a linear head."""
+    return _small_input_resnet("resnet34", input_shape, num_classes, embedding_dim)
+
+
+def _small_input_resnet(
+    arch: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    embedding_dim: int,
+) -> HflModel:
+    """torchvision's ``arch`` (a BasicBlock ResNet) with the small-input stem described above."""
+    in_ch, _, _ = image_shape(arch, input_shape)
+    from torchvision import models
+
+    net = getattr(models, arch)(weights=None, num_classes=num_classes)
     net.conv1 = nn.Conv2d(in_ch, 64, kernel_size=3, stride=1, padding=1, bias=False)
     nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
     features = nn.Sequential(
@@ -46,4 +66,4 @@ def build_resnet18(
             fc_relu=nn.ReLU(),  # (B, E)
         )
     )
-    return HflModel(features, embedding_dim, num_classes, arch="resnet18", input_shape=input_shape)
+    return HflModel(features, embedding_dim, num_classes, arch=arch, input_shape=input_shape)

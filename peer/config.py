@@ -18,7 +18,8 @@ from hfl.peer.configtools import ConfigError, apply_overrides, build, load_yaml
 ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 DEVICE_PATTERN = r"cpu|auto|cuda|cuda:\d+|mps"
 
-BUILTIN_DATASETS = ("digits", "breast_cancer", "wine")
+BUILTIN_DATASETS = ("digits", "breast_cancer", "wine", "rotated_digits", "digits_rgb")
+DOMAIN_DATASETS = ("rotated_digits",)  # one domain per peer with partition: domain
 FILE_DATASETS = ("npz", "csv")
 
 
@@ -98,11 +99,21 @@ class DataConfig:
     dataset: str = field(default="digits", metadata={"choices": BUILTIN_DATASETS + FILE_DATASETS})
     path: str | None = field(default=None, metadata={"help": "file for dataset npz/csv"})
     target: str | None = field(default=None, metadata={"help": "label column for dataset csv"})
-    partition: Literal["none", "iid", "dirichlet"] = "iid"
+    options: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "dataset options, e.g. rotated_digits: {angles: [0, 20, 40, 60], size: 16}"},
+    )
+    partition: Literal["none", "iid", "dirichlet", "domain"] = field(
+        default="iid", metadata={"help": "domain: peer i takes domain i of a multi-domain dataset"}
+    )
     num_partitions: int = field(default=1, metadata={"min": 1})
     partition_index: int = field(default=0, metadata={"min": 0})
     alpha: float = field(default=0.5, metadata={"gt": 0, "help": "Dirichlet concentration"})
     test_fraction: float = field(default=0.2, metadata={"gt": 0, "lt": 1})
+    public_fraction: float = field(
+        default=0.0, metadata={"min": 0, "lt": 1, "help": "published as public seeds (FedH2L's alpha)"}
+    )
+    val_fraction: float = field(default=0.0, metadata={"min": 0, "lt": 1, "help": "model selection"})
     global_test_fraction: float = field(
         default=0.2, metadata={"min": 0, "lt": 1, "help": "held out before partitioning; 0 = none"}
     )
@@ -115,6 +126,15 @@ class DataConfig:
             )
         if self.dataset in FILE_DATASETS and not self.path:
             raise ValueError(f"path: required for dataset {self.dataset!r}")
+        if self.public_fraction + self.val_fraction + self.test_fraction >= 1:
+            raise ValueError(
+                "public_fraction + val_fraction + test_fraction must leave private data; got "
+                f"{self.public_fraction} + {self.val_fraction} + {self.test_fraction} >= 1"
+            )
+        if self.partition == "domain" and self.dataset not in DOMAIN_DATASETS:
+            raise ValueError(
+                f"partition 'domain' needs a multi-domain dataset; allowed: {', '.join(DOMAIN_DATASETS)}"
+            )
         if self.dataset == "csv" and not self.target:
             raise ValueError("target: required for dataset 'csv' (the label column)")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hfl.peer.config import ConfigError, DataConfig, PeerConfig
@@ -11,17 +11,34 @@ from hfl.peer.configtools import build
 
 @dataclass
 class PeerData:
-    train: Any  # ArrayDataset
+    train: Any  # ArrayDataset: the private split
     test: Any
     global_test: Any | None  # held out before partitioning: the same for every peer
     num_classes: int
+    public: Any | None = None  # published to the cohort as public seeds
+    val: Any | None = None
+    domain_tests: dict[str, Any] = field(default_factory=dict)  # every domain's test split
+    own_domain: str | None = None
+
+
+def _split(ds, cfg: DataConfig, seed: int) -> dict[str, Any]:
+    """private / public / val / test parts of one peer's (or domain's) data."""
+    from hfl.data import split_fractions
+
+    fractions = {"public": cfg.public_fraction, "val": cfg.val_fraction, "test": cfg.test_fraction}
+    fractions = {k: v for k, v in fractions.items() if v > 0}
+    fractions["private"] = 1.0 - sum(fractions.values())
+    parts = split_fractions(len(ds), fractions, seed, stratify=ds.y)
+    return {k: ds.subset(idx) for k, idx in parts.items()}
 
 
 def load_peer_data(cfg: DataConfig) -> PeerData:
-    """This peer's private train/test split (and the shared global test set).
+    """This peer's private / public / val / test splits (and shared test sets).
 
-    Every peer of a cohort runs the same seeded split with its own
+    Every peer of a cohort runs the same seeded splits with its own
     ``partition_index``, so the parts are disjoint without any coordination.
+    With ``partition: domain`` peer i takes domain i, and every peer can also
+    rebuild each domain's test split (same seed) for FedH2L's FWT metric.
     """
     from hfl.data import (
         dirichlet_partition,
@@ -33,14 +50,34 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
     )
 
     try:
-        if cfg.dataset == "npz":
-            full = load_npz(cfg.path)
+        if cfg.partition == "domain":
+            import hfl.data
+
+            domains = getattr(hfl.data, cfg.dataset)(**cfg.options)
+        elif cfg.dataset == "npz":
+            full = load_npz(cfg.path, **cfg.options)
         elif cfg.dataset == "csv":
-            full = load_csv(cfg.path, cfg.target)
+            full = load_csv(cfg.path, cfg.target, **cfg.options)
         else:
-            full = load_builtin(cfg.dataset)
-    except (OSError, ValueError, KeyError) as exc:
+            full = load_builtin(cfg.dataset, **cfg.options)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError("data", f"cannot load dataset {cfg.dataset!r}: {exc}") from exc
+
+    if cfg.partition == "domain":
+        if len(domains) != cfg.num_partitions:
+            raise ConfigError(
+                "data.num_partitions",
+                f"got {cfg.num_partitions} but {cfg.dataset} has {len(domains)} domains; one per peer",
+            )
+        splits = [_split(d, cfg, cfg.seed * 7919 + k) for k, d in enumerate(domains)]
+        mine = splits[cfg.partition_index]
+        return PeerData(
+            train=mine["private"], test=mine["test"], global_test=None,
+            num_classes=max(d.num_classes for d in domains), public=mine.get("public"),
+            val=mine.get("val"), domain_tests={d.name: sp["test"] for d, sp in zip(domains, splits, strict=True)},
+            own_domain=domains[cfg.partition_index].name,
+        )
+
     global_test = None
     pool = full
     if cfg.global_test_fraction > 0:
@@ -56,10 +93,11 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
         else:
             parts = dirichlet_partition(pool.y, cfg.num_partitions, cfg.alpha, cfg.seed)
         mine = pool.subset(parts[cfg.partition_index])
-    train_idx, test_idx = train_test_split_indices(
-        len(mine), cfg.test_fraction, cfg.seed * 7919 + cfg.partition_index
+    split = _split(mine, cfg, cfg.seed * 7919 + cfg.partition_index)
+    return PeerData(
+        train=split["private"], test=split["test"], global_test=global_test,
+        num_classes=full.num_classes, public=split.get("public"), val=split.get("val"),
     )
-    return PeerData(mine.subset(train_idx), mine.subset(test_idx), global_test, full.num_classes)
 
 
 def resolve_device(spec: str):
@@ -113,5 +151,6 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
         peer_id=cfg.node.id, model=model, train=data.train, test=data.test,
         num_classes=num_classes, device=device, seed=cfg.node.seed, train_cfg=cfg.train,
         extra_tests={"global": data.global_test} if data.global_test is not None else {},
+        public=data.public, val=data.val, domain_tests=data.domain_tests, own_domain=data.own_domain,
     )
     return alg_cls(ctx, alg_cfg), num_classes

@@ -34,6 +34,7 @@ from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import CohortConfig, FaultConfig, TimingConfig
 from hfl.peer.membership import Membership, elect
 from hfl.peer.rounds import RoundBuffer
+from hfl.peer.seeds import SeedStore
 from hfl.peer.transport import Transport
 from hfl.protocol import (
     PROTOCOL_VERSION,
@@ -48,6 +49,8 @@ from hfl.protocol import (
     Limits,
     Message,
     ProtocolError,
+    SeedChunk,
+    SeedRequest,
     Welcome,
     decode,
     encode,
@@ -86,6 +89,7 @@ class Node:
         fault: FaultConfig | None = None,
         crash: Callable[[int], None] | None = None,
         advertise: str | None = None,
+        seeds: SeedStore | None = None,
     ):
         self.id = peer_id
         self.transport = transport
@@ -113,6 +117,7 @@ class Node:
         self._metrics: list[dict[str, Any]] = []
         self._stopping = False
         self.advertise = advertise
+        self.seeds = seeds
         self.fault = fault or FaultConfig()
         self._crash = crash or _hard_exit
 
@@ -277,9 +282,40 @@ class Node:
             reason = self.buffer.offer_result(msg)
             if reason:
                 self._drop("stale_result", reason)
+        elif isinstance(msg, SeedRequest):
+            self._serve_seeds(msg)
+        elif isinstance(msg, SeedChunk):
+            reason = "this peer keeps no seed sets" if self.seeds is None else self.seeds.offer(msg)
+            if reason:
+                self._drop("seed_rejected", reason)
         elif isinstance(msg, Error):
             log.warning("%s: %s reports %s: %s", self.id, msg.sender, msg.code, msg.reason)
         self._wakeup.set()
+
+    def _serve_seeds(self, msg: SeedRequest) -> None:
+        if self.seeds is None:
+            return
+        chunks = self.seeds.chunks_for(msg.owner, msg.chunks, self.id, self.incarnation)
+        address = self.membership.address_of(msg.sender)
+        if chunks and address:
+            self._spawn(self._send_all(address, chunks), "seeds")
+
+    async def _send_all(self, address: str, msgs: list[Message]) -> None:
+        for m in msgs:  # one after the other: a big seed set must not flood the socket
+            if not await self._send(address, m):
+                return
+
+    def _request_seeds(self) -> list:
+        """Ask each live peer for the chunks of its seed set we still miss."""
+        sends = []
+        for p in self.membership.live_peers():
+            missing = self.seeds.missing(p)
+            if missing == []:
+                continue
+            address = self.membership.address_of(p)
+            request = SeedRequest(**self._envelope(), owner=p, chunks=missing or [])
+            sends.append(self._send(address, request, 0.05))
+        return sends
 
     def _on_hello(self, msg: Hello, now: float) -> None:
         problem = self._incompatibility(msg)
@@ -353,6 +389,8 @@ class Node:
         for m in mem.members.values():
             if not m.greeted and m.status != "left":
                 sends.append(self._send(m.address, self._hello(), 0.05))
+        if self.seeds is not None and tick % 4 == 1:
+            sends += self._request_seeds()
         targets = mem.gossip_targets()
         if targets:
             sends.append(self._broadcast(targets, Heartbeat(**self._envelope(), round=self.round), 0.05))
@@ -389,9 +427,10 @@ class Node:
         need = min(self.min_peers, 2) if resumed else self.min_peers
 
         def joined() -> bool:
-            greeted = [m for m in mem.members.values() if m.status == "alive" and m.greeted]
+            greeted = [m.peer_id for m in mem.members.values() if m.status == "alive" and m.greeted]
             if 1 + len(greeted) >= need:
-                return True
+                # Methods that learn on peers' public samples start once they hold them.
+                return self.seeds is None or self.seeds.has_all(greeted)
             return resumed and not mem.live_peers()
 
         if need > 1:
@@ -429,6 +468,9 @@ class Node:
             return out
 
         self._maybe_crash(r, "train")
+        if self.seeds is not None:
+            for owner, (x, y) in sorted(self.seeds.take_completed().items()):
+                self.alg.add_peer_seeds(owner, x, y)
         metrics: dict[str, Any] = dict(await work(self.alg.local_update, r))
         payload = await work(self.alg.share, r)
         info: dict[str, Any] = {}

@@ -14,6 +14,7 @@ from typing import Any
 from hfl.peer.checkpoint import load_checkpoint, next_incarnation, save_checkpoint
 from hfl.peer.config import PeerConfig
 from hfl.peer.node import Node, NodeResult
+from hfl.peer.seeds import SeedStore
 from hfl.peer.transport import FaultPlan, FaultyTransport, MemoryHub, make_transport
 
 log = logging.getLogger("hfl.peer")
@@ -80,6 +81,10 @@ async def run_peer(
     elif cfg.node.resume is False and (run_dir / METRICS_NAME).exists():
         (run_dir / METRICS_NAME).unlink()
 
+    seeds = None
+    if algorithm.uses_public_seeds:
+        public = algorithm.ctx.public
+        seeds = SeedStore(cfg.node.id, (public.x, public.y) if public is not None and len(public) else None)
     transport = make_transport(cfg.node.id, cfg.node.listen, hub=hub)
     if fault_plan is not None:
         transport = FaultyTransport(transport, fault_plan)
@@ -90,6 +95,7 @@ async def run_peer(
         known_members=members, on_round=MetricsWriter(run_dir / METRICS_NAME, cfg.cohort.rounds),
         on_checkpoint=(lambda r, n: _save(run_dir, r, n)) if cfg.node.checkpoint else None,
         clock=clock, seed=cfg.node.seed, fault=cfg.fault, advertise=cfg.node.advertise,
+        seeds=seeds,
     )
     result = await node.run()
     last = result.metrics[-1] if result.metrics else {}

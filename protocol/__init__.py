@@ -25,6 +25,8 @@ from .messages import (
     MemberRecord,
     Message,
     ProtocolError,
+    SeedChunk,
+    SeedRequest,
     Welcome,
 )
 
@@ -48,6 +50,8 @@ __all__ = [
     "MemberRecord",
     "Message",
     "ProtocolError",
+    "SeedChunk",
+    "SeedRequest",
     "Welcome",
     "decode",
     "encode",

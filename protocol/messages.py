@@ -132,9 +132,39 @@ class Error(Message):
     ref_type: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class SeedRequest(Message):
+    """Ask a peer for chunks of ``owner``'s public seed set (all of them if ``chunks`` is empty)."""
+
+    TYPE: ClassVar[str] = "seed_request"
+    owner: str
+    chunks: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeedChunk(Message):
+    """One chunk of ``owner``'s public seed set: samples ``start .. start + len(y) - 1``.
+
+    ``digest`` is the SHA-256 (hex) of the chunk's ``x`` bytes followed by its
+    ``y`` bytes; a receiver drops a chunk whose tensors do not hash to it.
+    """
+
+    TYPE: ClassVar[str] = "seed_chunk"
+    owner: str
+    chunk: int
+    num_chunks: int
+    start: int
+    total: int
+    digest: str
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
-    for cls in (Hello, Welcome, Gossip, Heartbeat, Leave, Knowledge, AggregateResult, Error)
+    for cls in (
+        Hello, Welcome, Gossip, Heartbeat, Leave, Knowledge, AggregateResult, Error,
+        SeedRequest, SeedChunk,
+    )
 }
 
 

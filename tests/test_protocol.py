@@ -27,6 +27,8 @@ from hfl.protocol import (
     MemberRecord,
     Message,
     ProtocolError,
+    SeedChunk,
+    SeedRequest,
     Welcome,
     decode,
     encode,
@@ -107,6 +109,11 @@ def sample_messages() -> list[Message]:
             tensors={"head": np.ones((64, 10), dtype=np.float32)},
         ),
         Error(**env, code=ErrorCode.COHORT_MISMATCH, reason="other cohort", ref_type="hello"),
+        SeedRequest(**env, owner="peer-1", chunks=[0, 3]),
+        SeedChunk(
+            **env, owner="peer-1", chunk=1, num_chunks=4, start=32, total=100, digest="ab" * 32,
+            tensors={"x": np.zeros((32, 1, 8, 8), np.float32), "y": np.arange(32, dtype=np.int64)},
+        ),
     ]
 
 

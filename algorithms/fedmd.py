@@ -1,0 +1,89 @@
+"""``fedmd``: FedMD (Li & Wang, "FedMD: Heterogenous Federated Learning via
+Model Distillation", 2019), the consensus baseline of FedH2L's tables.
+
+Per round: *revisit* (local training on private data, ``local_update``);
+*communicate* (class scores of the model on the round's public batch);
+*aggregate* on the round's elected aggregator peer (the mean of the scores:
+the consensus); *digest* (``digest_steps`` steps pulling the model's scores
+towards the consensus with an L1 loss, as in FedMD's code).
+
+The public batch is the same for every peer: round r uses the public seed set
+of owner ``owners[r % len(owners)]`` (owners sorted) and indices drawn from a
+generator seeded with (public_seed, r). Scores are logits, as in FedMD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from hfl.algorithms.base import Algorithm, Payload
+from hfl.algorithms.registry import register
+
+
+@dataclass(frozen=True)
+class FedMDConfig:
+    public_batch: int = field(default=64, metadata={"min": 1})
+    digest_steps: int = field(default=5, metadata={"min": 1})
+    public_seed: int = field(default=0, metadata={"help": "shared: picks each round's public batch"})
+
+
+@register
+class FedMD(Algorithm):
+    name = "fedmd"
+    mode = "aggregator"
+    Config = FedMDConfig
+    uses_public_seeds = True
+
+    def _public_of(self, owner: str):
+        return self.ctx.public if owner == self.ctx.peer_id else self.peer_seeds.get(owner)
+
+    def _round_batch(self, round: int) -> tuple[str, np.ndarray]:
+        owners = sorted({self.ctx.peer_id, *self.peer_seeds})
+        owner = owners[round % len(owners)]
+        n = len(self._public_of(owner))
+        gen = torch.Generator().manual_seed(self.cfg.public_seed * 100_003 + round)
+        idx = torch.randperm(n, generator=gen)[: self.cfg.public_batch].sort().values.numpy()
+        return owner, idx
+
+    @torch.no_grad()
+    def share(self, round: int) -> Payload:
+        owner, idx = self._round_batch(round)
+        self.model.eval()
+        x = torch.from_numpy(self._public_of(owner).x[idx]).to(self.ctx.device)
+        return Payload(kind="scores", tensors={"idx": idx, "logits": self.model(x).cpu().numpy()},
+                       meta={"owner": owner})
+
+    def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
+        # Peers that hold different seed sets may pick different batches: average
+        # the largest group that scored the same samples.
+        groups: dict[tuple, list[Payload]] = {}
+        for c in contributions.values():
+            key = (c.meta.get("owner"), c.tensors["idx"].tobytes())
+            groups.setdefault(key, []).append(c)
+        if not groups:
+            return None
+        best = max(groups.values(), key=len)
+        consensus = np.mean(np.stack([c.tensors["logits"] for c in best]), axis=0).astype(np.float32)
+        return Payload(kind="consensus", tensors={"idx": best[0].tensors["idx"], "logits": consensus},
+                       meta={"owner": best[0].meta["owner"], "scorers": len(best)})
+
+    def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
+        result = next(iter(received.values()))
+        public = self._public_of(str(result.meta.get("owner")))
+        idx, target = result.tensors.get("idx"), result.tensors.get("logits")
+        if public is None or idx is None or target is None or idx.max(initial=-1) >= len(public):
+            return {"digested": 0.0}
+        x = torch.from_numpy(public.x[idx]).to(self.ctx.device)
+        target_t = torch.from_numpy(np.array(target)).to(self.ctx.device)  # (B, C)
+        self.model.train()
+        loss = torch.zeros(())
+        for _ in range(self.cfg.digest_steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.l1_loss(self.model(x), target_t)
+            loss.backward()
+            self.optimizer.step()
+        return {"digested": 1.0, "digest_loss": float(loss)}

@@ -1,0 +1,322 @@
+"""Helpers shared by the benchmark scripts: paths, subprocesses, tables, JSON output.
+
+Not a benchmark itself. Scripts import it as ``_common`` (``python bench/NAME.py``
+puts ``bench/`` first on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "runs" / "bench"
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+
+# The peers' logging format is "%(asctime)s %(levelname)-7s %(name)s: %(message)s".
+LOG_LINE = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?P<level>[A-Z]+)\s+(?P<name>[\w.]+): (?P<msg>.*)$"
+)
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=(doc or "").strip().split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--quick", action="store_true", help="a smaller run (well under a minute)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="results JSON (default: runs/bench/<script>.json)"
+    )
+    return p
+
+
+def out_path(name: str, override: Path | None = None) -> Path:
+    path = override or OUT_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def machine() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    versions = {}
+    for pkg in ("pyzmq", "msgpack", "numpy", "torch", "uvloop"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "packages": versions,
+    }
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    payload = {
+        "created": datetime.now().isoformat(timespec="seconds"),
+        "machine": machine(),
+        **data,
+    }
+    path.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
+    print(f"\nresults: {_rel(path)}")
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    return str(obj)
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+# --------------------------------------------------------------------------- contention
+
+
+def _machine_cpu_s() -> tuple[float, float] | None:
+    """(busy, steal) CPU-seconds of the whole machine since boot, from /proc/stat (Linux)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    v = [int(x) for x in fields] + [0] * 10
+    hz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v[:8]
+    return (user + nice + system + irq + softirq) / hz, steal / hz
+
+
+def _own_cpu_s() -> float:
+    import resource
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        ru = resource.getrusage(who)
+        total += ru.ru_utime + ru.ru_stime
+    return total
+
+
+class Contention:
+    """CPU used by *other* processes while a measurement runs.
+
+    Machine-wide busy time (/proc/stat) minus this process's and its waited-for
+    descendants' CPU time (getrusage). Call ``stop()`` after every child of the
+    measured phase has been waited for. On a shared box this is the number that
+    says whether a timing can be trusted.
+    """
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.m0 = _machine_cpu_s()
+        self.o0 = _own_cpu_s()
+        self.result: dict[str, float] = {}
+
+    def stop(self) -> dict[str, float]:
+        wall = time.perf_counter() - self.t0
+        m1 = _machine_cpu_s()
+        if self.m0 is None or m1 is None:
+            self.result = {"wall_s": wall}
+            return self.result
+        own = _own_cpu_s() - self.o0
+        others = max(0.0, (m1[0] - self.m0[0]) - own)
+        cpus = os.cpu_count() or 1
+        self.result = {
+            "wall_s": wall, "own_cpu_s": own, "others_cpu_s": others, "steal_s": m1[1] - self.m0[1],
+            "others_share": others / (wall * cpus) if wall > 0 else math.nan,
+        }
+        return self.result
+
+
+def contention_note(label: str, result: dict[str, float], threshold: float = 0.1) -> str:
+    """One line about other processes' CPU use during a phase (flags it above ``threshold``)."""
+    share = result.get("others_share")
+    if share is None:
+        return f"{label}: contention unknown (no /proc/stat)"
+    flag = "  <-- other processes competed for the CPU: treat these timings with care" if share > threshold else ""
+    return (f"{label}: other processes used {result['others_cpu_s']:.1f} CPU-s "
+            f"({share:.0%} of {os.cpu_count()} cores over {result['wall_s']:.1f}s){flag}")
+
+
+def others_share(result: dict[str, float]) -> float:
+    return result.get("others_share", math.nan)
+
+
+# --------------------------------------------------------------------------- subprocesses
+
+
+def run_cmd(
+    cmd: Sequence[str],
+    timeout_s: float,
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[int, float, str]:
+    """Run ``cmd`` from the repo root with a hard timeout: (exit status, wall seconds, output).
+
+    The output (stdout and stderr together) also goes to ``log_path`` if given.
+    A command that runs past ``timeout_s`` is killed and reported with status 124.
+    """
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            list(cmd),
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            timeout=timeout_s,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        rc, out = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as exc:
+        rc = 124
+        out = (
+            exc.stdout.decode(errors="replace")
+            if isinstance(exc.stdout, bytes)
+            else (exc.stdout or "")
+        )
+        out += f"\n[bench] killed after {timeout_s:.0f}s\n"
+    wall = time.perf_counter() - t0
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(out)
+    return rc, wall, out
+
+
+def launch(
+    experiment: Path | str,
+    run_dir: Path,
+    overrides: Sequence[str],
+    timeout_s: float,
+    log_name: str,
+) -> tuple[int, float, str]:
+    """``hfl-launch EXPERIMENT --run-dir RUN_DIR --fresh --quiet --set ...`` as a subprocess."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "hfl.launch.cli",
+        str(experiment),
+        "--run-dir",
+        str(run_dir),
+        "--fresh",
+        "--quiet",
+    ]
+    for o in overrides:
+        cmd += ["--set", o]
+    print("$ " + " ".join(_short(c) for c in cmd), flush=True)
+    rc, wall, out = run_cmd(cmd, timeout_s, log_path=OUT_DIR / "logs" / f"{log_name}.log")
+    if rc != 0:
+        print(
+            f"  hfl-launch exited with status {rc}; last lines:\n"
+            + "\n".join(out.splitlines()[-15:])
+        )
+    return rc, wall, out
+
+
+def _short(arg: str) -> str:
+    arg = arg.replace(str(ROOT) + os.sep, "")
+    return arg if re.fullmatch(r"[\w./=:,+-]+", arg) else repr(arg)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def log_lines(path: Path) -> list[tuple[float, str, str]]:
+    """(unix time, level, message) for each formatted line of a peer log."""
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        m = LOG_LINE.match(line)
+        if m:
+            ts = datetime.strptime(m["ts"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out.append((ts, m["level"], m["msg"]))
+    return out
+
+
+def join_timeouts(run_dir: Path) -> list[str]:
+    """Peers that gave up waiting for the cohort at start-up (see bench/README.md)."""
+    hits = []
+    for log in sorted(run_dir.glob("*/peer.log")):
+        for _, _, msg in log_lines(log):
+            if "peers joined within" in msg:
+                hits.append(msg)
+    return hits
+
+
+# --------------------------------------------------------------------------- numbers and tables
+
+
+def mean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return statistics.fmean(xs) if xs else math.nan
+
+
+def ratio(a: float, b: float) -> float:
+    if a is None or b is None or b == 0 or math.isnan(a) or math.isnan(b):
+        return math.nan
+    return a / b
+
+
+def fmt(value: Any, spec: str = "{:.3f}") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, str):
+        return value
+    try:
+        return spec.format(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def table(
+    header: Sequence[str], rows: Sequence[Sequence[Any]], specs: Sequence[str] | None = None
+) -> str:
+    """A Markdown table; ``specs`` gives one format per column (strings pass through)."""
+    specs = list(specs or ["{}"] * len(header))
+    body = [[fmt(v, s) for v, s in zip(row, specs, strict=True)] for row in rows]
+    widths = [
+        max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)
+    ]
+
+    def line(cells: Sequence[str]) -> str:
+        return (
+            "| "
+            + " | ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+            + " |"
+        )
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep, *(line(r) for r in body)])

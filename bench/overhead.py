@@ -1,0 +1,369 @@
+"""Runtime overhead: a federated cohort vs. the same peers training alone with no networking.
+
+    python bench/overhead.py [--quick] [--local-epochs 5] [--rounds 20]
+
+(a) federated: examples/quickstart.yaml through hfl-launch with fedavg,
+    ``train.local_epochs`` raised so that a round is a realistic fraction of a
+    second, and a fixed number of rounds;
+(b) local: the same expanded per-peer configs (same data partition, model,
+    seed, torch threads, OMP_NUM_THREADS / MKL_NUM_THREADS) run as 4 concurrent
+    processes of bench/_local_worker.py, which builds each peer's algorithm with
+    ``hfl.peer.factory.build_algorithm`` and loops ``local_update(r)`` +
+    ``evaluate()`` with no transport at all. Same CPU contention, same rounds.
+
+Compared, per peer and for the cohort as a whole:
+- rounds span: first round's start to last round's end. For (a) from each
+  peer's metrics.jsonl (``time`` = wall-clock start of a round, plus the last
+  round's ``round_time_s``); for (b) measured the same way inside the worker;
+- process wall: the peer process's whole life (start-up and exit included).
+
+The ratio fed/local of the rounds span is the runtime's overhead (the project
+aims for < 1.15x). The breakdown splits (a)'s span into compute (``compute_s``:
+local_update, share, aggregate, absorb, evaluate in the worker thread), waiting
++ communication (``round_time_s - compute_s``) and between rounds (metrics line
+and checkpoint). --quick runs 8 rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import _common as c
+import yaml
+
+FED_TIMEOUT_S = 300
+LOCAL_TIMEOUT_S = 300
+
+
+def span_record(recs: list[dict], process_s: float) -> dict:
+    """Timing of one peer's rounds (records sorted by round)."""
+    end = recs[-1]["time"] + recs[-1]["round_time_s"]
+    in_rounds = sum(r["round_time_s"] for r in recs)
+    compute = sum(r.get("compute_s", r["round_time_s"]) for r in recs)
+    span = end - recs[0]["time"]
+    return {
+        "rounds": len(recs),
+        "first_start": recs[0]["time"],
+        "second_start": recs[1]["time"] if len(recs) > 1 else math.nan,
+        "last_end": end,
+        "span_s": span,
+        "round_time_s": in_rounds,
+        "compute_s": compute,
+        "wait_comm_s": in_rounds - compute,
+        "between_rounds_s": span - in_rounds,
+        "round1_s": recs[0]["round_time_s"],
+        "process_s": process_s,
+    }
+
+
+def run_federated(rounds: int, epochs: int, run_dir: Path) -> dict:
+    overrides = [
+        "defaults.cohort.algorithm=fedavg",
+        f"defaults.cohort.rounds={rounds}",
+        f"defaults.train.local_epochs={epochs}",
+        f"name=bench-overhead-e{epochs}",
+    ]
+    rc, wall, _ = c.launch(
+        c.QUICKSTART, run_dir, overrides, FED_TIMEOUT_S, f"overhead-fed-e{epochs}"
+    )
+    res_path = run_dir / "results.json"
+    res = json.loads(res_path.read_text()) if res_path.exists() else {}
+    starts = {e["peer"]: e["t"] for e in res.get("events", []) if e["event"] == "start"}
+    exits = {e["peer"]: e["t"] for e in res.get("events", []) if e["event"] in ("exit", "crashed")}
+    peers = {}
+    for mpath in sorted(run_dir.glob("p*/metrics.jsonl")):
+        recs = sorted(c.read_jsonl(mpath), key=lambda r: r["round"])
+        pid = mpath.parent.name
+        if recs:
+            peers[pid] = span_record(recs, exits.get(pid, math.nan) - starts.get(pid, math.nan))
+    return {"exit_status": rc, "wall_s": wall, "run_dir": str(run_dir), "peers": peers}
+
+
+def run_local(configs: list[Path], rounds: int, out_dir: Path) -> dict:
+    """The baseline: one bench/_local_worker.py process per peer config, all at once."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    barrier = out_dir / "barrier"
+    for stale in out_dir.glob("barrier.*"):
+        stale.unlink()
+    procs = {}
+    t0 = time.perf_counter()
+    for cfg_path in configs:
+        cfg = yaml.safe_load(cfg_path.read_text())
+        pid, threads = cfg["node"]["id"], str(cfg["node"]["threads"] or 1)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONUNBUFFERED": "1",
+        }
+        out = out_dir / f"{pid}.json"
+        out.unlink(missing_ok=True)
+        log = open(out_dir / f"{pid}.log", "wb")  # noqa: SIM115 - closed below
+        cmd = [
+            sys.executable,
+            str(Path(__file__).with_name("_local_worker.py")),
+            "--config",
+            str(cfg_path),
+            "--rounds",
+            str(rounds),
+            "--out",
+            str(out),
+            "--barrier",
+            str(barrier),
+        ]
+        procs[pid] = (
+            subprocess.Popen(cmd, cwd=c.ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
+            time.perf_counter(),
+            out,
+            log,
+        )
+    print(
+        f"$ {len(procs)} x python bench/_local_worker.py --config <peer>.yaml --rounds {rounds} "
+        f"--barrier ... (OMP_NUM_THREADS={threads}, as the launcher sets it)",
+        flush=True,
+    )
+    deadline = time.perf_counter() + LOCAL_TIMEOUT_S
+    while (
+        len(list(out_dir.glob("barrier.*.ready"))) < len(procs)
+        and time.perf_counter() < deadline
+        and all(proc.poll() is None for proc, *_ in procs.values())
+    ):
+        time.sleep(0.005)
+    (out_dir / "barrier.go").touch()
+    peers, status = {}, 0
+    for pid, (proc, started, out, log) in procs.items():
+        try:
+            rc = proc.wait(timeout=max(1.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        process_s = time.perf_counter() - started
+        log.close()
+        status = status or rc
+        if rc != 0 or not out.exists():
+            print(f"  local worker {pid} failed with status {rc}; see {out_dir / (pid + '.log')}")
+            continue
+        peers[pid] = span_record(json.loads(out.read_text())["rounds"], process_s)
+    return {"exit_status": status, "wall_s": time.perf_counter() - t0, "peers": peers}
+
+
+def cohort_span(peers: dict, start_key: str = "first_start") -> float:
+    if not peers:
+        return math.nan
+    return max(p["last_end"] for p in peers.values()) - min(p[start_key] for p in peers.values())
+
+
+def mean_of(peers: dict, key: str) -> float:
+    return c.mean([v[key] for v in peers.values()])
+
+
+X = "{:.3f}x"
+
+
+def run_setting(rounds: int, epochs: int) -> dict:
+    base = c.OUT_DIR / "overhead" / f"e{epochs}"
+    print(f"\n== local_epochs={epochs}, {rounds} rounds")
+    busy = c.Contention()
+    fed = run_federated(rounds, epochs, base / "fed")
+    fed["contention"] = busy.stop()
+    configs = sorted((base / "fed" / "peers").glob("*.yaml"))
+    if not configs:
+        print("no expanded peer configs: the federated run failed before starting", file=sys.stderr)
+        return {"epochs": epochs, "ok": False, "federated": fed}
+    busy = c.Contention()
+    loc = run_local(configs, rounds, base / "local")
+    loc["contention"] = busy.stop()
+    pf, pl = fed["peers"], loc["peers"]
+
+    rows = []
+    for pid in sorted(set(pf) | set(pl)):
+        f, lo = pf.get(pid, {}), pl.get(pid, {})
+        g = lambda d, k: d.get(k, math.nan)  # noqa: E731
+        rows.append(
+            [
+                pid,
+                g(lo, "span_s"),
+                g(f, "span_s"),
+                c.fmt(c.ratio(g(f, "span_s"), g(lo, "span_s")), X),
+                g(f, "compute_s"),
+                g(f, "wait_comm_s"),
+                g(f, "between_rounds_s"),
+                g(f, "round1_s"),
+                g(lo, "process_s"),
+                g(f, "process_s"),
+                c.fmt(c.ratio(g(f, "process_s"), g(lo, "process_s")), X),
+            ]
+        )
+    summary = {
+        "span_mean": (mean_of(pl, "span_s"), mean_of(pf, "span_s")),
+        "cohort_span": (cohort_span(pl), cohort_span(pf)),
+        "cohort_span_after_r1": (cohort_span(pl, "second_start"), cohort_span(pf, "second_start")),
+        "process_mean": (mean_of(pl, "process_s"), mean_of(pf, "process_s")),
+        "whole_run": (loc["wall_s"], fed["wall_s"]),
+    }
+    rows.append(
+        [
+            "mean",
+            *summary["span_mean"],
+            c.fmt(c.ratio(*summary["span_mean"][::-1]), X),
+            mean_of(pf, "compute_s"),
+            mean_of(pf, "wait_comm_s"),
+            mean_of(pf, "between_rounds_s"),
+            mean_of(pf, "round1_s"),
+            *summary["process_mean"],
+            c.fmt(c.ratio(*summary["process_mean"][::-1]), X),
+        ]
+    )
+    print("\nper peer, seconds (fed compute + wait+comm + between = fed span)")
+    print(
+        c.table(
+            [
+                "peer",
+                "local span",
+                "fed span",
+                "fed/local",
+                "fed compute",
+                "fed wait+comm",
+                "fed between",
+                "fed round 1",
+                "local process",
+                "fed process",
+                "fed/local",
+            ],
+            rows,
+            [
+                "{}",
+                "{:.3f}",
+                "{:.3f}",
+                "{}",
+                "{:.3f}",
+                "{:.3f}",
+                "{:.3f}",
+                "{:.3f}",
+                "{:.2f}",
+                "{:.2f}",
+                "{}",
+            ],
+        )
+    )
+    skew = (
+        max(p["first_start"] for p in pf.values()) - min(p["first_start"] for p in pf.values())
+        if pf
+        else math.nan
+    )
+    return {
+        "epochs": epochs,
+        "rounds": rounds,
+        "ok": fed["exit_status"] == 0 and loc["exit_status"] == 0,
+        "summary": summary,
+        "round1_start_skew_s": skew,
+        "fed_round_s": mean_of(pf, "round_time_s") / rounds,
+        "fed_compute_round_s": mean_of(pf, "compute_s") / rounds,
+        "local_round_s": mean_of(pl, "round_time_s") / rounds,
+        "federated": fed,
+        "local": loc,
+    }
+
+
+LABELS = {
+    "span_mean": "rounds span, mean over peers",
+    "cohort_span": "rounds span, cohort (first start -> last end)",
+    "cohort_span_after_r1": "rounds 2..R span, cohort",
+    "process_mean": "peer process wall, mean",
+    "whole_run": "whole run wall (hfl-launch / 4 workers)",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = c.parser(__doc__)
+    p.add_argument("--rounds", type=int, default=None, help="default 20 (--quick: 8)")
+    p.add_argument(
+        "--local-epochs",
+        type=int,
+        nargs="+",
+        default=None,
+        help="train.local_epochs settings, each run fed + local (default: 5 20; --quick: 5)",
+    )
+    args = p.parse_args(argv)
+    rounds = args.rounds or (8 if args.quick else 20)
+    epochs_list = args.local_epochs or ([5] if args.quick else [5, 20])
+    print(
+        f"overhead: 4 peers of examples/quickstart.yaml, fedavg (hfl-launch) vs local (no transport), "
+        f"{rounds} rounds, local_epochs {epochs_list}"
+    )
+    results = [run_setting(rounds, e) for e in epochs_list]
+
+    header, specs, srows = ["measure"], ["{}"], []
+    for res in results:
+        header += [
+            f"e{res['epochs']} local s",
+            f"e{res['epochs']} fed s",
+            f"e{res['epochs']} fed/local",
+        ]
+        specs += ["{:.3f}", "{:.3f}", "{}"]
+    for key, label in LABELS.items():
+        row = [label]
+        for res in results:
+            lo, f = res.get("summary", {}).get(key, (math.nan, math.nan))
+            row += [lo, f, c.fmt(c.ratio(f, lo), X)]
+        srows.append(row)
+    for label, fed_key in (
+        ("mean round time", "fed_round_s"),
+        ("mean round, fed compute part", "fed_compute_round_s"),
+    ):
+        row = [label]
+        for res in results:
+            lo, f = res.get("local_round_s", math.nan), res.get(fed_key, math.nan)
+            row += [lo, f, c.fmt(c.ratio(f, lo), X)]
+        srows.append(row)
+    row = ["other processes' share of the CPU"]
+    for res in results:
+        lo, f = (c.others_share(res.get(k, {}).get("contention", {})) for k in ("local", "federated"))
+        row += [c.fmt(lo, "{:.0%}"), c.fmt(f, "{:.0%}"), ""]
+    srows.append(row)
+    print("\n== summary (eN = local_epochs N; aim: rounds span fed/local < 1.15x)")
+    print(c.table(header, srows, specs))
+    for res in results:
+        if "summary" not in res:
+            continue
+        for k in ("federated", "local"):
+            note = c.contention_note(f"local_epochs={res['epochs']} {k[:3]}", res[k]["contention"])
+            if "<--" in note:
+                print(note)
+        lo, f = res["summary"]["span_mean"]
+        lo2, f2 = res["summary"]["cohort_span_after_r1"]
+        print(
+            f"local_epochs={res['epochs']}: per-peer rounds span fed/local {c.ratio(f, lo):.3f}x "
+            f"({'meets' if c.ratio(f, lo) < 1.15 else 'misses'} < 1.15x); steady state (rounds 2..R, cohort) "
+            f"{c.ratio(f2, lo2):.3f}x; round-1 start skew across fed peers {res['round1_start_skew_s']:.3f}s"
+        )
+    c.write_json(
+        c.out_path("overhead", args.out),
+        {
+            "benchmark": "overhead",
+            "quick": args.quick,
+            "rounds": rounds,
+            "settings": [
+                {
+                    **{k: v for k, v in res.items() if k != "summary"},
+                    "summary": {
+                        k: {"local_s": lo, "fed_s": f, "ratio": c.ratio(f, lo)}
+                        for k, (lo, f) in res.get("summary", {}).items()
+                    },
+                }
+                for res in results
+            ],
+        },
+    )
+    return 0 if all(res["ok"] for res in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

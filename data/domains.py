@@ -1,0 +1,147 @@
+"""Multi-domain datasets: one domain per peer, the same label set everywhere.
+
+``rotated_digits`` follows the Rotated MNIST protocol of Ghifary et al. (2015)
+as used by FedH2L (Li et al., "FedH2L: Federated Learning with Model and
+Statistical Heterogeneity", Experiments, "Evaluation on Rotated MNIST"): a base
+view M0 of 100 images per class, and domains M20, M40, M60 that are the same
+images turned 20, 40 and 60 degrees clockwise. Here the base images come from
+scikit-learn's bundled 8x8 digits (about 180 per class), so it runs offline.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+import numpy as np
+
+from .builtin import load_builtin, register_builtin
+from .dataset import ArrayDataset
+from .images import _image_size, _resize_array, _rotate_array, recolor, resize
+from .images import flatten as flatten_images
+from .partition import Seed, as_generator
+
+
+def rotated_digits(
+    angles: Sequence[float] = (0, 20, 40, 60),
+    per_class: int = 100,
+    size: int = 16,
+    seed: Seed = 0,
+) -> list[ArrayDataset]:
+    """Rotated-digits domains, one ArrayDataset per angle, in the order given.
+
+    ``per_class`` images of each digit are drawn without replacement (seeded)
+    from scikit-learn's digits; every domain holds the same base images in
+    the same order (sample ``i`` of one domain is sample ``i`` of another,
+    rotated differently). Each image is resampled 8x8 -> ``size`` x ``size``
+    (bilinear), then turned **clockwise** by the domain's angle in degrees (as in
+    the paper's M20/M40/M60) about its centre, bilinear with black corners.
+    ``x`` is float32 in ``[0, 1]`` of shape ``(10 * per_class, 1, size, size)``;
+    domains are named ``rotated_digits@<angle>``, e.g. ``rotated_digits@20``.
+    """
+    angle_list = _check_angles(angles)
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 2:
+        raise ValueError(f"size must be an int >= 2 (pixels per side), got {size!r}")
+    digits = load_builtin("digits")
+    rarest = int(digits.class_counts().min())  # 174 images of the digit 8
+    if (
+        isinstance(per_class, bool)
+        or not isinstance(per_class, numbers.Integral)
+        or not 1 <= per_class <= rarest
+    ):
+        raise ValueError(
+            f"per_class must be an int in [1, {rarest}] (the rarest digit has {rarest} "
+            f"images), got {per_class!r}"
+        )
+    rng = as_generator(seed)
+    chosen = np.sort(
+        np.concatenate(
+            [
+                rng.choice(np.flatnonzero(digits.y == k), size=int(per_class), replace=False)
+                for k in range(digits.num_classes)
+            ]
+        )
+    )
+    base = digits.subset(chosen)
+    x = _resize_array(base.x, int(size), int(size))  # (N, 1, size, size)
+    return [
+        ArrayDataset(
+            x=np.clip(_rotate_array(x, a), 0.0, 1.0),
+            y=base.y,
+            num_classes=base.num_classes,
+            name=f"rotated_digits@{a:g}",
+        )
+        for a in angle_list
+    ]
+
+
+def _check_angles(angles: Sequence[float]) -> list[float]:
+    if isinstance(angles, (str, bytes)) or not isinstance(angles, Sequence) or not angles:
+        raise ValueError(
+            f"angles must be a non-empty sequence of degrees, e.g. (0, 20, 40, 60), got {angles!r}"
+        )
+    out = []
+    for a in angles:
+        if isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a):
+            raise ValueError(f"angles must be finite numbers of degrees, got {a!r} in {angles!r}")
+        out.append(float(a))
+    if len(set(out)) != len(out):
+        raise ValueError(f"angles must be distinct (one domain each), got {angles!r}")
+    return out
+
+
+def domain_partition(domains: Sequence[ArrayDataset], num_parts: int) -> list[ArrayDataset]:
+    """Domain ``i`` goes to peer ``i``: checks the cohort and returns the list.
+
+    ``num_parts`` (the number of peers) must equal ``len(domains)``, and all
+    domains must share ``num_classes`` (the homogeneous multi-domain setting:
+    one label set, different input distributions).
+    """
+    if isinstance(domains, ArrayDataset) or not isinstance(domains, Sequence) or not domains:
+        raise ValueError(f"domains must be a non-empty list of ArrayDataset, got {domains!r}")
+    for i, d in enumerate(domains):
+        if not isinstance(d, ArrayDataset):
+            raise ValueError(f"domains[{i}] must be an ArrayDataset, got {type(d).__name__}")
+    if isinstance(num_parts, bool) or not isinstance(num_parts, numbers.Integral):
+        raise ValueError(f"num_parts must be an int, got {num_parts!r}")
+    if num_parts != len(domains):
+        raise ValueError(
+            f"num_parts must equal the number of domains ({len(domains)}: "
+            f"{', '.join(d.name for d in domains)}), one domain per peer; got {num_parts}"
+        )
+    classes = {d.num_classes for d in domains}
+    if len(classes) > 1:
+        raise ValueError(
+            "domains must share num_classes, got "
+            + ", ".join(f"{d.name}={d.num_classes}" for d in domains)
+        )
+    return list(domains)
+
+
+@register_builtin("rotated_digits")
+def _rotated_digits_builtin(
+    *, angle: float = 0.0, per_class: int = 100, size: int = 16, seed: int = 0
+) -> ArrayDataset:
+    """One rotated-digits domain (see :func:`rotated_digits`): turned ``angle`` degrees clockwise."""
+    return rotated_digits((angle,), per_class=per_class, size=size, seed=seed)[0]
+
+
+@register_builtin("digits_rgb")
+def _digits_rgb(
+    *,
+    size: int | tuple[int, int] = 8,
+    per: str = "sample",
+    seed: int = 0,
+    flatten: bool = False,
+) -> ArrayDataset:
+    """scikit-learn's digits tinted with random colours (see :func:`recolor`).
+
+    ``x`` is ``(1797, 3, size, size)`` in ``[0, 1]`` (``size=8`` keeps the
+    original resolution), or ``(1797, 3 * size * size)`` with ``flatten=True``.
+    """
+    h, w = _image_size(size)
+    ds = recolor(load_builtin("digits"), seed, per=per, name="digits_rgb")
+    if (h, w) != (8, 8):
+        ds = resize(ds, (h, w), name="digits_rgb")
+    return flatten_images(ds) if flatten else ds

@@ -1,0 +1,142 @@
+"""Public seed sets: each peer's public split, published in checksummed chunks.
+
+Methods such as FedH2L learn from peers' teaching signals on the peers' public
+samples, and their knowledge messages refer to those samples by index. So
+before that, every peer needs every other peer's public set. This module is the
+pure bookkeeping (no I/O): chunking our own set, accepting chunks of others'
+(digest, consistency and duplicate checks), and saying what is still missing.
+The node asks for missing chunks on its heartbeat and answers others' requests
+(see PROTOCOL.md, ``seed_request`` / ``seed_chunk``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hfl.protocol.messages import SeedChunk
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+def digest(x: np.ndarray, y: np.ndarray) -> str:
+    """SHA-256 of x's bytes followed by y's bytes (C order), hex."""
+    h = hashlib.sha256()
+    h.update(memoryview(np.ascontiguousarray(x)).cast("B"))
+    h.update(memoryview(np.ascontiguousarray(y)).cast("B"))
+    return h.hexdigest()
+
+
+@dataclass
+class SeedSet:
+    """One owner's public seed set, complete or being assembled."""
+
+    owner: str
+    num_chunks: int
+    total: int
+    chunks: dict[int, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    digests: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.chunks) == self.num_chunks
+
+    def missing(self) -> list[int]:
+        return [c for c in range(self.num_chunks) if c not in self.chunks]
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        parts = [self.chunks[c] for c in range(self.num_chunks)]
+        return np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+
+
+class SeedStore:
+    def __init__(self, self_id: str, own: tuple[np.ndarray, np.ndarray] | None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+        self.self_id = self_id
+        self.sets: dict[str, SeedSet] = {}
+        self._delivered: set[str] = set()
+        if own is not None:
+            x = np.ascontiguousarray(own[0], dtype=np.float32)
+            y = np.ascontiguousarray(own[1], dtype=np.int64)
+            if len(x) != len(y) or len(x) == 0:
+                raise ValueError(f"public seed set needs matching, non-empty x and y; got {len(x)}, {len(y)}")
+            per_sample = max(1, x[0].nbytes + y[0].nbytes)
+            per_chunk = max(1, chunk_bytes // per_sample)
+            starts = list(range(0, len(x), per_chunk))
+            mine = SeedSet(self_id, num_chunks=len(starts), total=len(x))
+            for c, start in enumerate(starts):
+                xs, ys = x[start : start + per_chunk], y[start : start + per_chunk]
+                mine.chunks[c] = (start, xs, ys)
+                mine.digests[c] = digest(xs, ys)
+            self.sets[self_id] = mine
+            self._delivered.add(self_id)
+
+    # ------------------------------------------------------------------ serving
+
+    def chunks_for(self, owner: str, wanted: list[int], sender: str, incarnation: int) -> list[SeedChunk]:
+        """Messages answering a request, if we hold ``owner``'s set completely."""
+        s = self.sets.get(owner)
+        if s is None or not s.complete:
+            return []
+        indices = [c for c in (wanted or range(s.num_chunks)) if 0 <= c < s.num_chunks]
+        out = []
+        for c in indices:
+            start, x, y = s.chunks[c]
+            out.append(SeedChunk(
+                sender=sender, incarnation=incarnation, owner=owner, chunk=c,
+                num_chunks=s.num_chunks, start=start, total=s.total, digest=s.digests[c],
+                tensors={"x": x, "y": y},
+            ))
+        return out
+
+    # ------------------------------------------------------------------ receiving
+
+    def offer(self, msg: SeedChunk) -> str | None:
+        """Keep a chunk; returns None if kept, else why it was dropped."""
+        if msg.owner == self.self_id:
+            return "a chunk of our own seed set"
+        x, y = msg.tensors.get("x"), msg.tensors.get("y")
+        if x is None or y is None:
+            return f"seed chunk {msg.chunk} of {msg.owner} lacks x or y"
+        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or len(y) == 0:
+            return f"seed chunk {msg.chunk} of {msg.owner} has shapes {x.shape} / {y.shape}"
+        if not (0 <= msg.chunk < msg.num_chunks) or msg.start < 0 or msg.start + len(y) > msg.total:
+            return f"seed chunk {msg.chunk}/{msg.num_chunks} of {msg.owner} is out of range"
+        if digest(x, y) != msg.digest:
+            return f"seed chunk {msg.chunk} of {msg.owner} does not match its digest"
+        s = self.sets.get(msg.owner)
+        if s is None:
+            s = self.sets[msg.owner] = SeedSet(msg.owner, msg.num_chunks, msg.total)
+        elif (s.num_chunks, s.total) != (msg.num_chunks, msg.total):
+            if s.complete:
+                return f"seed chunk of {msg.owner} disagrees with the complete set we hold"
+            # The owner restarted with a different set: start over.
+            s = self.sets[msg.owner] = SeedSet(msg.owner, msg.num_chunks, msg.total)
+        if msg.chunk in s.chunks:
+            return f"duplicate seed chunk {msg.chunk} of {msg.owner}"
+        if s.chunks:
+            shape = next(iter(s.chunks.values()))[1].shape[1:]
+            if x.shape[1:] != shape:
+                return f"seed chunk {msg.chunk} of {msg.owner} has sample shape {x.shape[1:]} != {shape}"
+        s.chunks[msg.chunk] = (msg.start, np.array(x, copy=True), np.array(y, copy=True))
+        s.digests[msg.chunk] = msg.digest
+        return None
+
+    # ------------------------------------------------------------------ queries
+
+    def missing(self, owner: str) -> list[int] | None:
+        """Chunks still needed from ``owner``: [] when complete, None when unknown (ask for all)."""
+        s = self.sets.get(owner)
+        return None if s is None else s.missing()
+
+    def has_all(self, owners: list[str]) -> bool:
+        return all(o in self.sets and self.sets[o].complete for o in owners)
+
+    def take_completed(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Sets completed since the last call (each handed out once), as (x, y)."""
+        done = {o: s.arrays() for o, s in self.sets.items()
+                if s.complete and o not in self._delivered}
+        self._delivered.update(done)
+        return done

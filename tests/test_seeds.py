@@ -1,0 +1,87 @@
+"""Public seed exchange bookkeeping (peer/seeds.py): chunking, digests,
+duplicates, drops and re-requests, restarts of the owner."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hfl.peer.seeds import SeedStore, digest
+
+
+def own_set(n=100, shape=(1, 8, 8), seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, *shape), dtype=np.float32), rng.integers(0, 10, n).astype(np.int64)
+
+
+def test_own_set_is_chunked_by_bytes_and_chunks_cover_it_exactly():
+    x, y = own_set(100)
+    store = SeedStore("a", (x, y), chunk_bytes=20 * (x[0].nbytes + 8))  # 20 samples a chunk
+    chunks = store.chunks_for("a", [], "a", 0)
+    assert [c.chunk for c in chunks] == [0, 1, 2, 3, 4]
+    assert all(c.num_chunks == 5 and c.total == 100 for c in chunks)
+    assert [c.start for c in chunks] == [0, 20, 40, 60, 80]
+    np.testing.assert_array_equal(np.concatenate([c.tensors["x"] for c in chunks]), x)
+    assert all(c.digest == digest(c.tensors["x"], c.tensors["y"]) for c in chunks)
+    assert [c.chunk for c in store.chunks_for("a", [3, 9, -1], "a", 0)] == [3]  # out of range ignored
+
+
+def test_receiver_assembles_despite_a_dropped_and_a_duplicated_chunk():
+    x, y = own_set(100)
+    owner = SeedStore("a", (x, y), chunk_bytes=30 * (x[0].nbytes + 8))
+    me = SeedStore("b", None)
+    assert me.missing("a") is None  # unknown yet: ask for everything
+    chunks = owner.chunks_for("a", [], "a", 0)
+    delivered = [chunks[0], chunks[2], chunks[2], chunks[3]]  # chunk 1 lost, chunk 2 twice
+    reasons = [me.offer(c) for c in delivered]
+    assert reasons[:2] == [None, None] and "duplicate" in reasons[2] and reasons[3] is None
+    assert me.missing("a") == [1] and not me.has_all(["a"])
+    assert me.take_completed() == {}
+    # The periodic re-request asks for exactly what is missing.
+    for c in owner.chunks_for("a", me.missing("a"), "a", 0):
+        assert me.offer(c) is None
+    assert me.missing("a") == [] and me.has_all(["a"])
+    done = me.take_completed()
+    np.testing.assert_array_equal(done["a"][0], x)
+    np.testing.assert_array_equal(done["a"][1], y)
+    assert me.take_completed() == {}  # handed out once
+    # Now b can serve a's set to a late joiner.
+    late = SeedStore("c", None)
+    for c in me.chunks_for("a", [], "b", 0):
+        assert late.offer(c) is None
+    assert late.has_all(["a"])
+
+
+def test_corrupt_inconsistent_or_misshapen_chunks_are_dropped_with_a_reason():
+    x, y = own_set(40)
+    owner = SeedStore("a", (x, y), chunk_bytes=10 * (x[0].nbytes + 8))
+    c0, c1 = owner.chunks_for("a", [0, 1], "a", 0)
+    me = SeedStore("b", None)
+    tampered = dataclasses.replace(c0, tensors={"x": c0.tensors["x"] + 1, "y": c0.tensors["y"]})
+    assert "digest" in me.offer(tampered)
+    assert "out of range" in me.offer(dataclasses.replace(c0, chunk=7))
+    assert "lacks x or y" in me.offer(dataclasses.replace(c0, tensors={"x": c0.tensors["x"]}))
+    assert me.offer(c0) is None
+    wrong_shape = {"x": np.zeros((10, 3, 8, 8), np.float32), "y": c1.tensors["y"]}
+    bad = dataclasses.replace(c1, tensors=wrong_shape, digest=digest(*wrong_shape.values()))
+    assert "sample shape" in me.offer(bad)
+    assert "own seed set" in owner.offer(c0)
+
+
+def test_an_owner_that_restarts_with_another_set_replaces_a_partial_one():
+    x, y = own_set(40)
+    old = SeedStore("a", (x, y), chunk_bytes=10 * (x[0].nbytes + 8)).chunks_for("a", [0], "a", 0)
+    x2, y2 = own_set(60, seed=1)
+    new = SeedStore("a", (x2, y2), chunk_bytes=10 * (x2[0].nbytes + 8)).chunks_for("a", [], "a", 1)
+    me = SeedStore("b", None)
+    assert me.offer(old[0]) is None
+    for c in new:
+        assert me.offer(c) is None
+    assert me.has_all(["a"]) and len(me.take_completed()["a"][1]) == 60
+
+
+def test_an_empty_own_set_is_an_error():
+    with pytest.raises(ValueError, match="non-empty"):
+        SeedStore("a", (np.zeros((0, 2), np.float32), np.zeros(0, np.int64)))
