@@ -33,7 +33,7 @@ LOG_LINE = re.compile(
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        description=(doc or "").strip().split("\n\n")[0],
+        description=(doc or "").strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="a smaller run (well under a minute)")
@@ -142,7 +142,10 @@ class Contention:
         others = max(0.0, (m1[0] - self.m0[0]) - own)
         cpus = os.cpu_count() or 1
         self.result = {
-            "wall_s": wall, "own_cpu_s": own, "others_cpu_s": others, "steal_s": m1[1] - self.m0[1],
+            "wall_s": wall,
+            "own_cpu_s": own,
+            "others_cpu_s": others,
+            "steal_s": m1[1] - self.m0[1],
             "others_share": others / (wall * cpus) if wall > 0 else math.nan,
         }
         return self.result
@@ -153,9 +156,15 @@ def contention_note(label: str, result: dict[str, float], threshold: float = 0.1
     share = result.get("others_share")
     if share is None:
         return f"{label}: contention unknown (no /proc/stat)"
-    flag = "  <-- other processes competed for the CPU: treat these timings with care" if share > threshold else ""
-    return (f"{label}: other processes used {result['others_cpu_s']:.1f} CPU-s "
-            f"({share:.0%} of {os.cpu_count()} cores over {result['wall_s']:.1f}s){flag}")
+    flag = (
+        "  <-- other processes competed for the CPU: treat these timings with care"
+        if share > threshold
+        else ""
+    )
+    return (
+        f"{label}: other processes used {result['others_cpu_s']:.1f} CPU-s "
+        f"({share:.0%} of {os.cpu_count()} cores over {result['wall_s']:.1f}s){flag}"
+    )
 
 
 def others_share(result: dict[str, float]) -> float:

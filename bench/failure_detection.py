@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                     res["dead_after_s"],
                     c.fmt(c.ratio(r["dead_latency_s"], res["dead_after_s"]), "{:.3f}x"),
                     r["silent_s"],
+                    c.fmt(c.others_share(res["contention"]), "{:.0%}"),
                 ]
             )
     print()
@@ -184,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                 "dead_after_s",
                 "ratio",
                 "logged silence s",
+                "others' CPU",
             ],
             rows,
-            ["{}", "{}", "{:.3f}", "{:g}", "{}", "{:.3f}", "{:g}", "{}", "{:.1f}"],
+            ["{}", "{}", "{:.3f}", "{:g}", "{}", "{:.3f}", "{:g}", "{}", "{:.1f}", "{}"],
         )
     )
     srows = [

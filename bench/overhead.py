@@ -325,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         srows.append(row)
     row = ["other processes' share of the CPU"]
     for res in results:
-        lo, f = (c.others_share(res.get(k, {}).get("contention", {})) for k in ("local", "federated"))
+        lo, f = (
+            c.others_share(res.get(k, {}).get("contention", {})) for k in ("local", "federated")
+        )
         row += [c.fmt(lo, "{:.0%}"), c.fmt(f, "{:.0%}"), ""]
     srows.append(row)
     print("\n== summary (eN = local_epochs N; aim: rounds span fed/local < 1.15x)")

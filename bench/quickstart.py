@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             r["sent_mb"],
             r["rounds_span_s"],
             r["wall_s"],
+            c.fmt(c.others_share(r["contention"]), "{:.0%}"),
         ]
         for r in (fed, solo)
     ]
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             math.nan,
             c.fmt(fed["rounds_span_s"] - solo["rounds_span_s"], "{:+.2f}"),
             c.fmt(fed["wall_s"] - solo["wall_s"], "{:+.1f}"),
+            "",
         ]
     )
     x = lambda k: c.fmt(c.ratio(fed[k], solo[k]), "{:.3f}x")  # noqa: E731
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             math.nan,
             x("rounds_span_s"),
             x("wall_s"),
+            "",
         ]
     )
     print()
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sent MB/peer",
                 "rounds span s",
                 "wall s",
+                "others' CPU",
             ],
             rows,
             [
@@ -151,13 +155,15 @@ def main(argv: list[str] | None = None) -> int:
                 "{:.2f}",
                 "{:.2f}",
                 "{:.1f}",
+                "{}",
             ],
         )
     )
     print(
         "\nglobal acc: mean over peers of the final accuracy on the shared held-out set; test acc: on "
         "each peer's own (label-skewed) test split. wall s: the whole hfl-launch process, start-up "
-        "included; rounds span s: first round start to last round end."
+        "included; rounds span s: first round start to last round end; others' CPU: share of the "
+        "machine's CPU used by processes outside this benchmark during the run."
     )
     for r in (fed, solo):
         short = [

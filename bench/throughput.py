@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                 w["payload_mb_per_s"],
                 c.fmt(r["ratio_msgs_per_s"], "{:.3f}x"),
                 h.get("wire_bytes_per_msg", ""),
+                c.fmt(c.others_share(r["contention"]), "{:.0%}"),
             ]
         )
     header = [
@@ -407,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         "raw MB/s",
         "hfl/raw",
         "hfl wire B/msg",
+        "others' CPU",
     ]
     specs = [
         "{}",
@@ -419,12 +421,14 @@ def main(argv: list[str] | None = None) -> int:
         "{:,.1f}",
         "{}",
         "{}",
+        "{}",
     ]
     print()
     print(c.table(header, rows, specs))
     print(
         "\nMB/s counts tensor payload bytes only (1 MB = 1e6 B); hfl/raw is the ratio of msg/s (= of MB/s). "
-        "hfl wire B/msg: header frame + tensor frame."
+        "hfl wire B/msg: header frame + tensor frame. others' CPU: share of the machine used by other "
+        "processes while that row was measured."
     )
     c.write_json(
         c.out_path("throughput", args.out),

@@ -7,6 +7,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+# Shown only when some peer reports them (multi-domain runs: FedH2L's protocol,
+# test metrics of the model chosen on validation).
+DOMAIN_COLUMNS = [
+    ("sel_acc", "ACC", "{:.4f}"),
+    ("sel_bwt", "BWT", "{:.4f}"),
+    ("sel_fwt", "FWT", "{:.4f}"),
+]
+
 COLUMNS = [
     ("peer", "peer", "{}"),
     ("arch", "arch", "{}"),
@@ -54,12 +62,18 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
         "sent_mb": sum(r.get("bytes_sent", 0) for r in records) / 1e6,
         "recv_mb": sum(r.get("bytes_received", 0) for r in records) / 1e6,
         "restarts": max((r.get("incarnation", 0) for r in records), default=0),
+        **{key: last.get(key, math.nan) for key, _, _ in DOMAIN_COLUMNS},
     }
+
+
+def columns_for(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    has_domains = any(isinstance(r.get("sel_acc"), float) and not math.isnan(r["sel_acc"]) for r in rows)
+    return COLUMNS[:3] + DOMAIN_COLUMNS + COLUMNS[3:] if has_domains else COLUMNS
 
 
 def mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"peer": "mean", "arch": ""}
-    for key, _, _ in COLUMNS[2:]:
+    for key, _, _ in COLUMNS[2:] + DOMAIN_COLUMNS:
         vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
         out[key] = sum(vals) / len(vals) if vals else math.nan
     out["rounds"] = round(out["rounds"], 1) if not math.isnan(out["rounds"]) else "-"
@@ -78,8 +92,9 @@ def _fmt(value: Any, spec: str) -> str:
 
 def render_table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table (reads well in a terminal too)."""
-    header = [title for _, title, _ in COLUMNS]
-    body = [[_fmt(r.get(k), spec) for k, _, spec in COLUMNS] for r in rows]
+    columns = columns_for(rows)
+    header = [title for _, title, _ in columns]
+    body = [[_fmt(r.get(k), spec) for k, _, spec in columns] for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"

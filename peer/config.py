@@ -46,6 +46,9 @@ class NodeConfig:
     checkpoint: bool = True
     resume: bool = field(default=True, metadata={"help": "resume from run_dir's checkpoint if present"})
     min_peers: int = field(default=1, metadata={"min": 1, "help": "cohort size to wait for before round 1"})
+    seed_chunk_bytes: int = field(
+        default=1 << 20, metadata={"min": 256, "help": "size of the chunks a public seed set travels in"}
+    )
 
     def validate(self) -> None:
         scheme = self.listen.split("://", 1)[0]

@@ -445,11 +445,12 @@ class Node:
     async def _run_rounds(self) -> None:
         await self._join()
         while self.round <= self.cohort.rounds:
-            target = self.membership.max_live_round()
-            if target > self.round:
+            target = catch_up_round(self.alg.mode, self.round, self.membership.max_live_round(),
+                                    self.cohort.rounds)
+            if target != self.round:
                 log.info("%s: catching up from round %d to the cohort's round %d",
-                         self.id, self.round, min(target, self.cohort.rounds))
-                self.round = min(target, self.cohort.rounds)
+                         self.id, self.round, target)
+                self.round = target
                 self.buffer.advance(self.round)
             await self._one_round(self.round)
             self.round += 1
@@ -586,6 +587,15 @@ class Node:
         if targets:
             await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
                                                  round=self.round))
+
+
+def catch_up_round(mode: str, own: int, cohort: int, last: int) -> int:
+    """The round to run next: a coordinated peer that finds the live cohort
+    ahead (after a restart, say) jumps to the cohort's round instead of
+    replaying rounds nobody else is in; local-mode rounds are the peer's own."""
+    if mode == "local" or cohort <= own:
+        return own
+    return min(cohort, last)
 
 
 def advertised_address(bound: str, advertise: str | None) -> str:

@@ -84,7 +84,8 @@ async def run_peer(
     seeds = None
     if algorithm.uses_public_seeds:
         public = algorithm.ctx.public
-        seeds = SeedStore(cfg.node.id, (public.x, public.y) if public is not None and len(public) else None)
+        own = (public.x, public.y) if public is not None and len(public) else None
+        seeds = SeedStore(cfg.node.id, own, chunk_bytes=cfg.node.seed_chunk_bytes)
     transport = make_transport(cfg.node.id, cfg.node.listen, hub=hub)
     if fault_plan is not None:
         transport = FaultyTransport(transport, fault_plan)

@@ -93,3 +93,13 @@ def test_advance_forgets_older_rounds_and_keeps_newer_ones():
     assert "late" in buf.offer_result(result("p1", 1, epoch=3))
     buf.advance(4)
     assert buf.knowledge == {} and buf.results == {}
+
+
+def test_catch_up_only_for_coordinated_modes_and_never_past_the_last_round():
+    from hfl.peer.node import catch_up_round
+
+    assert catch_up_round("aggregator", 3, 9, 20) == 9  # restarted: join the cohort's round
+    assert catch_up_round("broadcast", 3, 9, 5) == 5
+    assert catch_up_round("broadcast", 4, 4, 20) == 4  # in step (or one ahead): nothing to do
+    assert catch_up_round("broadcast", 6, 4, 20) == 6  # never backwards
+    assert catch_up_round("local", 3, 9, 20) == 3  # solo peers do not skip their own rounds
