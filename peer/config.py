@@ -18,9 +18,14 @@ from hfl.peer.configtools import ConfigError, apply_overrides, build, load_yaml
 ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 DEVICE_PATTERN = r"cpu|auto|cuda|cuda:\d+|mps"
 
-BUILTIN_DATASETS = ("digits", "breast_cancer", "wine", "rotated_digits", "digits_rgb")
+# Built-in names (hfl.data.builtin); the torchvision ones read a local root given
+# as options: {root: /data/mnist}; hfl never downloads.
+BUILTIN_DATASETS = (
+    "digits", "breast_cancer", "wine", "rotated_digits", "digits_rgb",
+    "mnist", "fashion_mnist", "cifar10", "svhn", "usps",
+)
 DOMAIN_DATASETS = ("rotated_digits",)  # one domain per peer with partition: domain
-FILE_DATASETS = ("npz", "csv")
+FILE_DATASETS = ("npz", "csv", "image_folder")  # read from data.path
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
         iid_partition,
         load_builtin,
         load_csv,
+        load_image_folder,
         load_npz,
         train_test_split_indices,
     )
@@ -58,6 +59,8 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
             full = load_npz(cfg.path, **cfg.options)
         elif cfg.dataset == "csv":
             full = load_csv(cfg.path, cfg.target, **cfg.options)
+        elif cfg.dataset == "image_folder":
+            full = load_image_folder(cfg.path, **cfg.options)
         else:
             full = load_builtin(cfg.dataset, **cfg.options)
     except (OSError, ValueError, KeyError, TypeError) as exc:
