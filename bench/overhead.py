@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -119,7 +120,11 @@ def run_local(configs: list[Path], rounds: int, out_dir: Path) -> dict:
             str(barrier),
         ]
         procs[pid] = (
-            subprocess.Popen(cmd, cwd=c.ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
+            # One session per worker, as the launcher starts each peer: with the kernel's
+            # autogroup scheduling (sched_autogroup_enabled=1) a session is a CPU-share group.
+            subprocess.Popen(
+                cmd, cwd=c.ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            ),
             time.perf_counter(),
             out,
             log,
@@ -167,19 +172,39 @@ def mean_of(peers: dict, key: str) -> float:
 X = "{:.3f}x"
 
 
-def run_setting(rounds: int, epochs: int) -> dict:
+def run_setting(rounds: int, epochs: int, local_first: bool = False, label: str = "") -> dict:
+    """One fed run and one local run (in either order) for ``epochs``."""
     base = c.OUT_DIR / "overhead" / f"e{epochs}"
-    print(f"\n== local_epochs={epochs}, {rounds} rounds")
-    busy = c.Contention()
-    fed = run_federated(rounds, epochs, base / "fed")
-    fed["contention"] = busy.stop()
-    configs = sorted((base / "fed" / "peers").glob("*.yaml"))
-    if not configs:
-        print("no expanded peer configs: the federated run failed before starting", file=sys.stderr)
-        return {"epochs": epochs, "ok": False, "federated": fed}
-    busy = c.Contention()
-    loc = run_local(configs, rounds, base / "local")
-    loc["contention"] = busy.stop()
+    configs_dir = base / "fed" / "peers"  # the configs of the latest fed run
+    local_first = local_first and any(configs_dir.glob("*.yaml"))
+    print(
+        f"\n== local_epochs={epochs}, {rounds} rounds{label}, {'local' if local_first else 'fed'} first"
+    )
+
+    def federated() -> dict:
+        busy = c.Contention()
+        fed = run_federated(rounds, epochs, base / "fed")
+        fed["contention"] = busy.stop()
+        return fed
+
+    def local() -> dict:
+        busy = c.Contention()
+        loc = run_local(sorted(configs_dir.glob("*.yaml")), rounds, base / "local")
+        loc["contention"] = busy.stop()
+        return loc
+
+    if local_first:
+        loc = local()
+        fed = federated()
+    else:
+        fed = federated()
+        if not any(configs_dir.glob("*.yaml")):
+            print(
+                "no expanded peer configs: the federated run failed before starting",
+                file=sys.stderr,
+            )
+            return {"epochs": epochs, "ok": False, "federated": fed}
+        loc = local()
     pf, pl = fed["peers"], loc["peers"]
 
     rows = []
@@ -261,6 +286,7 @@ def run_setting(rounds: int, epochs: int) -> dict:
     return {
         "epochs": epochs,
         "rounds": rounds,
+        "local_first": local_first,
         "ok": fed["exit_status"] == 0 and loc["exit_status"] == 0,
         "summary": summary,
         "round1_start_skew_s": skew,
@@ -281,6 +307,35 @@ LABELS = {
 }
 
 
+def combine(pairs: list[dict]) -> dict:
+    """One setting's pairs: medians of each side and the median of the per-pair ratios."""
+    good = [r for r in pairs if "summary" in r]
+    out = {"epochs": pairs[0]["epochs"], "pairs": len(good), "ok": all(r["ok"] for r in pairs)}
+    if not good:
+        return out
+    med = lambda xs: statistics.median(xs) if xs else math.nan  # noqa: E731
+    out["summary"] = {
+        k: (med([r["summary"][k][0] for r in good]), med([r["summary"][k][1] for r in good]))
+        for k in good[0]["summary"]
+    }
+    out["ratios"] = {
+        k: med([c.ratio(r["summary"][k][1], r["summary"][k][0]) for r in good])
+        for k in good[0]["summary"]
+    }
+    for k in ("fed_round_s", "fed_compute_round_s", "local_round_s", "round1_start_skew_s"):
+        out[k] = med([r[k] for r in good])
+    out["ratios"]["round"] = med([c.ratio(r["fed_round_s"], r["local_round_s"]) for r in good])
+    out["ratios"]["compute"] = med(
+        [c.ratio(r["fed_compute_round_s"], r["local_round_s"]) for r in good]
+    )
+    out["others_share"] = {
+        k: c.mean([c.others_share(r[k]["contention"]) for r in good])
+        for k in ("local", "federated")
+    }
+    out["contention"] = [(r[k]["contention"], k) for r in good for k in ("federated", "local")]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = c.parser(__doc__)
     p.add_argument("--rounds", type=int, default=None, help="default 20 (--quick: 8)")
@@ -291,60 +346,75 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="train.local_epochs settings, each run fed + local (default: 5 20; --quick: 5)",
     )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="fed+local pairs per setting, alternating which goes first; the summary shows medians "
+        "(default 1; use 3+ on a busy machine)",
+    )
     args = p.parse_args(argv)
     rounds = args.rounds or (8 if args.quick else 20)
     epochs_list = args.local_epochs or ([5] if args.quick else [5, 20])
     print(
         f"overhead: 4 peers of examples/quickstart.yaml, fedavg (hfl-launch) vs local (no transport), "
-        f"{rounds} rounds, local_epochs {epochs_list}"
+        f"{rounds} rounds, local_epochs {epochs_list}, {args.repeat} pair(s) each"
     )
-    results = [run_setting(rounds, e) for e in epochs_list]
+    pairs = {
+        e: [
+            run_setting(
+                rounds,
+                e,
+                local_first=i % 2 == 1,
+                label=f", pair {i + 1}/{args.repeat}" if args.repeat > 1 else "",
+            )
+            for i in range(args.repeat)
+        ]
+        for e in epochs_list
+    }
+    results = [combine(pairs[e]) for e in epochs_list]
 
+    n = f" (median of {args.repeat})" if args.repeat > 1 else ""
     header, specs, srows = ["measure"], ["{}"], []
     for res in results:
-        header += [
-            f"e{res['epochs']} local s",
-            f"e{res['epochs']} fed s",
-            f"e{res['epochs']} fed/local",
-        ]
+        e = res["epochs"]
+        header += [f"e{e} local s", f"e{e} fed s", f"e{e} fed/local"]
         specs += ["{:.3f}", "{:.3f}", "{}"]
     for key, label in LABELS.items():
         row = [label]
         for res in results:
             lo, f = res.get("summary", {}).get(key, (math.nan, math.nan))
-            row += [lo, f, c.fmt(c.ratio(f, lo), X)]
+            row += [lo, f, c.fmt(res.get("ratios", {}).get(key, math.nan), X)]
         srows.append(row)
-    for label, fed_key in (
-        ("mean round time", "fed_round_s"),
-        ("mean round, fed compute part", "fed_compute_round_s"),
+    for label, fed_key, rkey in (
+        ("mean round time", "fed_round_s", "round"),
+        ("mean round, fed compute part", "fed_compute_round_s", "compute"),
     ):
         row = [label]
         for res in results:
             lo, f = res.get("local_round_s", math.nan), res.get(fed_key, math.nan)
-            row += [lo, f, c.fmt(c.ratio(f, lo), X)]
+            row += [lo, f, c.fmt(res.get("ratios", {}).get(rkey, math.nan), X)]
         srows.append(row)
     row = ["other processes' share of the CPU"]
     for res in results:
-        lo, f = (
-            c.others_share(res.get(k, {}).get("contention", {})) for k in ("local", "federated")
-        )
-        row += [c.fmt(lo, "{:.0%}"), c.fmt(f, "{:.0%}"), ""]
+        shares = res.get("others_share", {})
+        row += [c.fmt(shares.get("local"), "{:.0%}"), c.fmt(shares.get("federated"), "{:.0%}"), ""]
     srows.append(row)
-    print("\n== summary (eN = local_epochs N; aim: rounds span fed/local < 1.15x)")
+    print(f"\n== summary{n} (eN = local_epochs N; aim: rounds span fed/local < 1.15x)")
     print(c.table(header, srows, specs))
     for res in results:
         if "summary" not in res:
             continue
-        for k in ("federated", "local"):
-            note = c.contention_note(f"local_epochs={res['epochs']} {k[:3]}", res[k]["contention"])
+        for contention, kind in res["contention"]:
+            note = c.contention_note(f"local_epochs={res['epochs']} {kind[:3]}", contention)
             if "<--" in note:
                 print(note)
-        lo, f = res["summary"]["span_mean"]
-        lo2, f2 = res["summary"]["cohort_span_after_r1"]
+        r = res["ratios"]
         print(
-            f"local_epochs={res['epochs']}: per-peer rounds span fed/local {c.ratio(f, lo):.3f}x "
-            f"({'meets' if c.ratio(f, lo) < 1.15 else 'misses'} < 1.15x); steady state (rounds 2..R, cohort) "
-            f"{c.ratio(f2, lo2):.3f}x; round-1 start skew across fed peers {res['round1_start_skew_s']:.3f}s"
+            f"local_epochs={res['epochs']}: per-peer rounds span fed/local {r['span_mean']:.3f}x "
+            f"({'meets' if r['span_mean'] < 1.15 else 'misses'} < 1.15x); steady state (rounds 2..R, cohort) "
+            f"{r['cohort_span_after_r1']:.3f}x; round-1 start skew across fed peers "
+            f"{res['round1_start_skew_s']:.3f}s"
         )
     c.write_json(
         c.out_path("overhead", args.out),
@@ -352,13 +422,23 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "overhead",
             "quick": args.quick,
             "rounds": rounds,
+            "repeat": args.repeat,
             "settings": [
                 {
-                    **{k: v for k, v in res.items() if k != "summary"},
-                    "summary": {
-                        k: {"local_s": lo, "fed_s": f, "ratio": c.ratio(f, lo)}
-                        for k, (lo, f) in res.get("summary", {}).items()
-                    },
+                    "epochs": res["epochs"],
+                    "ok": res["ok"],
+                    "median_ratios": res.get("ratios", {}),
+                    "others_share": res.get("others_share", {}),
+                    "pairs": [
+                        {
+                            **{k: v for k, v in pr.items() if k != "summary"},
+                            "summary": {
+                                k: {"local_s": lo, "fed_s": f, "ratio": c.ratio(f, lo)}
+                                for k, (lo, f) in pr.get("summary", {}).items()
+                            },
+                        }
+                        for pr in pairs[res["epochs"]]
+                    ],
                 }
                 for res in results
             ],

@@ -190,6 +190,15 @@ class Supervisor:
     # ----------------------------------------------------------------- main loop
 
     def run(self) -> LaunchOutcome:
+        # SIGTERM (a job scheduler, `timeout`, systemd) must stop the peers as
+        # Ctrl-C does: they run in their own sessions and would outlive us.
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            return self._run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _run(self) -> LaunchOutcome:
         for pp in self.peers.values():
             self._start(pp)
         deadline = self._t0 + self.exp.timeout_s
@@ -250,6 +259,10 @@ class Supervisor:
                     print(f"hfl-launch: {pid} failed at start-up; stopping the cohort",
                           file=sys.stderr, flush=True)
                     self.stop_all()
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _tail(path: Path, n: int) -> str:

@@ -364,10 +364,13 @@ class Node:
     async def _tick_loop(self) -> None:
         tick = 0
         interval = self.timing.heartbeat_interval_s
-        while True:
+        while not self._stopping:
             try:
-                # Bounded: a stuck send must never stop failure detection.
-                await asyncio.wait_for(self._tick(tick), timeout=interval * 2)
+                # Bounded: a stuck send must never stop failure detection. asyncio.timeout,
+                # not wait_for: on Python 3.11 wait_for swallows a cancellation that lands
+                # as the tick finishes, and this loop (so the peer's shutdown) never ended.
+                async with asyncio.timeout(interval * 2):
+                    await self._tick(tick)
             except TimeoutError:
                 log.warning("%s: tick %d took longer than %.2fs", self.id, tick, interval * 2)
             except Exception:
@@ -409,9 +412,9 @@ class Node:
             if remaining <= 0:
                 return False
             self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(),
-                                       timeout=min(remaining, self.timing.heartbeat_interval_s))
+            try:  # asyncio.timeout: unlike wait_for (3.11), it never swallows a cancellation
+                async with asyncio.timeout(min(remaining, self.timing.heartbeat_interval_s)):
+                    await self._wakeup.wait()
             except TimeoutError:
                 pass
         return True

@@ -553,3 +553,43 @@ def test_a_peer_of_another_cohort_is_refused(tmp_path, mismatch, caplog):
         and f"{field} differs" in r.getMessage()
         for r in caplog.records
     )
+
+
+# =========================================================================== shutdown
+
+
+def test_background_loops_end_when_cancelled_at_any_point(tmp_path):
+    # Regression: with asyncio.wait_for (Python 3.11), a cancellation landing just as the
+    # awaited tick / wakeup finished was swallowed, so a finished peer's shutdown never ended.
+    node = build_node(peer_cfg(tmp_path, "p0", 0, 1), MemoryHub())
+
+    async def instant_tick(tick: int) -> None:
+        return None
+
+    node._tick = instant_tick
+    loop_deadline = 1.0  # far longer than one heartbeat interval
+
+    async def cancel_after(coro, steps: int, before_cancel=lambda: None):
+        task = asyncio.create_task(coro)
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        before_cancel()
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=loop_deadline)
+        return bool(done)
+
+    async def main():
+        node._stopping = False
+        for steps in range(12):
+            assert await cancel_after(
+                node._wait_until(lambda: False, node.clock.now() + 60), steps, node._wakeup.set
+            ), f"wait_until kept going ({steps})"
+        for steps in range(12):
+            node._stopping = False
+
+            def stopping():
+                node._stopping = True
+
+            assert await cancel_after(node._tick_loop(), steps, stopping), f"tick loop ({steps})"
+
+    asyncio.run(main())

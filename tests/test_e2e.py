@@ -140,7 +140,8 @@ def test_invalid_experiment_names_the_field_and_allowed_values(tmp_path):
     assert proc.returncode == 2 and "faults[0].peer" in proc.stderr
 
 
-def test_ctrl_c_stops_every_peer(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_stopping_the_launcher_stops_every_peer(tmp_path, sig):
     path = experiment(tmp_path, rounds=10_000)
     proc = subprocess.Popen(
         [sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet"],
@@ -151,7 +152,7 @@ def test_ctrl_c_stops_every_peer(tmp_path):
     while not metrics_file.exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # waiting for an external process to reach round 1
     assert metrics_file.exists()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
     events = json.loads((tmp_path / "run" / "results.json").read_text())["events"]
