@@ -431,7 +431,10 @@ class Node:
 
         def joined() -> bool:
             greeted = [m.peer_id for m in mem.members.values() if m.status == "alive" and m.greeted]
-            if 1 + len(greeted) >= need:
+            # A peer that already said goodbye was in the cohort (fast solo peers
+            # can finish before a slow one has greeted them): nothing to wait for.
+            departed = sum(1 for m in mem.members.values() if m.status == "left")
+            if 1 + len(greeted) + departed >= need:
                 # Methods that learn on peers' public samples start once they hold them.
                 return self.seeds is None or self.seeds.has_all(greeted)
             return resumed and not mem.live_peers()
