@@ -123,7 +123,12 @@ def run_local(configs: list[Path], rounds: int, out_dir: Path) -> dict:
             # One session per worker, as the launcher starts each peer: with the kernel's
             # autogroup scheduling (sched_autogroup_enabled=1) a session is a CPU-share group.
             subprocess.Popen(
-                cmd, cwd=c.ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                cwd=c.ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             ),
             time.perf_counter(),
             out,

@@ -590,9 +590,9 @@ class Node:
         if self.membership is None or self.transport is None:
             return
         targets = [p for p in self.membership.gossip_targets() if self.membership.is_live(p)]
-        if targets:
+        if targets:  # best effort and brief: a peer that already closed must not delay our exit
             await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
-                                                 round=self.round))
+                                                 round=self.round), timeout_s=0.2)
 
 
 def catch_up_round(mode: str, own: int, cohort: int, last: int) -> int:
