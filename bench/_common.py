@@ -21,6 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from hfl.launch.results import read_jsonl  # noqa: F401  (re-exported for the scripts)
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "runs" / "bench"
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -245,18 +247,6 @@ def launch(
 def _short(arg: str) -> str:
     arg = arg.replace(str(ROOT) + os.sep, "")
     return arg if re.fullmatch(r"[\w./=:,+-]+", arg) else repr(arg)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def log_lines(path: Path) -> list[tuple[float, str, str]]:

@@ -30,8 +30,8 @@ COLUMNS = [
 ]
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file, skipping a torn last line of a live file."""
     if not path.exists():
         return []
     out = []
@@ -41,6 +41,10 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
