@@ -279,6 +279,11 @@ class Node:
             if reason:
                 self._drop("stale_knowledge" if "late" in reason else "rejected_knowledge", reason)
         elif isinstance(msg, AggregateResult):
+            expected = self._aggregators_for(msg.round, msg.epoch)
+            if msg.sender not in expected:
+                self._drop("wrong_aggregator", f"result for round {msg.round} epoch {msg.epoch} "
+                           f"from {msg.sender}; the rotation elects {' or '.join(sorted(expected))}")
+                return
             reason = self.buffer.offer_result(msg)
             if reason:
                 self._drop("stale_result", reason)
@@ -291,6 +296,13 @@ class Node:
         elif isinstance(msg, Error):
             log.warning("%s: %s reports %s: %s", self.id, msg.sender, msg.code, msg.reason)
         self._wakeup.set()
+
+    def _aggregators_for(self, r: int, epoch: int) -> set[str]:
+        """Who may send the result of (r, epoch): the rotation's candidate, computed
+        with and without members that have left (one may leave as the round ends)."""
+        mem = self.membership
+        orders = [mem.rotation_order(), sorted([self.id, *mem.members])]
+        return {order[(r + epoch) % len(order)] for order in orders}
 
     def _serve_seeds(self, msg: SeedRequest) -> None:
         if self.seeds is None:

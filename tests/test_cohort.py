@@ -382,11 +382,19 @@ def test_hostile_and_malformed_messages_are_dropped_and_counted(tmp_path):
         ],  # a dtype outside the allowlist
     ]
 
+    # A member (p3's identity, on a transport of its own) forging round 2's result:
+    # the rotation elects someone else for (2, 99), so it is refused.
+    impostor = InMemoryTransport("p3", "mem://impostor", hub)
+    forged = encode(AggregateResult(sender="p3", incarnation=0, round=2, epoch=99, kind="weights",
+                                    tensors=weights))
+
     async def attack():
         await mallory.start()
+        await impostor.start()
         await watch.all_finished(1)  # the cohort is formed and running
         for frames in attacks:
             assert await mallory.send(victim.transport.address, frames, 1.0)
+        assert await impostor.send(victim.transport.address, forged, 1.0)
 
     async def main():
         attacker = asyncio.create_task(attack())
@@ -395,6 +403,7 @@ def test_hostile_and_malformed_messages_are_dropped_and_counted(tmp_path):
         finally:
             await asyncio.wait_for(attacker, WAIT_S)
             await mallory.close()
+            await impostor.close()
 
     results = dict(zip([c.node.id for c in cfgs], asyncio.run(main()), strict=True))
     assert_completed(results, rounds)
@@ -406,6 +415,7 @@ def test_hostile_and_malformed_messages_are_dropped_and_counted(tmp_path):
         "identity_mismatch": 1,
         "not_member": 2,
         "bad_tensor": 2,
+        "wrong_aggregator": 1,
     }.items():
         assert dropped.get(code, 0) >= count, (code, dropped)
     assert "mallory" not in victim.membership.members
