@@ -264,6 +264,9 @@ class Node:
         round_ = getattr(msg, "round", None) if isinstance(msg, (Heartbeat, Welcome)) else None
         if isinstance(msg, Leave):
             change = mem.left(msg.sender, msg.incarnation)
+            address = mem.address_of(msg.sender)
+            if change and address:  # its socket is not needed any more (a new life reconnects)
+                self._spawn(self.transport.forget(address), "forget")
         else:
             change = mem.heard_from(msg.sender, msg.incarnation, now, address=address, round=round_)
         if change:

@@ -603,3 +603,22 @@ def test_background_loops_end_when_cancelled_at_any_point(tmp_path):
             assert await cancel_after(node._tick_loop(), steps, stopping), f"tick loop ({steps})"
 
     asyncio.run(main())
+
+
+def test_a_peer_that_leaves_has_its_connection_state_dropped(tmp_path, monkeypatch):
+    forgotten: list[tuple[str, str]] = []
+    original = InMemoryTransport.forget
+
+    async def spy(self, address):
+        forgotten.append((self.peer_id, address))
+        await original(self, address)
+
+    monkeypatch.setattr(InMemoryTransport, "forget", spy)
+    n, rounds = 3, 2
+    results = run_cohort_with_run_peer(cohort_cfgs(tmp_path, n, rounds=rounds))
+    assert_completed(results, rounds)
+    # Whoever finished after another peer said goodbye forgot that peer's address
+    # (and only addresses of peers that left, never its own).
+    assert forgotten
+    assert all(address == f"mem://{other}" and me != other
+               for me, address in forgotten for other in [address.removeprefix("mem://")])
