@@ -89,6 +89,7 @@ class Algorithm:
         self.optimizer = make_optimizer(self.model.parameters(), ctx.train_cfg)
         self.generator = torch.Generator().manual_seed(ctx.seed)  # batch order
         self.peer_seeds: dict[str, Any] = {}  # owner -> ArrayDataset
+        self._with_public: tuple[tuple[str, ...], Any] | None = None  # cache of private_and_public()
         self.best_val = -1.0
         self.selected: dict[str, float] = {}  # test metrics of the best-validation model
 
@@ -98,9 +99,29 @@ class Algorithm:
         """Per-batch training loss; plain cross-entropy unless overridden."""
         return nn.functional.cross_entropy(self.model(x), y)
 
+    def local_data(self):
+        """What ``local_update`` trains on: the private split, unless a method adds to it."""
+        return self.ctx.train
+
+    def private_and_public(self):
+        """The private split plus our public split plus every peer's public seed set
+        received so far; rebuilt only when a new seed set arrives."""
+        from hfl.data import ArrayDataset
+
+        owners = tuple(sorted(self.peer_seeds))
+        if self._with_public is None or self._with_public[0] != owners:
+            ctx = self.ctx
+            parts = [ctx.train, *([ctx.public] if ctx.public is not None else []),
+                     *(self.peer_seeds[o] for o in owners)]
+            data = ArrayDataset(np.concatenate([p.x for p in parts]),
+                                np.concatenate([p.y for p in parts]), ctx.num_classes,
+                                name="private+public")
+            self._with_public = (owners, data)
+        return self._with_public[1]
+
     def local_update(self, round: int) -> dict[str, float]:
         train_loss = train_epochs(
-            self.model, self.ctx.train, self.optimizer, self.ctx.train_cfg,
+            self.model, self.local_data(), self.optimizer, self.ctx.train_cfg,
             self.ctx.device, self.generator, lambda x, y: self.loss(x, y, round),
         )
         return {"train_loss": train_loss}

@@ -32,14 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import nn
 
 from hfl.algorithms.base import Algorithm, AlgorithmContext, Payload
 from hfl.algorithms.projection import pcgrad, project
 from hfl.algorithms.registry import register
-from hfl.algorithms.training import train_epochs
 
 
 @dataclass(frozen=True)
@@ -98,24 +96,13 @@ class FedH2L(Algorithm):
 
     # ------------------------------------------------------------ local step
 
-    def _local_data(self):
-        from hfl.data import ArrayDataset
-
-        ctx = self.ctx
-        if not self.cfg.local_includes_public:
-            return ctx.train
-        parts = [ctx.train, ctx.public, *(self.peer_seeds[o] for o in sorted(self.peer_seeds))]
-        return ArrayDataset(np.concatenate([p.x for p in parts]), np.concatenate([p.y for p in parts]),
-                            ctx.num_classes, name="private+public")
+    def local_data(self):
+        return self.private_and_public() if self.cfg.local_includes_public else self.ctx.train
 
     def local_update(self, round: int) -> dict[str, float]:
-        if self._anchor is None:
+        if self._anchor is None:  # g_loc is measured from here to the global step
             self._anchor = _flat(p.detach() for p in self.model.parameters()).clone()
-        loss = train_epochs(
-            self.model, self._local_data(), self.optimizer, self.ctx.train_cfg, self.ctx.device,
-            self.generator, lambda x, y: nn.functional.cross_entropy(self.model(x), y),
-        )
-        return {"train_loss": loss}
+        return super().local_update(round)
 
     # ------------------------------------------------------------ teaching
 

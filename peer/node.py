@@ -170,10 +170,6 @@ class Node:
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: task %s failed", self.id, task.get_name(), exc_info=task.exception())
 
-    async def shutdown(self, reason: str = "shutdown") -> None:
-        """Say goodbye to every member (best effort, bounded by send_timeout_s)."""
-        await self._leave(reason)
-
     # ================================================================ sending
 
     def _envelope(self) -> dict[str, Any]:
