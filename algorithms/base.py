@@ -57,6 +57,7 @@ class AlgorithmContext:
     num_classes: int
     device: torch.device
     seed: int
+    rounds: int = 1  # the cohort's number of rounds (schedules such as CHFL's temperature)
     train_cfg: TrainConfig = field(default_factory=TrainConfig)
     extra_tests: dict[str, Any] = field(default_factory=dict)  # e.g. {"global": ds}
     public: Any = None  # this peer's public seed split, published to the cohort

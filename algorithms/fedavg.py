@@ -1,19 +1,33 @@
 """``fedavg``: federated averaging (McMahan et al., AISTATS 2017, Algorithm 1).
 
-Every peer trains locally, sends its full model state to the round's elected
-aggregator, which returns the sample-count-weighted mean
-``w = sum_k n_k w_k / sum_k n_k``; every peer then loads it. Needs identical
-architectures (the handshake checks the parameter count).
+Every peer trains locally, sends the state of its *shared part* to the round's
+elected aggregator, which returns the sample-count-weighted mean
+``w = sum_k n_k w_k / sum_k n_k``; every peer then loads it. For ``fedavg``
+the shared part is the whole model (identical architectures: the handshake
+checks the parameter count); subclasses share less by overriding
+:meth:`FedAvg.shared` (CHFL's AVG shares only the head, ``hfl.algorithms.chfl``).
+
+A contribution whose arrays do not match this peer's own shared part (names,
+shapes, dtypes), holds a non-finite value or claims an invalid sample count is
+left out of the mean with a logged reason, and so is a result that does not
+fit or belongs to another round: a mis-configured or hostile peer cannot
+poison the average or crash the aggregator.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
+from torch import nn
 
 from hfl.algorithms.base import Algorithm, Payload, arrays_to_module, module_to_arrays
 from hfl.algorithms.registry import register
+
+log = logging.getLogger("hfl.algorithms")
 
 
 @dataclass(frozen=True)
@@ -44,35 +58,89 @@ def weighted_mean(contributions: dict[str, Payload], weighted: bool) -> dict[str
     return out
 
 
+def mismatch(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> str | None:
+    """Why ``arrays`` cannot stand in for ``reference`` (names, shapes, dtypes, finite
+    values), or None if it can."""
+    if set(arrays) != set(reference):
+        missing, extra = sorted(set(reference) - set(arrays)), sorted(set(arrays) - set(reference))
+        return f"arrays differ: missing {missing}, unexpected {extra}"
+    for name, ref in reference.items():
+        got = arrays[name]
+        if got.shape != ref.shape or got.dtype != ref.dtype:
+            return f"{name}: {got.dtype}{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}"
+        if np.issubdtype(got.dtype, np.floating) and not np.isfinite(got).all():
+            return f"{name}: non-finite values"
+    return None
+
+
+def state_crc(arrays: dict[str, np.ndarray]) -> int:
+    """A fingerprint of a state (crc32 over names and bytes): equal states, equal crc."""
+    crc = 0
+    for name in sorted(arrays):
+        crc = zlib.crc32(np.ascontiguousarray(arrays[name]).tobytes(), zlib.crc32(name.encode(), crc))
+    return crc
+
+
 @register
 class FedAvg(Algorithm):
     name = "fedavg"
     mode = "aggregator"
     Config = FedAvgConfig
 
+    def shared(self) -> nn.Module:
+        """The part of the model that leaves the peer and is averaged."""
+        return self.model
+
     def share(self, round: int) -> Payload:
         return Payload(
             kind="weights",
-            tensors=module_to_arrays(self.model),
+            tensors=module_to_arrays(self.shared()),
             meta={"num_samples": len(self.ctx.train)},
         )
 
-    def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload:
-        shapes = {p: {k: v.shape for k, v in c.tensors.items()} for p, c in contributions.items()}
-        reference = next(iter(shapes.values()))
-        bad = sorted(p for p, s in shapes.items() if s != reference)
-        if bad:  # a mis-configured peer must not poison the average
-            contributions = {p: c for p, c in contributions.items() if p not in bad}
+    def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
+        reference = module_to_arrays(self.shared())  # our own shapes, not a peer's
+        good, excluded = {}, []
+        for peer, c in sorted(contributions.items()):
+            n = c.meta.get("num_samples", 1)
+            why = mismatch(c.tensors, reference)
+            if why is None and (isinstance(n, bool) or not isinstance(n, (int, float))
+                                or not math.isfinite(n) or n <= 0):
+                why = f"num_samples must be a number > 0, got {n!r}"
+            if why is None:
+                good[peer] = c
+            else:  # a mis-configured or hostile peer must not poison the average
+                log.warning("%s: round %d: contribution of %s left out: %s",
+                            self.ctx.peer_id, round, peer, why)
+                excluded.append(peer)
+        if not good:
+            return None
         return Payload(
             kind="weights",
-            tensors=weighted_mean(contributions, self.cfg.weighted),
-            meta={"excluded": bad},
+            tensors=weighted_mean(good, self.cfg.weighted),
+            meta={"excluded": excluded, "round": round},
         )
 
     def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
-        for result in received.values():
-            arrays_to_module(self.model, result.tensors)
-        return {}
+        """Load the round's result into :meth:`target`; a result that does not fit or
+        names another round is refused with a logged reason."""
+        for sender, result in received.items():
+            why = mismatch(result.tensors, module_to_arrays(self.target()))
+            if why is None and result.meta.get("round", round) != round:
+                why = f"it is the result of round {result.meta.get('round')!r}"
+            if why is not None:
+                log.warning("%s: round %d: result from %s refused: %s",
+                            self.ctx.peer_id, round, sender, why)
+                return {"absorbed": 0.0}
+            arrays_to_module(self.target(), result.tensors)
+            return {"absorbed": 1.0, "absorbed_crc": float(state_crc(result.tensors))}
+        return {"absorbed": 0.0}
+
+    def target(self) -> nn.Module:
+        """Where the round's result is loaded: the shared part itself, for averaging methods."""
+        return self.shared()
 
     def handshake_info(self) -> dict[str, int]:
-        return {"num_parameters": sum(p.numel() for p in self.model.parameters())}
+        if self.shared() is self.model:
+            return {"num_parameters": sum(p.numel() for p in self.model.parameters())}
+        return {"embedding_dim": int(self.model.embedding_dim)}  # with num_classes: the head's shape

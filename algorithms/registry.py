@@ -19,6 +19,10 @@ CATALOG: dict[str, str] = {
     "fedh2l": "hfl.algorithms.fedh2l",
     "agg": "hfl.algorithms.agg",
     "fedmd": "hfl.algorithms.fedmd",
+    "fedprox": "hfl.algorithms.fedprox",
+    "avg": "hfl.algorithms.chfl",
+    "avgkd": "hfl.algorithms.chfl",
+    "chfl": "hfl.algorithms.chfl",
 }
 
 _REGISTRY: dict[str, type[Algorithm]] = {}

@@ -121,6 +121,24 @@ def resolve_device(spec: str):
     return torch.device(spec)
 
 
+def model_options(cfg: PeerConfig) -> dict[str, Any]:
+    """The model's options; an architecture drawn at random (one with a ``seed``
+    option, e.g. ``random_mlp``) gets a seed of its own per peer unless the config
+    gives one: crc32 of "<cohort.seed>:<node.id>", so reruns draw the same models."""
+    import zlib
+
+    from hfl.models import arch_options
+
+    options = dict(cfg.model.options)
+    try:
+        takes_seed = "seed" in arch_options(cfg.model.arch)
+    except ValueError as exc:
+        raise ConfigError("model.arch", str(exc)) from exc
+    if takes_seed and options.get("seed") is None:
+        options["seed"] = zlib.crc32(f"{cfg.cohort.seed}:{cfg.node.id}".encode())
+    return options
+
+
 def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     """Data, model and algorithm instance for this peer."""
     import torch
@@ -145,14 +163,15 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     try:
         model = build_model(
             cfg.model.arch, data.train.input_shape, num_classes, cfg.model.embedding_dim,
-            **cfg.model.options,
+            **model_options(cfg),
         )
     except ValueError as exc:
         raise ConfigError("model", str(exc)) from exc
     torch.manual_seed(cfg.node.seed)  # this peer's own randomness from here on
     ctx = AlgorithmContext(
         peer_id=cfg.node.id, model=model, train=data.train, test=data.test,
-        num_classes=num_classes, device=device, seed=cfg.node.seed, train_cfg=cfg.train,
+        num_classes=num_classes, device=device, seed=cfg.node.seed, rounds=cfg.cohort.rounds,
+        train_cfg=cfg.train,
         extra_tests={"global": data.global_test} if data.global_test is not None else {},
         public=data.public, val=data.val, domain_tests=data.domain_tests, own_domain=data.own_domain,
     )

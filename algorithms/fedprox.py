@@ -1,0 +1,55 @@
+"""``fedprox``: FedProx (Li et al., "Federated Optimization in Heterogeneous
+Networks", MLSys 2020), eq. 2: each peer minimises its local loss plus the
+proximal term ``mu / 2 * ||w - w^t||^2`` on the shared part, where ``w^t`` is
+the shared part as the round began (the aggregate it absorbed last round; the
+common initialisation in round 1). Aggregation is FedAvg's weighted mean on
+the elected aggregator.
+
+``part: model`` (default) shares and regularises the whole model, as in the
+paper (identical architectures); ``part: head`` shares only the E x C head, so
+FedProx runs on a cohort of heterogeneous models as a variant of CHFL's AVG.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from hfl.algorithms.fedavg import FedAvg
+from hfl.algorithms.registry import register
+
+
+@dataclass(frozen=True)
+class FedProxConfig:
+    weighted: bool = True
+    mu: float = field(default=0.01, metadata={"min": 0, "help": "weight of the proximal term"})
+    part: Literal["model", "head"] = field(
+        default="model", metadata={"help": "what is shared, averaged and kept close: model or head"}
+    )
+
+
+def proximal_term(params: list[torch.Tensor], anchor: list[torch.Tensor]) -> torch.Tensor:
+    """sum_i ||params_i - anchor_i||^2 (anchor fixed)."""
+    return sum(((p - a.detach()) ** 2).sum() for p, a in zip(params, anchor, strict=True))
+
+
+@register
+class FedProx(FedAvg):
+    name = "fedprox"
+    Config = FedProxConfig
+
+    def shared(self) -> nn.Module:
+        return self.model.head if self.cfg.part == "head" else self.model
+
+    def local_update(self, round: int) -> dict[str, float]:
+        self._anchor = [p.detach().clone() for p in self.shared().parameters()]  # w^t
+        return super().local_update(round)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, round: int) -> torch.Tensor:
+        loss = super().loss(x, y, round)
+        if self.cfg.mu == 0:
+            return loss
+        return loss + self.cfg.mu / 2 * proximal_term(list(self.shared().parameters()), self._anchor)

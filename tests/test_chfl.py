@@ -1,0 +1,264 @@
+"""CHFL's head-sharing family (avg, avgkd, chfl) and fedprox, as algorithms on
+tensors: what leaves a peer, how the aggregate is formed and absorbed, the
+eq. 5 loss, hostile contributions, checkpoints; plus the random MLP zoo entry."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hfl.algorithms.base import AlgorithmContext, Payload
+from hfl.algorithms.dkd import chfl_temperature, dkd_loss
+from hfl.algorithms.registry import get_algorithm
+from hfl.algorithms.settings import TrainConfig
+from hfl.algorithms.simulate import simulate
+from hfl.data import ArrayDataset
+from hfl.models import build_model
+
+C, E = 3, 8
+
+
+def dataset(seed: int, n: int, features: int) -> ArrayDataset:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, C, n)
+    x = rng.normal(size=(n, features)).astype(np.float32) + y[:, None]  # learnable
+    return ArrayDataset(x, y, C)
+
+
+def make(name: str, peer: str = "p0", features: int = 5, hidden=(16,), n: int = 40,
+         rounds: int = 10, **cfg):
+    torch.manual_seed(hash(peer) % 1000)
+    model = build_model("mlp", (features,), C, E, hidden=list(hidden))
+    ctx = AlgorithmContext(peer_id=peer, model=model, train=dataset(1 + len(peer) + n, n, features),
+                           test=dataset(99, 30, features), num_classes=C,
+                           device=torch.device("cpu"), seed=0, rounds=rounds,
+                           train_cfg=TrainConfig(lr=0.05, batch_size=16))
+    cls = get_algorithm(name)
+    return cls(ctx, cls.Config(**cfg))
+
+
+def head_arrays(alg) -> dict[str, np.ndarray]:
+    return {k: v.detach().numpy().copy() for k, v in alg.model.head.state_dict().items()}
+
+
+# ----------------------------------------------------------------- what leaves a peer
+
+
+@pytest.mark.parametrize("name", ["avg", "avgkd", "chfl"])
+def test_only_the_head_leaves_a_peer_and_the_handshake_reveals_only_e(name):
+    alg = make(name, hidden=(16, 12))
+    payload = alg.share(1)
+    assert {k: v.shape for k, v in payload.tensors.items()} == {"weight": (C, E), "bias": (C,)}
+    assert payload.meta == {"num_samples": 40}
+    assert alg.handshake_info() == {"embedding_dim": E}
+    # Two peers with different bodies and input spaces agree on the handshake.
+    assert make(name, features=11, hidden=(64,)).handshake_info() == alg.handshake_info()
+
+
+def test_aggregate_is_the_sample_weighted_mean_of_the_heads():
+    peers = {f"p{i}": make("avg", f"p{i}", features=4 + i, n=20 * (i + 1)) for i in range(3)}
+    contributions = {p: a.share(1) for p, a in peers.items()}
+    result = peers["p1"].aggregate(1, contributions)
+    n = np.array([20.0, 40.0, 60.0])
+    for name in ("weight", "bias"):
+        stack = np.stack([contributions[p].tensors[name] for p in sorted(peers)]).astype(np.float64)
+        expected = np.tensordot(n / n.sum(), stack, axes=1)  # independent: sum_k n_k w_k / sum n
+        np.testing.assert_allclose(result.tensors[name], expected, rtol=1e-6)
+    plain = get_algorithm("avg")(peers["p0"].ctx, get_algorithm("avg").Config(weighted=False))
+    np.testing.assert_allclose(plain.aggregate(1, contributions).tensors["bias"],
+                               np.mean([c.tensors["bias"] for c in contributions.values()], axis=0),
+                               rtol=1e-6)
+
+
+def test_avg_loads_the_mean_head_and_chfl_keeps_it_as_a_teacher_only():
+    avg, chfl = make("avg"), make("chfl")
+    body_before = [p.detach().clone() for p in chfl.model.features.parameters()]
+    own_head = head_arrays(chfl)
+    mean = Payload("weights", {"weight": np.full((C, E), 0.25, np.float32),
+                               "bias": np.array([1.0, 2.0, 3.0], np.float32)}, {"round": 4})
+    assert avg.absorb(4, {"p2": mean})["absorbed"] == 1.0
+    np.testing.assert_array_equal(head_arrays(avg)["bias"], [1, 2, 3])  # AVG: replaced
+
+    metrics = chfl.absorb(4, {"p2": mean})
+    assert metrics["absorbed"] == 1.0 and chfl.teacher_round == 4
+    np.testing.assert_array_equal(head_arrays(chfl)["weight"], own_head["weight"])  # CHFL: kept
+    np.testing.assert_array_equal(chfl.teacher.bias.detach().numpy(), [1, 2, 3])
+    assert all(torch.equal(a, b) for a, b in zip(body_before, chfl.model.features.parameters(), strict=True))
+    assert not any(p.requires_grad for p in chfl.teacher.parameters())
+
+
+def test_avgkd_loads_the_mean_head_and_distils_from_it():
+    alg = make("avgkd")
+    mean = Payload("weights", {"weight": np.ones((C, E), np.float32), "bias": np.zeros(C, np.float32)})
+    alg.absorb(2, {"p1": mean})
+    np.testing.assert_array_equal(head_arrays(alg)["weight"], np.ones((C, E)))
+    np.testing.assert_array_equal(alg.teacher.weight.detach().numpy(), np.ones((C, E)))
+
+
+# ----------------------------------------------------------------- the eq. 5 loss
+
+
+def test_round_one_is_plain_cross_entropy_and_later_rounds_add_alpha_dkd():
+    alg = make("chfl", rounds=10, alpha=0.5, beta=5.0)
+    x, y = torch.from_numpy(alg.ctx.train.x[:16]), torch.from_numpy(alg.ctx.train.y[:16])
+    ce = float(nn.functional.cross_entropy(alg.model(x), y).detach())
+    assert float(alg.loss(x, y, 1).detach()) == pytest.approx(ce, rel=1e-6)  # no global head yet
+
+    g = torch.Generator().manual_seed(0)
+    teacher = {"weight": torch.randn(C, E, generator=g).numpy(), "bias": torch.randn(C, generator=g).numpy()}
+    alg.absorb(3, {"p1": Payload("weights", teacher, {"round": 3})})
+    feats = alg.model.features(x)
+    t_logits = feats @ torch.from_numpy(teacher["weight"]).T + torch.from_numpy(teacher["bias"])
+    temperature = 5.0 * (1 + math.cos(math.pi * 4 / 10)) + 1  # eq. 7 at t = 4, T_max = 10
+    assert alg.temperature(4) == pytest.approx(temperature)
+    expected = ce + 0.5 * float(dkd_loss(alg.model.head(feats), t_logits, y, temperature).detach())
+    assert float(alg.loss(x, y, 4).detach()) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_teacher_gets_no_gradient_and_the_body_does():
+    alg = make("chfl")
+    alg.absorb(1, {"p1": Payload("weights", {"weight": np.ones((C, E), np.float32),
+                                             "bias": np.zeros(C, np.float32)})})
+    x, y = torch.from_numpy(alg.ctx.train.x[:8]), torch.from_numpy(alg.ctx.train.y[:8])
+    alg.loss(x, y, 2).backward()
+    assert all(p.grad is None for p in alg.teacher.parameters())
+    assert all(p.grad is not None for p in alg.model.features.parameters())
+
+
+def test_local_update_reports_the_schedule():
+    alg = make("chfl", rounds=5, beta=2.0)
+    assert "temperature" not in alg.local_update(1)
+    alg.absorb(1, {"p1": alg.share(1)})
+    m = alg.local_update(5)
+    assert m["temperature"] == pytest.approx(chfl_temperature(5, 5, 2.0)) == pytest.approx(1.0)
+    assert m["teacher_round"] == 1 and m["dkd_loss"] >= 0
+
+
+# ----------------------------------------------------------------- bad input
+
+
+def test_hostile_or_mismatched_contributions_are_left_out_of_the_mean():
+    agg, good = make("avg", "p0"), make("avg", "p1")
+    ok = good.share(1)
+    bad = {
+        "wrong_shape": Payload("weights", {"weight": np.zeros((C, E + 1), np.float32),
+                                           "bias": np.zeros(C, np.float32)}, {"num_samples": 5}),
+        "nan": Payload("weights", {"weight": np.full((C, E), np.nan, np.float32),
+                                   "bias": np.zeros(C, np.float32)}, {"num_samples": 5}),
+        "extra": Payload("weights", {**ok.tensors, "body.0.weight": np.zeros(3, np.float32)},
+                         {"num_samples": 5}),
+        "dtype": Payload("weights", {k: v.astype(np.float64) for k, v in ok.tensors.items()},
+                         {"num_samples": 5}),
+        "samples": Payload("weights", ok.tensors, {"num_samples": -3}),
+        "samples_str": Payload("weights", ok.tensors, {"num_samples": "many"}),
+    }
+    result = agg.aggregate(2, {"p1": ok, **bad})
+    assert sorted(result.meta["excluded"]) == sorted(bad)
+    np.testing.assert_array_equal(result.tensors["weight"], ok.tensors["weight"])
+    assert agg.aggregate(2, bad) is None  # nothing usable: no result at all
+
+
+def test_a_result_that_does_not_fit_or_is_stale_is_refused_and_changes_nothing():
+    alg = make("chfl")
+    before = head_arrays(alg)
+    wrong = Payload("weights", {"weight": np.zeros((C + 1, E), np.float32), "bias": np.zeros(C + 1, np.float32)})
+    assert alg.absorb(3, {"p1": wrong}) == {"absorbed": 0.0}
+    stale = Payload("weights", {"weight": np.zeros((C, E), np.float32), "bias": np.zeros(C, np.float32)},
+                    {"round": 2})
+    assert alg.absorb(3, {"p1": stale}) == {"absorbed": 0.0}
+    assert alg.teacher_round == 0
+    np.testing.assert_array_equal(head_arrays(alg)["weight"], before["weight"])
+
+
+def test_checkpoint_keeps_the_global_head():
+    alg = make("chfl")
+    alg.absorb(6, {"p1": Payload("weights", {"weight": np.ones((C, E), np.float32),
+                                             "bias": np.arange(C, dtype=np.float32)})})
+    state = alg.state_dict()
+    fresh = make("chfl")
+    assert fresh.teacher is None
+    fresh.load_state_dict(state)
+    assert fresh.teacher_round == 6
+    np.testing.assert_array_equal(fresh.teacher.bias.detach().numpy(), np.arange(C))
+
+
+# ----------------------------------------------------------------- fedprox
+
+
+@pytest.mark.parametrize("part", ["model", "head"])
+def test_fedprox_adds_mu_half_squared_distance_to_the_round_start(part):
+    alg = make("fedprox", mu=0.3, part=part)
+    anchor = {k: v.detach().clone() for k, v in alg.shared().named_parameters()}  # w^t
+    alg.local_update(1)
+    x, y = torch.from_numpy(alg.ctx.train.x[:8]), torch.from_numpy(alg.ctx.train.y[:8])
+    ce = float(nn.functional.cross_entropy(alg.model(x), y).detach())
+    sq = sum(float(((p.detach() - anchor[k]) ** 2).sum()) for k, p in alg.shared().named_parameters())
+    assert sq > 0  # the round's training moved the weights away from w^t
+    assert float(alg.loss(x, y, 1).detach()) == pytest.approx(ce + 0.3 / 2 * sq, rel=1e-5)
+    sent = set(alg.share(1).tensors)
+    assert sent == ({"weight", "bias"} if part == "head" else set(alg.model.state_dict()))
+
+
+def test_fedprox_with_mu_zero_is_fedavg():
+    prox, avg = make("fedprox", "p0", mu=0.0), make("fedavg", "p0")
+    prox.local_update(1)
+    avg.local_update(1)
+    for a, b in zip(prox.model.parameters(), avg.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert prox.handshake_info() == avg.handshake_info()
+
+
+# ----------------------------------------------------------------- a simulated cohort
+
+
+def test_a_simulated_chfl_cohort_of_different_input_spaces_and_bodies():
+    peers = [make("chfl", f"p{i}", features=4 + 3 * i, hidden=[(16,), (32, 16), (8, 8, 8)][i],
+                  n=40 + 10 * i, rounds=4) for i in range(3)]
+    history = simulate(peers, rounds=4)
+    for pid, records in history.items():
+        assert [r["round"] for r in records] == [1, 2, 3, 4]
+        assert [r["aggregator"] for r in records] == ["p1", "p2", "p0", "p1"]
+        assert all(r["absorbed"] == 1.0 for r in records)
+        assert [r.get("teacher_round") for r in records] == [None, 1, 2, 3]
+        assert all(r["bytes_shared"] == (C * E + C) * 4 for r in records)
+    crcs = {pid: [r["absorbed_crc"] for r in records] for pid, records in history.items()}
+    assert len({tuple(v) for v in crcs.values()}) == 1  # every peer holds the same global head
+
+
+# ----------------------------------------------------------------- random MLPs
+
+
+def test_random_mlp_draws_its_shape_from_its_seed():
+    from hfl.models.mlp import draw_hidden
+
+    shapes = {tuple(draw_hidden((1, 3), (16, 256), s)) for s in range(40)}
+    assert len(shapes) > 20  # different peers, different models
+    assert {len(s) for s in shapes} == {1, 2, 3}
+    assert all(16 <= w <= 256 for s in shapes for w in s)
+    assert draw_hidden((1, 3), (16, 256), 7) == draw_hidden((1, 3), (16, 256), 7)
+    model = build_model("random_mlp", (10,), C, E, seed=7)
+    hidden = draw_hidden((1, 3), (16, 256), 7)
+    linears = [m.out_features for m in model.features if isinstance(m, nn.Linear)]
+    assert linears == [*hidden, E] and model.arch == f"random_mlp{hidden}"
+    with pytest.raises(ValueError, match="depth"):
+        build_model("random_mlp", (10,), C, E, seed=1, depth=(3, 1))
+    with pytest.raises(ValueError, match="needs option seed"):
+        build_model("random_mlp", (10,), C, E)
+
+
+def test_each_peer_draws_its_own_random_mlp_reproducibly():
+    from hfl.peer.config import config_from_dict
+    from hfl.peer.factory import model_options
+
+    def opts(peer, **model):
+        return model_options(config_from_dict({"node": {"id": peer},
+                                               "model": {"arch": "random_mlp", **model}}))
+
+    assert opts("p0")["seed"] != opts("p1")["seed"]
+    assert opts("p0") == opts("p0")
+    assert opts("p0", options={"seed": 5})["seed"] == 5
+    assert "seed" not in model_options(config_from_dict({"node": {"id": "p0"}}))  # mlp: no seed
