@@ -6,7 +6,7 @@ this cheaply.
 """
 
 from .builtin import builtin_names, load_builtin, register_builtin
-from .dataset import ArrayDataset
+from .dataset import ArrayDataset, TabularSchema
 from .domains import domain_partition, rotated_digits
 from .files import load_csv, load_image_folder, load_npz
 from .images import flatten, recolor, resize
@@ -18,15 +18,28 @@ from .partition import (
     split_fractions,
     train_test_split_indices,
 )
+from .tabular import (
+    FEATURE_SPLITS,
+    Standardizer,
+    feature_split,
+    fit_standardizer,
+    numeric_mask,
+    select_columns,
+)
 from .vision import TORCHVISION_NAMES, load_torchvision
 
 __all__ = [
+    "FEATURE_SPLITS",
     "TORCHVISION_NAMES",
     "ArrayDataset",
+    "Standardizer",
+    "TabularSchema",
     "as_generator",
     "builtin_names",
     "dirichlet_partition",
     "domain_partition",
+    "feature_split",
+    "fit_standardizer",
     "flatten",
     "iid_partition",
     "load_builtin",
@@ -35,10 +48,12 @@ __all__ = [
     "load_npz",
     "load_torchvision",
     "make_loader",
+    "numeric_mask",
     "recolor",
     "register_builtin",
     "resize",
     "rotated_digits",
+    "select_columns",
     "split_fractions",
     "train_test_split_indices",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .dataset import ArrayDataset
+from .dataset import ArrayDataset, TabularSchema
 
 BuiltinLoader = Callable[..., ArrayDataset]
 
@@ -83,7 +83,10 @@ def _digits(*, flatten: bool = False) -> ArrayDataset:
 
 @register_builtin("breast_cancer")
 def _breast_cancer() -> ArrayDataset:
-    """scikit-learn's Wisconsin breast cancer set: 569 rows, 30 raw features, 2 classes."""
+    """scikit-learn's Wisconsin breast cancer set: 569 rows, 30 raw features, 2 classes.
+
+    All features are numeric; the schema carries scikit-learn's feature names.
+    """
     from sklearn.datasets import load_breast_cancer
 
     bunch = load_breast_cancer()
@@ -92,12 +95,16 @@ def _breast_cancer() -> ArrayDataset:
         y=bunch.target.astype(np.int64),
         num_classes=2,
         name="breast_cancer",
+        schema=TabularSchema.all_numeric([str(f) for f in bunch.feature_names]),
     )
 
 
 @register_builtin("wine")
 def _wine() -> ArrayDataset:
-    """scikit-learn's wine recognition set: 178 rows, 13 raw features, 3 classes."""
+    """scikit-learn's wine recognition set: 178 rows, 13 raw features, 3 classes.
+
+    All features are numeric; the schema carries scikit-learn's feature names.
+    """
     from sklearn.datasets import load_wine
 
     bunch = load_wine()
@@ -106,4 +113,5 @@ def _wine() -> ArrayDataset:
         y=bunch.target.astype(np.int64),
         num_classes=3,
         name="wine",
+        schema=TabularSchema.all_numeric([str(f) for f in bunch.feature_names]),
     )

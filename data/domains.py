@@ -25,19 +25,22 @@ from .partition import Seed, as_generator
 
 def rotated_digits(
     angles: Sequence[float] = (0, 20, 40, 60),
-    per_class: int = 100,
+    per_class: int | None = 100,
     size: int = 16,
     seed: Seed = 0,
 ) -> list[ArrayDataset]:
     """Rotated-digits domains, one ArrayDataset per angle, in the order given.
 
     ``per_class`` images of each digit are drawn without replacement (seeded)
-    from scikit-learn's digits; every domain holds the same base images in
-    the same order (sample ``i`` of one domain is sample ``i`` of another,
-    rotated differently). Each image is resampled 8x8 -> ``size`` x ``size``
+    from scikit-learn's digits; ``per_class=None`` takes every one of its 1797
+    images in scikit-learn's order (``seed`` is then unused), so sample ``i`` is
+    sample ``i`` of the ``digits`` and ``digits_rgb`` built-ins too. Every domain
+    holds the same base images in the same order (sample ``i`` of one domain is
+    sample ``i`` of another, rotated differently). Each image is resampled 8x8 -> ``size`` x ``size``
     (bilinear), then turned **clockwise** by the domain's angle in degrees (as in
     the paper's M20/M40/M60) about its centre, bilinear with black corners.
-    ``x`` is float32 in ``[0, 1]`` of shape ``(10 * per_class, 1, size, size)``;
+    ``x`` is float32 in ``[0, 1]`` of shape ``(10 * per_class, 1, size, size)``
+    (``(1797, 1, size, size)`` with ``per_class=None``);
     domains are named ``rotated_digits@<angle>``, e.g. ``rotated_digits@20``.
     """
     angle_list = _check_angles(angles)
@@ -45,25 +48,28 @@ def rotated_digits(
         raise ValueError(f"size must be an int >= 2 (pixels per side), got {size!r}")
     digits = load_builtin("digits")
     rarest = int(digits.class_counts().min())  # 174 images of the digit 8
-    if (
+    if per_class is None:
+        base = digits
+    elif (
         isinstance(per_class, bool)
         or not isinstance(per_class, numbers.Integral)
         or not 1 <= per_class <= rarest
     ):
         raise ValueError(
             f"per_class must be an int in [1, {rarest}] (the rarest digit has {rarest} "
-            f"images), got {per_class!r}"
+            f"images) or None (all images), got {per_class!r}"
         )
-    rng = as_generator(seed)
-    chosen = np.sort(
-        np.concatenate(
-            [
-                rng.choice(np.flatnonzero(digits.y == k), size=int(per_class), replace=False)
-                for k in range(digits.num_classes)
-            ]
+    else:
+        rng = as_generator(seed)
+        chosen = np.sort(
+            np.concatenate(
+                [
+                    rng.choice(np.flatnonzero(digits.y == k), size=int(per_class), replace=False)
+                    for k in range(digits.num_classes)
+                ]
+            )
         )
-    )
-    base = digits.subset(chosen)
+        base = digits.subset(chosen)
     x = _resize_array(base.x, int(size), int(size))  # (N, 1, size, size)
     return [
         ArrayDataset(
@@ -121,9 +127,13 @@ def domain_partition(domains: Sequence[ArrayDataset], num_parts: int) -> list[Ar
 
 @register_builtin("rotated_digits")
 def _rotated_digits_builtin(
-    *, angle: float = 0.0, per_class: int = 100, size: int = 16, seed: int = 0
+    *, angle: float = 0.0, per_class: int | None = 100, size: int = 16, seed: int = 0
 ) -> ArrayDataset:
-    """One rotated-digits domain (see :func:`rotated_digits`): turned ``angle`` degrees clockwise."""
+    """One rotated-digits domain (see :func:`rotated_digits`): turned ``angle`` degrees clockwise.
+
+    ``per_class: null`` keeps all 1797 digits in scikit-learn's order, aligned row
+    for row with the ``digits`` and ``digits_rgb`` built-ins.
+    """
     return rotated_digits((angle,), per_class=per_class, size=size, seed=seed)[0]
 
 

@@ -1,14 +1,15 @@
-"""Loading a peer's own data from files (NPZ arrays, numeric CSV tables)."""
+"""Loading a peer's own data from files (NPZ arrays, CSV tables, image folders)."""
 
 from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from .dataset import ArrayDataset
+from .dataset import ArrayDataset, TabularSchema
 
 PathLike = str | os.PathLike
 
@@ -85,13 +86,33 @@ def load_csv(
     num_classes: int | None = None,
     name: str | None = None,
     delimiter: str = ",",
+    categorical: str | Sequence[str] = "auto",
 ) -> ArrayDataset:
-    """Load a numeric CSV table with a header row; column ``target`` holds the labels.
+    """Load a CSV table with a header row; column ``target`` holds the labels.
 
-    Every other column becomes a float32 feature, in file order, giving ``x`` of
-    shape ``(N, F)``. Labels must be whole numbers >= 0; ``num_classes``
-    defaults to ``max(y) + 1``. A non-numeric or empty cell is an error naming
-    the file, line and column.
+    Every other column becomes features, in file order, giving ``x`` of shape
+    ``(N, F)`` and a :class:`TabularSchema` naming them:
+
+    * a **numeric** column gives one float32 feature named like the column. A
+      non-numeric or empty cell in it is an error naming the file, line and column.
+    * a **categorical** column ``color`` is one-hot encoded: one 0/1 feature per
+      category, named ``color=<value>``, categories sorted (numerically when they
+      all are numbers, else as text). An empty cell is a category of its own, the
+      empty value, named ``color=`` and sorted first. The categories are taken from
+      every row of the file: they are the table's schema (which one-hot columns
+      exist), not statistics fitted to any split, so every peer that reads the
+      same file gets the same layout.
+
+    ``categorical="auto"`` (default) makes a column categorical when its non-empty
+    cells are all non-numeric; a column mixing numbers and text is an error
+    (usually a typo in a numeric column) unless named explicitly. A list of column
+    names makes exactly those columns categorical (e.g. integer-coded ones) and
+    all others numeric.
+
+    Labels: whole numbers >= 0 as they are, ``num_classes`` defaulting to
+    ``max(y) + 1``; or, when any label is not a number, text labels mapped to
+    ``0..K-1`` in sorted order (``num_classes`` defaults to ``K``). An empty label
+    is an error.
     """
     p = Path(path)
     if not p.is_file():
@@ -109,7 +130,14 @@ def load_csv(
         if len(set(header)) != len(header):
             dup = sorted({h for h in header if header.count(h) > 1})
             raise ValueError(f"{p}: duplicate column name(s) {', '.join(dup)}")
-        rows: list[list[float]] = []
+        if "" in header:
+            raise ValueError(
+                f"{p}: column {header.index('') + 1} of the header has no name; "
+                f"every column needs one"
+            )
+        forced = _categorical_option(categorical, header, target, p)
+        rows: list[list[str]] = []
+        line_nos: list[int] = []
         for line_no, row in enumerate(reader, start=2):
             if not row or all(not cell.strip() for cell in row):
                 continue
@@ -117,28 +145,134 @@ def load_csv(
                 raise ValueError(
                     f"{p}, line {line_no}: expected {len(header)} cells, got {len(row)}"
                 )
-            values = []
-            for col, cell in zip(header, row, strict=True):
-                try:
-                    values.append(float(cell))
-                except ValueError:
-                    raise ValueError(
-                        f"{p}, line {line_no}, column {col!r}: {cell!r} is not a number "
-                        f"(only numeric columns are supported)"
-                    ) from None
-            rows.append(values)
+            rows.append(row)
+            line_nos.append(line_no)
     if not rows:
         raise ValueError(f"{p}: no data rows after the header")
-    table = np.asarray(rows, dtype=np.float64)  # (N, columns)
     t = header.index(target)
-    y = _labels_from(table[:, t], f"{p}: column {target!r}")
-    _check_labels(y, f"{p}: column {target!r}")
-    x = np.delete(table, t, axis=1).astype(np.float32)  # (N, F)
-    if x.shape[1] == 0:
+    cells = [[cell.strip() for cell in col] for col in zip(*rows, strict=True)]  # (columns, N)
+    is_number = [[_is_number(c) for c in col] for col in cells]
+    features = [j for j in range(len(header)) if j != t]
+    if not features:
         raise ValueError(f"{p}: no feature columns besides the target {target!r}")
+    if forced is None:  # auto: categorical when it has text and no number at all
+        is_categorical = {j: any(cells[j]) and not any(is_number[j]) for j in features}
+    else:
+        is_categorical = {j: header[j] in forced for j in features}
+
+    numeric_cols = [j for j in features if not is_categorical[j]]
+    for i, line_no in enumerate(line_nos):  # report the first bad cell in file order
+        for j in numeric_cols:
+            if not is_number[j][i]:
+                raise ValueError(
+                    f"{p}, line {line_no}, column {header[j]!r}: {rows[i][j]!r} is not a number "
+                    + _numeric_hint(cells[j], forced is None)
+                )
+    blocks: list[np.ndarray] = []
+    names: list[str] = []
+    columns: list[str] = []
+    numeric: list[bool] = []
+    for j in features:
+        col = header[j]
+        if not is_categorical[j]:
+            blocks.append(np.asarray([float(c) for c in cells[j]], dtype=np.float64)[:, None])
+            names.append(col)
+            columns.append(col)
+            numeric.append(True)
+            continue
+        categories = _sorted_categories(set(cells[j]))
+        code = {c: k for k, c in enumerate(categories)}
+        codes = np.asarray([code[c] for c in cells[j]], dtype=np.int64)  # (N,)
+        blocks.append(np.eye(len(categories), dtype=np.float64)[codes])  # (N, K_col)
+        names.extend(f"{col}={c}" for c in categories)
+        columns.extend([col] * len(categories))
+        numeric.extend([False] * len(categories))
+    x = np.concatenate(blocks, axis=1).astype(np.float32)  # (N, F)
+    y, inferred = _csv_labels(cells[t], line_nos, p, target)
+    try:
+        schema = TabularSchema(names=tuple(names), columns=tuple(columns), numeric=tuple(numeric))
+    except ValueError as exc:
+        raise ValueError(f"{p}: {exc}") from None
     return ArrayDataset(
-        x=x, y=y, num_classes=_infer_num_classes(y, num_classes), name=name or p.stem
+        x=x,
+        y=y,
+        num_classes=num_classes if num_classes is not None else inferred,
+        name=name or p.stem,
+        schema=schema,
     )
+
+
+def _categorical_option(
+    categorical: object, header: list[str], target: str, p: Path
+) -> set[str] | None:
+    """None for "auto", else the set of column names forced to be categorical."""
+    if isinstance(categorical, str):
+        if categorical == "auto":
+            return None
+        raise ValueError(
+            f"{p}: categorical must be 'auto' or a list of column names, got {categorical!r}"
+        )
+    if not isinstance(categorical, Sequence) or not all(isinstance(c, str) for c in categorical):
+        raise ValueError(
+            f"{p}: categorical must be 'auto' or a list of column names, got {categorical!r}"
+        )
+    unknown = [c for c in categorical if c not in header]
+    if unknown:
+        raise ValueError(
+            f"{p}: categorical names unknown column(s) {', '.join(map(repr, unknown))}; "
+            f"columns: {', '.join(h for h in header if h != target)}"
+        )
+    if target in categorical:
+        raise ValueError(
+            f"{p}: categorical lists the target column {target!r}; labels are never one-hot "
+            f"features (text labels are mapped to class indices on their own)"
+        )
+    return set(categorical)
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _numeric_hint(cells: list[str], auto: bool) -> str:
+    if auto:
+        if any(c and _is_number(c) for c in cells):
+            return (
+                "(the column holds numbers too; name it in categorical to one-hot encode it, "
+                "empty cells included)"
+            )
+        return "(empty cells are allowed only in categorical columns; name it in categorical)"
+    return "(not named in categorical, so the column must be numeric)"
+
+
+def _sorted_categories(values: set[str]) -> list[str]:
+    """Empty value first; then numerically when every value is a number, else as text."""
+    rest = [v for v in values if v]
+    if all(_is_number(v) for v in rest):
+        rest.sort(key=lambda v: (float(v), v))
+    else:
+        rest.sort()
+    return [""] * ("" in values) + rest
+
+
+def _csv_labels(
+    cells: list[str], line_nos: list[int], p: Path, target: str
+) -> tuple[np.ndarray, int]:
+    """Labels of the target column and the number of classes they imply."""
+    for cell, line_no in zip(cells, line_nos, strict=True):
+        if not cell:
+            raise ValueError(f"{p}, line {line_no}, column {target!r}: empty label")
+    if all(_is_number(c) for c in cells):
+        y = _labels_from(np.asarray([float(c) for c in cells]), f"{p}: column {target!r}")
+        _check_labels(y, f"{p}: column {target!r}")
+        return y, _infer_num_classes(y, None)
+    classes = sorted(set(cells))
+    index = {c: k for k, c in enumerate(classes)}
+    return np.asarray([index[c] for c in cells], dtype=np.int64), len(classes)
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")

@@ -93,10 +93,13 @@ def build_random_mlp(
     CHFL's tabular experiments give each client "MLP models generated randomly
     with different layers and hidden unit numbers". The peer runtime fills in
     ``seed`` from the peer's identity when it is not given, so every peer of a
-    cohort draws its own architecture, reproducibly.
+    cohort draws its own architecture, reproducibly; without a seed the draw
+    comes from torch's global generator.
     """
-    if seed is None:
-        raise ValueError("random_mlp needs option seed (the peer runtime sets one per peer)")
+    if seed is None:  # like every architecture: reproducible from torch.manual_seed
+        import torch
+
+        seed = int(torch.randint(0, 2**31 - 1, (1,)))
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ValueError(f"random_mlp option seed must be an int, got {seed!r}")
     hidden = draw_hidden(depth, width, int(seed))

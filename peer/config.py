@@ -26,6 +26,7 @@ BUILTIN_DATASETS = (
 )
 DOMAIN_DATASETS = ("rotated_digits",)  # one domain per peer with partition: domain
 FILE_DATASETS = ("npz", "csv", "image_folder")  # read from data.path
+TABULAR_DATASETS = ("breast_cancer", "wine", "csv")  # with named columns (a schema)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ class DataConfig:
     target: str | None = field(default=None, metadata={"help": "label column for dataset csv"})
     options: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"help": "dataset options, e.g. rotated_digits: {angles: [0, 20, 40, 60], size: 16}"},
+        metadata={"help": "dataset options, e.g. rotated_digits: {angle: 20, size: 16, per_class: null}; "
+                          "csv: {categorical: auto | [column, ...]}"},
     )
     partition: Literal["none", "iid", "dirichlet", "domain"] = field(
         default="iid", metadata={"help": "domain: peer i takes domain i of a multi-domain dataset"}
@@ -126,6 +128,25 @@ class DataConfig:
         default=0.2, metadata={"min": 0, "lt": 1, "help": "held out before partitioning; 0 = none"}
     )
     seed: int = field(default=0, metadata={"help": "shared by the cohort so partitions agree"})
+    features: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "source columns this peer keeps (tabular data; one-hot groups move "
+                          "together); empty = all"},
+    )
+    feature_split: Literal["none", "random", "slices"] = field(
+        default="none",
+        metadata={"help": "choose this peer's columns from data.seed: slices = overlapping windows "
+                          "of one shared permutation, random = own draw per peer"},
+    )
+    feature_fraction: float = field(
+        default=0.5,
+        metadata={"gt": 0, "max": 1, "help": "share of the columns each peer keeps with feature_split"},
+    )
+    standardize: Literal["auto", "on", "off"] = field(
+        default="auto",
+        metadata={"help": "z-score numeric features with this peer's training-row statistics; "
+                          "auto = on for tabular (N, F) data, off for images"},
+    )
 
     def validate(self) -> None:
         if self.partition_index >= self.num_partitions:
@@ -145,6 +166,23 @@ class DataConfig:
             )
         if self.dataset == "csv" and not self.target:
             raise ValueError("target: required for dataset 'csv' (the label column)")
+        for i, col in enumerate(self.features):
+            if not col.strip():
+                raise ConfigError(f"features[{i}]", f"got {col!r}; expected a column name")
+            if col in self.features[:i]:
+                raise ConfigError(f"features[{i}]", f"column {col!r} is listed twice")
+        if self.features and self.feature_split != "none":
+            raise ConfigError(
+                "feature_split",
+                f"got {self.feature_split!r} together with explicit features; use one of them "
+                "(feature_split: none with features, or features: [] with a split)",
+            )
+        if (self.features or self.feature_split != "none") and self.dataset not in TABULAR_DATASETS:
+            raise ConfigError(
+                "features" if self.features else "feature_split",
+                f"needs tabular data with named columns, got dataset {self.dataset!r}; "
+                f"allowed datasets: {', '.join(TABULAR_DATASETS)}",
+            )
 
 
 @dataclass(frozen=True)

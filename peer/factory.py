@@ -32,6 +32,47 @@ def _split(ds, cfg: DataConfig, seed: int) -> dict[str, Any]:
     return {k: ds.subset(idx) for k, idx in parts.items()}
 
 
+def _peer_columns(ds, cfg: DataConfig) -> list[str] | None:
+    """The source columns this peer keeps (None: all of them)."""
+    from hfl.data import feature_split
+
+    if not cfg.features and cfg.feature_split == "none":
+        return None
+    where = "data.features" if cfg.features else "data.feature_split"
+    if ds.schema is None:
+        raise ConfigError(
+            where,
+            f"dataset {ds.name!r} has no named columns (input shape {ds.input_shape}); choosing "
+            "columns needs tabular data with a schema (breast_cancer, wine, csv)",
+        )
+    if cfg.features:
+        return list(cfg.features)
+    try:
+        return feature_split(
+            ds.schema.source_columns, cfg.num_partitions, cfg.partition_index,
+            cfg.feature_fraction, cfg.feature_split, cfg.seed,
+        )
+    except ValueError as exc:
+        raise ConfigError(where, str(exc)) from exc
+
+
+def _fit_standardizer(ds, cfg: DataConfig):
+    """The transform fitted on ``ds`` (the private split), or None when off."""
+    from hfl.data import fit_standardizer
+
+    if cfg.standardize == "off":
+        return None
+    if ds.x.ndim != 2:
+        if cfg.standardize == "on":
+            raise ConfigError(
+                "data.standardize",
+                f"got 'on' but dataset {ds.name!r} has input shape {ds.input_shape}, not "
+                "tabular (F,) features; allowed here: 'auto', 'off'",
+            )
+        return None
+    return fit_standardizer(ds)
+
+
 def load_peer_data(cfg: DataConfig) -> PeerData:
     """This peer's private / public / val / test splits (and shared test sets).
 
@@ -39,6 +80,12 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
     ``partition_index``, so the parts are disjoint without any coordination.
     With ``partition: domain`` peer i takes domain i, and every peer can also
     rebuild each domain's test split (same seed) for FedH2L's FWT metric.
+
+    Order: load -> hold out the global test set -> this peer's rows (iid or
+    dirichlet) -> this peer's columns (``features`` or ``feature_split``; the
+    global test set is cut the same way) -> private/public/val/test split ->
+    standardise every split (and the global test set) with statistics of the
+    private split only.
     """
     from hfl.data import (
         dirichlet_partition,
@@ -47,6 +94,7 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
         load_csv,
         load_image_folder,
         load_npz,
+        select_columns,
         train_test_split_indices,
     )
 
@@ -74,10 +122,15 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
             )
         splits = [_split(d, cfg, cfg.seed * 7919 + k) for k, d in enumerate(domains)]
         mine = splits[cfg.partition_index]
+        domain_tests = {d.name: sp["test"] for d, sp in zip(domains, splits, strict=True)}
+        scaler = _fit_standardizer(mine["private"], cfg)
+        if scaler is not None:
+            mine = {k: scaler(v) for k, v in mine.items()}
+            domain_tests = {k: scaler(v) for k, v in domain_tests.items()}
         return PeerData(
             train=mine["private"], test=mine["test"], global_test=None,
             num_classes=max(d.num_classes for d in domains), public=mine.get("public"),
-            val=mine.get("val"), domain_tests={d.name: sp["test"] for d, sp in zip(domains, splits, strict=True)},
+            val=mine.get("val"), domain_tests=domain_tests,
             own_domain=domains[cfg.partition_index].name,
         )
 
@@ -96,7 +149,19 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
         else:
             parts = dirichlet_partition(pool.y, cfg.num_partitions, cfg.alpha, cfg.seed)
         mine = pool.subset(parts[cfg.partition_index])
+    columns = _peer_columns(full, cfg)
+    if columns is not None:
+        where = "data.features" if cfg.features else "data.feature_split"
+        try:
+            mine = select_columns(mine, columns)
+            global_test = None if global_test is None else select_columns(global_test, columns)
+        except ValueError as exc:
+            raise ConfigError(where, str(exc)) from exc
     split = _split(mine, cfg, cfg.seed * 7919 + cfg.partition_index)
+    scaler = _fit_standardizer(split["private"], cfg)
+    if scaler is not None:
+        split = {k: scaler(v) for k, v in split.items()}
+        global_test = None if global_test is None else scaler(global_test)
     return PeerData(
         train=split["private"], test=split["test"], global_test=global_test,
         num_classes=full.num_classes, public=split.get("public"), val=split.get("val"),

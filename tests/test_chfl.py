@@ -219,7 +219,7 @@ def test_a_simulated_chfl_cohort_of_different_input_spaces_and_bodies():
     peers = [make("chfl", f"p{i}", features=4 + 3 * i, hidden=[(16,), (32, 16), (8, 8, 8)][i],
                   n=40 + 10 * i, rounds=4) for i in range(3)]
     history = simulate(peers, rounds=4)
-    for pid, records in history.items():
+    for records in history.values():
         assert [r["round"] for r in records] == [1, 2, 3, 4]
         assert [r["aggregator"] for r in records] == ["p1", "p2", "p0", "p1"]
         assert all(r["absorbed"] == 1.0 for r in records)
@@ -246,8 +246,8 @@ def test_random_mlp_draws_its_shape_from_its_seed():
     assert linears == [*hidden, E] and model.arch == f"random_mlp{hidden}"
     with pytest.raises(ValueError, match="depth"):
         build_model("random_mlp", (10,), C, E, seed=1, depth=(3, 1))
-    with pytest.raises(ValueError, match="needs option seed"):
-        build_model("random_mlp", (10,), C, E)
+    with pytest.raises(ValueError, match="seed must be an int"):
+        build_model("random_mlp", (10,), C, E, seed="x")
 
 
 def test_each_peer_draws_its_own_random_mlp_reproducibly():

@@ -103,10 +103,24 @@ def test_rotated_digits_seeded_and_builtin_matches(domains: list[ArrayDataset]) 
     )
 
 
+def test_rotated_digits_per_class_none_keeps_every_digit_in_order(digits: ArrayDataset) -> None:
+    same, turned = rotated_digits((0, 90), per_class=None, size=8, seed=123)
+    np.testing.assert_array_equal(same.y, digits.y)
+    np.testing.assert_array_equal(same.x, digits.x)  # size 8, angle 0: the digits themselves
+    assert np.allclose(turned.x, np.rot90(digits.x, k=-1, axes=(2, 3)), atol=1e-5)
+    one = load_builtin("rotated_digits", per_class=None, angle=40, size=16)
+    rgb = load_builtin("digits_rgb")
+    assert one.x.shape == (1797, 1, 16, 16)
+    np.testing.assert_array_equal(one.y, digits.y)
+    np.testing.assert_array_equal(rgb.y, digits.y)
+    np.testing.assert_allclose(rgb.x.max(axis=1, keepdims=True), digits.x, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
         ({"per_class": 0}, r"per_class must be an int in \[1, 174\]"),
+        ({"per_class": "all"}, r"\[1, 174\] .* or None \(all images\)"),
         ({"per_class": 175}, r"per_class must be an int in \[1, 174\]"),
         ({"size": 1}, "size must be an int >= 2"),
         ({"angles": ()}, "angles must be a non-empty sequence"),

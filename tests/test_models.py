@@ -18,6 +18,7 @@ ALL_ARCHS = [
     "lenet",
     "mlp",
     "mobilenet_v3_small",
+    "random_mlp",
     "resnet18",
     "resnet34",
     "vgg11",
