@@ -52,6 +52,10 @@ class HeadKDConfig:
     t_squared: bool = field(
         default=True, metadata={"help": "scale DKD by T^2 as Zhao et al.'s reference code does"}
     )
+    teacher_max_age: int = field(
+        default=1, metadata={"min": 1, "help": "distil only from a global head at most this many "
+                                               "rounds old (1: the previous round's, else no KD)"}
+    )
 
 
 @register
@@ -81,11 +85,17 @@ class AvgKD(HeadAvg):
     def temperature(self, round: int) -> float:
         return chfl_temperature(round, self.cfg.max_epoch or self.ctx.rounds, self.cfg.beta)
 
+    def distils(self, round: int) -> bool:
+        """KD needs a global head, and a fresh one: a peer that missed the last
+        aggregate (or resumed from an old checkpoint) trains on CE alone."""
+        return (self.teacher is not None and self.cfg.alpha > 0
+                and round - self.teacher_round <= self.cfg.teacher_max_age)
+
     def loss(self, x: torch.Tensor, y: torch.Tensor, round: int) -> torch.Tensor:
         feats = self.model.features(x)  # (B, E)
         logits = self.model.head(feats)  # (B, C)
         loss = nn.functional.cross_entropy(logits, y)
-        if self.teacher is None or self.cfg.alpha == 0:
+        if not self.distils(round):
             return loss  # round 1: no global head yet (Algorithm 1, line 10)
         with torch.no_grad():
             teacher_logits = self.teacher(feats.detach())  # (B, C): a fixed signal

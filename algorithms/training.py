@@ -20,13 +20,22 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> to
 
 
 def batches(ds, batch_size: int, generator: torch.Generator | None, shuffle: bool = True):
-    """Yield (x, y) CPU tensors from an ArrayDataset in a seeded order."""
+    """Yield (x, y) CPU tensors from an ArrayDataset in a seeded order.
+
+    When shuffling (training), a last batch of a single sample joins the one
+    before it: BatchNorm cannot train on one sample, and dropping it would
+    lose data.
+    """
     n = len(ds)
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
     x_all = torch.from_numpy(np.ascontiguousarray(ds.x))
     y_all = torch.from_numpy(np.ascontiguousarray(ds.y))
-    for start in range(0, n, batch_size):
-        idx = order[start : start + batch_size]
+    starts = list(range(0, n, batch_size))
+    if shuffle and len(starts) > 1 and n - starts[-1] == 1:
+        starts.pop()
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else n
+        idx = order[start:end]
         yield x_all[idx], y_all[idx]
 
 

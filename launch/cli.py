@@ -58,18 +58,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {p.id}: {env} hfl-peer --config {p.config_path}")
         return 0
 
-    from hfl.launch.results import mean_row, peer_row, write_results
+    from hfl.launch.results import best_mean, mean_row, peer_row, write_results
     from hfl.launch.supervisor import Supervisor
 
     outcome = Supervisor(exp, plans, progress=not args.quiet).run()
     rows = [peer_row(p.id, p.config.model.arch, Path(p.config.run_dir)) for p in plans]
     rows.append(mean_row(rows))
+    best = best_mean([Path(p.config.run_dir) for p in plans])
     table = write_results(run_dir, rows, {
         "experiment": exp.name, "wall_time_s": outcome.wall_time_s, "ok": outcome.ok,
-        "failures": outcome.failures, "events": outcome.events,
+        "best_mean_test_acc": best, "failures": outcome.failures, "events": outcome.events,
     })
     print()
     print(table)
+    print(f"\nbest mean test acc over rounds (the peers' mean in one round, best round): {best:.4f}")
     print(f"\nwall time {outcome.wall_time_s:.1f}s; results in {run_dir}/results.md")
     if outcome.failures:
         print("FAILED: " + "; ".join(outcome.failures), file=sys.stderr)

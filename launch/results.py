@@ -49,6 +49,10 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
     records = read_metrics(run_dir)
+    try:  # the model the peer built (a random_mlp says which widths it drew)
+        arch = json.loads((run_dir / "summary.json").read_text()).get("arch", arch)
+    except (OSError, ValueError):
+        pass
     by_round = {r["round"]: r for r in records}  # a restarted peer may repeat a round
     last = records[-1] if records else {}
     global_accs = [r["global_acc"] for r in records if "global_acc" in r]
@@ -68,6 +72,14 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
         "restarts": max((r.get("incarnation", 0) for r in records), default=0),
         **{key: last.get(key, math.nan) for key, _, _ in DOMAIN_COLUMNS},
     }
+
+
+def best_mean(run_dirs: list[Path], key: str = "test_acc") -> float:
+    """The best, over rounds, of the peers' mean ``key`` in that round (CHFL's "best
+    average validation accuracy of all clients"); rounds some peer lacks are skipped."""
+    per_peer = [{r["round"]: r[key] for r in read_metrics(d) if key in r} for d in run_dirs]
+    common = set.intersection(*(set(p) for p in per_peer)) if per_peer else set()
+    return max((sum(p[r] for p in per_peer) / len(per_peer) for r in common), default=math.nan)
 
 
 def columns_for(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:

@@ -101,7 +101,8 @@ async def run_peer(
     result = await node.run()
     last = result.metrics[-1] if result.metrics else {}
     summary = {
-        "peer": cfg.node.id, "incarnation": incarnation, "rounds": cfg.cohort.rounds,
+        "peer": cfg.node.id, "arch": getattr(algorithm.model, "arch", cfg.model.arch),
+        "incarnation": incarnation, "rounds": cfg.cohort.rounds,
         "last_round": result.last_round, "rounds_completed_this_run": result.rounds_completed,
         "wall_time_s": time.time() - started, "dropped": result.dropped,
         "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},

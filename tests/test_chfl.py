@@ -129,13 +129,26 @@ def test_the_teacher_gets_no_gradient_and_the_body_does():
     assert all(p.grad is not None for p in alg.model.features.parameters())
 
 
+def test_a_stale_global_head_is_not_distilled_from():
+    alg = make("chfl", rounds=10)
+    alg.absorb(2, {"p1": alg.share(2)})
+    x, y = torch.from_numpy(alg.ctx.train.x[:8]), torch.from_numpy(alg.ctx.train.y[:8])
+    ce = float(nn.functional.cross_entropy(alg.model(x), y).detach())
+    assert alg.distils(3) and not alg.distils(4)  # round 3 learns from round 2's head, not round 4
+    assert float(alg.loss(x, y, 4).detach()) == pytest.approx(ce, rel=1e-6)
+    assert "teacher_round" not in alg.local_update(4)
+    relaxed = make("chfl", rounds=10, teacher_max_age=2)
+    relaxed.absorb(2, {"p1": relaxed.share(2)})
+    assert relaxed.distils(4) and not relaxed.distils(5)
+
+
 def test_local_update_reports_the_schedule():
     alg = make("chfl", rounds=5, beta=2.0)
     assert "temperature" not in alg.local_update(1)
-    alg.absorb(1, {"p1": alg.share(1)})
+    alg.absorb(4, {"p1": alg.share(4)})
     m = alg.local_update(5)
     assert m["temperature"] == pytest.approx(chfl_temperature(5, 5, 2.0)) == pytest.approx(1.0)
-    assert m["teacher_round"] == 1 and m["dkd_loss"] >= 0
+    assert m["teacher_round"] == 4 and m["dkd_loss"] >= 0
 
 
 # ----------------------------------------------------------------- bad input
@@ -262,3 +275,62 @@ def test_each_peer_draws_its_own_random_mlp_reproducibly():
     assert opts("p0") == opts("p0")
     assert opts("p0", options={"seed": 5})["seed"] == 5
     assert "seed" not in model_options(config_from_dict({"node": {"id": "p0"}}))  # mlp: no seed
+
+
+# ----------------------------------------------------------------- over the runtime
+
+
+@pytest.mark.timeout(120)
+def test_chfl_cohort_over_the_runtime_with_duplicated_and_reordered_heads(tmp_path):
+    """Heads travel through the protocol: duplicated and reordered knowledge and
+    results never make a peer apply a head twice or one of another round."""
+    import asyncio
+
+    from hfl.peer.config import config_from_dict
+    from hfl.peer.runner import run_peer
+    from hfl.peer.transport import FaultPlan, MemoryHub
+
+    n, rounds = 3, 4
+
+    def cfg(i):
+        return config_from_dict({
+            "node": {"id": f"p{i}", "listen": f"mem://p{i}", "bootstrap": ["mem://p0"] if i else [],
+                     "run_dir": str(tmp_path / f"p{i}"), "min_peers": n, "resume": False},
+            "cohort": {"algorithm": "chfl", "rounds": rounds},
+            "timing": {"heartbeat_interval_s": 0.05, "suspect_after_s": 2.0, "dead_after_s": 4.0,
+                       "round_timeout_s": 20, "join_timeout_s": 30},
+            "data": {"dataset": "breast_cancer", "partition": "iid", "num_partitions": n,
+                     "partition_index": i, "feature_split": "random", "feature_fraction": 0.4},
+            "model": {"arch": "random_mlp", "embedding_dim": 8},
+            "train": {"max_batches": 3},
+        })
+
+    plan = FaultPlan(seed=5, duplicate=0.5, reorder=0.3, only_types=frozenset({"knowledge", "aggregate"}))
+
+    async def main():
+        hub = MemoryHub()
+        return await asyncio.gather(*(run_peer(cfg(i), hub=hub, fault_plan=plan) for i in range(n)))
+
+    results = asyncio.run(main())
+    assert plan.counts.get("duplicated", 0) > 0
+    for r in range(1, rounds + 1):
+        records = [res.metrics[r - 1] for res in results]
+        assert all(m["round"] == r and m["absorbed"] == 1.0 for m in records)
+        assert len({m["absorbed_crc"] for m in records}) == 1  # one global head per round
+        assert all(m.get("teacher_round") == (r - 1 if r > 1 else None) for m in records)
+
+
+def test_training_never_makes_a_batch_of_one_sample():
+    from hfl.algorithms.training import batches
+
+    ds = dataset(0, 65, 4)  # 65 = 2 * 32 + 1
+    sizes = [len(y) for _, y in batches(ds, 32, torch.Generator().manual_seed(0))]
+    assert sizes == [32, 33]
+    assert [len(y) for _, y in batches(ds, 32, None, shuffle=False)] == [32, 32, 1]  # evaluation
+    assert [len(y) for _, y in batches(dataset(0, 1, 4), 32, None)] == [1]
+    model = build_model("resnet18", (1, 8, 8), C, E)  # BatchNorm: a batch of one would raise
+    alg_ctx = AlgorithmContext(peer_id="p0", model=model, train=ArrayDataset(
+        np.random.default_rng(0).random((33, 1, 8, 8), dtype=np.float32), np.arange(33) % C, C),
+        test=None, num_classes=C, device=torch.device("cpu"), seed=0,
+        train_cfg=TrainConfig(batch_size=32))
+    assert math.isfinite(get_algorithm("solo")(alg_ctx).local_update(1)["train_loss"])

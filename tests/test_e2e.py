@@ -28,17 +28,21 @@ FAST_TIMING = {
 }
 
 
-def experiment(tmp_path: Path, rounds: int, faults=(), train=None, timing=None, **extra) -> Path:
+def experiment(tmp_path: Path, rounds: int, faults=(), train=None, timing=None, defaults=None,
+               **extra) -> Path:
     exp = {
         "name": "e2e",
         "peers": 4,
         "run_dir": str(tmp_path / "run"),
-        "defaults": {
-            "cohort": {"algorithm": "fedavg", "rounds": rounds},
-            "data": {"dataset": "digits", "partition": "dirichlet", "alpha": 0.5},
-            "model": {"arch": "mlp", "options": {"hidden": [64]}},
-            "train": train or {"max_batches": 4},
-            "timing": {**FAST_TIMING, **(timing or {})},
+        "defaults": {  # a section in ``defaults`` updates the base section's keys
+            section: {**base, **(defaults or {}).get(section, {})}
+            for section, base in {
+                "cohort": {"algorithm": "fedavg", "rounds": rounds},
+                "data": {"dataset": "digits", "partition": "dirichlet", "alpha": 0.5},
+                "model": {"arch": "mlp", "options": {"hidden": [64]}},
+                "train": train or {"max_batches": 4},
+                "timing": {**FAST_TIMING, **(timing or {})},
+            }.items()
         },
         "faults": list(faults),
         **extra,
@@ -96,6 +100,31 @@ def test_aggregator_killed_mid_round_round_completes_under_the_next_one(tmp_path
         assert rounds[4]["aggregator"] != "p3" and rounds[5]["aggregator"] != "p3"
     finals = {metrics(tmp_path, p)[-1]["global_acc"] for p in ("p0", "p1", "p2")}
     assert len(finals) == 1
+
+
+def test_chfl_aggregator_killed_mid_round_no_peer_applies_a_stale_head(tmp_path):
+    # Completely heterogeneous: each peer holds its own slice of breast-cancer's
+    # columns and rows and draws its own MLP; only E x C heads travel. Round 3's
+    # aggregator (p3) dies holding every head, before sending the mean.
+    proc = launch(experiment(
+        tmp_path, rounds=5, faults=[{"peer": "aggregator", "at_round": 3, "phase": "serve"}],
+        defaults={"cohort": {"algorithm": "chfl"},
+                  "data": {"dataset": "breast_cancer", "partition": "iid",
+                           "feature_split": "slices", "feature_fraction": 0.5},
+                  "model": {"arch": "random_mlp", "embedding_dim": 16, "options": {}}}))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "injected crash in round 3 (serve)" in (tmp_path / "run" / "p3" / "peer.log").read_text()
+    survivors = {pid: {r["round"]: r for r in metrics(tmp_path, pid)} for pid in ("p0", "p1", "p2")}
+    archs = {json.loads((tmp_path / "run" / p / "summary.json").read_text())["arch"] for p in survivors}
+    assert len(archs) == 3  # three different bodies
+    for rounds in survivors.values():
+        assert sorted(rounds) == [1, 2, 3, 4, 5]
+        assert rounds[3]["aggregator"] == "p0" and rounds[3]["epoch"] == 1
+        assert all(r["absorbed"] == 1.0 for r in rounds.values())
+        # The head a peer distils from in round r is the mean of round r - 1, never older.
+        assert [rounds[r].get("teacher_round") for r in range(1, 6)] == [None, 1, 2, 3, 4]
+    for r in range(1, 6):  # and it is the same head on every survivor, round 3's included
+        assert len({survivors[p][r]["absorbed_crc"] for p in survivors}) == 1
 
 
 def test_killed_peer_restarts_from_its_checkpoint_rejoins_and_finishes(tmp_path):
