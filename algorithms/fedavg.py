@@ -92,17 +92,18 @@ class FedAvg(Algorithm):
         return self.model
 
     def share(self, round: int) -> Payload:
+        # The sample count leaves the peer only when the mean is weighted by it.
         return Payload(
             kind="weights",
             tensors=module_to_arrays(self.shared()),
-            meta={"num_samples": len(self.ctx.train)},
+            meta={"num_samples": len(self.ctx.train)} if self.cfg.weighted else {},
         )
 
     def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
         reference = module_to_arrays(self.shared())  # our own shapes, not a peer's
         good, excluded = {}, []
         for peer, c in sorted(contributions.items()):
-            n = c.meta.get("num_samples", 1)
+            n = c.meta.get("num_samples", 1) if self.cfg.weighted else 1
             why = mismatch(c.tensors, reference)
             if why is None and (isinstance(n, bool) or not isinstance(n, (int, float))
                                 or not math.isfinite(n) or n <= 0):

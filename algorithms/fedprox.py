@@ -41,6 +41,10 @@ class FedProx(FedAvg):
     name = "fedprox"
     Config = FedProxConfig
 
+    def __init__(self, ctx, cfg=None):
+        super().__init__(ctx, cfg)
+        self._anchor: list[torch.Tensor] | None = None
+
     def shared(self) -> nn.Module:
         return self.model.head if self.cfg.part == "head" else self.model
 
@@ -50,6 +54,6 @@ class FedProx(FedAvg):
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, round: int) -> torch.Tensor:
         loss = super().loss(x, y, round)
-        if self.cfg.mu == 0:
+        if self.cfg.mu == 0 or self._anchor is None:
             return loss
         return loss + self.cfg.mu / 2 * proximal_term(list(self.shared().parameters()), self._anchor)

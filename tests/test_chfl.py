@@ -69,6 +69,7 @@ def test_aggregate_is_the_sample_weighted_mean_of_the_heads():
         expected = np.tensordot(n / n.sum(), stack, axes=1)  # independent: sum_k n_k w_k / sum n
         np.testing.assert_allclose(result.tensors[name], expected, rtol=1e-6)
     plain = get_algorithm("avg")(peers["p0"].ctx, get_algorithm("avg").Config(weighted=False))
+    assert plain.share(1).meta == {}  # an unweighted mean needs no sample count: none is sent
     np.testing.assert_allclose(plain.aggregate(1, contributions).tensors["bias"],
                                np.mean([c.tensors["bias"] for c in contributions.values()], axis=0),
                                rtol=1e-6)
