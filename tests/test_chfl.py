@@ -335,3 +335,44 @@ def test_training_never_makes_a_batch_of_one_sample():
         test=None, num_classes=C, device=torch.device("cpu"), seed=0,
         train_cfg=TrainConfig(batch_size=32))
     assert math.isfinite(get_algorithm("solo")(alg_ctx).local_update(1)["train_loss"])
+
+
+def test_chfl_on_a_users_csv_with_categorical_columns_split_by_column(tmp_path):
+    """The tabular cohort on a CSV a user names: text columns one-hot encoded,
+    columns sliced per peer, rows partitioned, a random MLP each."""
+    from hfl.data import load_builtin
+    from hfl.peer.config import config_from_dict
+    from hfl.peer.factory import build_algorithm
+
+    bc = load_builtin("breast_cancer")
+    rng = np.random.default_rng(0)
+    names = [n.replace(" ", "_") for n in bc.feature_names[:8]]
+    lines = [",".join([*names, "site", "smoker", "diagnosis"])]
+    for x, y in zip(bc.x[:, :8], bc.y, strict=True):
+        site = rng.choice(["north", "south", "east"])
+        smoker = "yes" if rng.random() < 0.3 + 0.4 * y else "no"  # informative
+        lines.append(",".join([*(f"{v:.5g}" for v in x), site, smoker, ["malignant", "benign"][y]]))
+    path = tmp_path / "patients.csv"
+    path.write_text("\n".join(lines) + "\n")
+
+    peers = []
+    for i in range(3):
+        cfg = config_from_dict({
+            "node": {"id": f"p{i}"}, "cohort": {"algorithm": "chfl", "rounds": 3},
+            "data": {"dataset": "csv", "path": str(path), "target": "diagnosis", "partition": "iid",
+                     "num_partitions": 3, "partition_index": i, "feature_split": "slices",
+                     "feature_fraction": 0.5, "global_test_fraction": 0},
+            "model": {"arch": "random_mlp", "embedding_dim": 8}, "train": {"max_batches": 4}})
+        peers.append(build_algorithm(cfg)[0])
+    columns = [set(p.ctx.train.schema.source_columns) for p in peers]
+    assert all(len(c) == 5 for c in columns) and columns[0] != columns[1]  # ceil(0.5 * 10) each
+    assert len({p.model.arch for p in peers}) == 3
+    one_hot_features = 0
+    for p in peers:
+        train, numeric = p.ctx.train, np.array(p.ctx.train.schema.numeric)
+        np.testing.assert_allclose(train.x[:, numeric].mean(0), 0, atol=1e-5)  # own rows' statistics
+        assert set(np.unique(train.x[:, ~numeric])) <= {0.0, 1.0}  # one-hot, not standardised
+        one_hot_features += int((~numeric).sum())
+    assert one_hot_features > 0  # some peer holds site= / smoker= columns
+    history = simulate(peers, rounds=3)
+    assert all(r["absorbed"] == 1.0 for recs in history.values() for r in recs)
