@@ -282,9 +282,10 @@ def test_each_peer_draws_its_own_random_mlp_reproducibly():
 
 
 @pytest.mark.timeout(120)
-def test_chfl_cohort_over_the_runtime_with_duplicated_and_reordered_heads(tmp_path):
-    """Heads travel through the protocol: duplicated and reordered knowledge and
-    results never make a peer apply a head twice or one of another round."""
+def test_chfl_cohort_over_the_runtime_with_duplicated_and_delayed_heads(tmp_path):
+    """Heads travel through the protocol: duplicated and delayed (so reordered)
+    knowledge and results never make a peer apply a head twice or one of
+    another round."""
     import asyncio
 
     from hfl.peer.config import config_from_dict
@@ -306,19 +307,31 @@ def test_chfl_cohort_over_the_runtime_with_duplicated_and_reordered_heads(tmp_pa
             "train": {"max_batches": 3},
         })
 
-    plan = FaultPlan(seed=5, duplicate=0.5, reorder=0.3, only_types=frozenset({"knowledge", "aggregate"}))
+    plan = FaultPlan(seed=5, duplicate=0.5, delay=0.5, delay_s=(0.0, 0.05),
+                     only_types=frozenset({"knowledge", "aggregate"}))
 
     async def main():
         hub = MemoryHub()
         return await asyncio.gather(*(run_peer(cfg(i), hub=hub, fault_plan=plan) for i in range(n)))
 
     results = asyncio.run(main())
-    assert plan.counts.get("duplicated", 0) > 0
+    assert plan.counts.get("duplicated", 0) > 0 and plan.counts.get("delayed", 0) > 0
     for r in range(1, rounds + 1):
         records = [res.metrics[r - 1] for res in results]
-        assert all(m["round"] == r and m["absorbed"] == 1.0 for m in records)
+        assert all(m["round"] == r and m["absorbed"] == 1.0 and m["contributors"] == n
+                   for m in records)
         assert len({m["absorbed_crc"] for m in records}) == 1  # one global head per round
         assert all(m.get("teacher_round") == (r - 1 if r > 1 else None) for m in records)
+
+    # The simulator is what the runtime does: the same configs, simulated with no
+    # network, give the very same heads and accuracies round by round.
+    from hfl.peer.factory import build_algorithm
+
+    simulated = simulate([build_algorithm(cfg(i))[0] for i in range(n)], rounds)
+    for res in results:
+        sim = simulated[res.metrics[0]["peer"]]
+        for key in ("absorbed_crc", "test_acc", "train_loss"):
+            assert [m[key] for m in res.metrics] == [m[key] for m in sim], key
 
 
 def test_training_never_makes_a_batch_of_one_sample():
