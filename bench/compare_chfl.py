@@ -160,7 +160,7 @@ def main() -> None:
             solo = statistics.mean(accs["solo"]) if accs["solo"] else float("nan")
             below = [LABELS[m] for m in METHODS[1:] if accs[m] and statistics.mean(accs[m]) < solo]
             print(f"{c:<14} {p:<8}" + "".join(f"{fmt(accs[m]):>17}" for m in METHODS)
-                  + f"{'all' if not below else 'below: ' + ','.join(below):>20}")
+                  + f"  {'yes' if not below else 'no: ' + ', '.join(below) + ' below'}")
             table.append({"cohort": c, "partition": p, **{m: accs[m] for m in METHODS}, "below_solo": below})
     shared = {m: statistics.mean(r["bytes_shared_per_peer_round"] for r in runs if r["method"] == m)
               for m in METHODS if any("bytes_shared_per_peer_round" in r and r["method"] == m for r in runs)}
