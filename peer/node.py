@@ -395,14 +395,18 @@ class Node:
             log.warning("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
                         change.reason)
             self._wakeup.set()
-        sends = []
+        greetings = []
         # Bootstrap until someone answers; then greet whoever gossip taught us.
         if not mem.members:
             hello = self._hello()
-            sends += [self._send(a, hello, 0.05) for a in self.bootstrap if a != mem.self_address]
+            greetings += [self._send(a, hello, 0.05) for a in self.bootstrap if a != mem.self_address]
         for m in mem.members.values():
             if not m.greeted and m.status != "left":
-                sends.append(self._send(m.address, self._hello(), 0.05))
+                greetings.append(self._send(m.address, self._hello(), 0.05))
+        # Hellos first: a heartbeat racing ahead of our hello on a socket that is
+        # still connecting reaches a peer that does not know us yet, and is dropped.
+        await asyncio.gather(*greetings)
+        sends = []
         if self.seeds is not None and tick % 4 == 1:
             sends += self._request_seeds()
         targets = mem.gossip_targets()

@@ -158,7 +158,15 @@ class ZmqTransport(Transport):
             try:
                 sender.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
+                try:
+                    ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
+                except asyncio.CancelledError:
+                    # forget() closed this socket under us (its peer said goodbye):
+                    # a failed send, not a cancellation of the caller.
+                    if sock.closed and not asyncio.current_task().cancelling():
+                        self.stats.send_failures += 1
+                        return False
+                    raise
                 if not ready & zmq.POLLOUT:
                     self.stats.send_failures += 1
                     return False

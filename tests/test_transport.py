@@ -99,6 +99,33 @@ def test_zmq_send_to_an_address_nobody_listens_on_fails_within_the_timeout(unuse
     asyncio.run(main())
 
 
+def test_zmq_a_send_waiting_on_a_socket_that_is_forgotten_fails_instead_of_raising(
+    unused_tcp_address,
+):
+    # A peer's goodbye makes the node forget() its socket while our own goodbye
+    # may be waiting on that socket: the send must fail, not cancel its caller.
+    async def main():
+        (a,) = await started(ZmqTransport("a", "tcp://127.0.0.1:0"))
+        try:
+            send = asyncio.create_task(a.send(unused_tcp_address, [b"bye"], 5.0))
+            while not a._dealers:  # the send has made its socket and is polling it
+                await asyncio.sleep(0)
+            await asyncio.sleep(0.01)
+            await a.forget(unused_tcp_address)
+            assert await asyncio.wait_for(send, 2.0) is False
+            assert a.stats.send_failures == 1
+            # A cancellation of the caller itself still propagates.
+            send = asyncio.create_task(a.send(unused_tcp_address, [b"bye"], 5.0))
+            await asyncio.sleep(0.05)
+            send.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await send
+        finally:
+            await a.close()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("address", ["tcp://not a host", "mem://elsewhere", "nonsense"])
 def test_zmq_send_to_a_malformed_address_fails_instead_of_raising(address):
     # A gossiped address is untrusted input: it must never crash the sender.
