@@ -114,10 +114,10 @@ class AvgKD(HeadAvg):
         return metrics
 
     def absorb(self, round: int, received) -> dict[str, float]:
-        if self.teacher is None:
-            self.teacher = self._new_teacher()
         metrics = super().absorb(round, received)  # into target(): the local head here
         if metrics.get("absorbed"):
+            if self.teacher is None:
+                self.teacher = self._new_teacher()
             if self.target() is not self.teacher:
                 self.teacher.load_state_dict(self.target().state_dict())
             self.teacher_round = round

@@ -125,17 +125,18 @@ class FedAvg(Algorithm):
     def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
         """Load the round's result into :meth:`target`; a result that does not fit or
         names another round is refused with a logged reason."""
-        for sender, result in received.items():
-            why = mismatch(result.tensors, module_to_arrays(self.target()))
-            if why is None and result.meta.get("round", round) != round:
-                why = f"it is the result of round {result.meta.get('round')!r}"
-            if why is not None:
-                log.warning("%s: round %d: result from %s refused: %s",
-                            self.ctx.peer_id, round, sender, why)
-                return {"absorbed": 0.0}
-            arrays_to_module(self.target(), result.tensors)
-            return {"absorbed": 1.0, "absorbed_crc": float(state_crc(result.tensors))}
-        return {"absorbed": 0.0}
+        if not received:
+            return {"absorbed": 0.0}
+        (sender, result), = received.items()  # the runtime hands over the one elected result
+        why = mismatch(result.tensors, module_to_arrays(self.target()))
+        if why is None and result.meta.get("round", round) != round:
+            why = f"it is the result of round {result.meta.get('round')!r}"
+        if why is not None:
+            log.warning("%s: round %d: result from %s refused: %s",
+                        self.ctx.peer_id, round, sender, why)
+            return {"absorbed": 0.0}
+        arrays_to_module(self.target(), result.tensors)
+        return {"absorbed": 1.0, "absorbed_crc": float(state_crc(result.tensors))}
 
     def target(self) -> nn.Module:
         """Where the round's result is loaded: the shared part itself, for averaging methods."""

@@ -32,26 +32,26 @@ def _split(ds, cfg: DataConfig, seed: int) -> dict[str, Any]:
     return {k: ds.subset(idx) for k, idx in parts.items()}
 
 
-def _peer_columns(ds, cfg: DataConfig) -> list[str] | None:
-    """The source columns this peer keeps (None: all of them)."""
-    from hfl.data import feature_split
+def _keep_peer_columns(full, datasets: list, cfg: DataConfig) -> list:
+    """``datasets`` (None entries kept) cut to the source columns this peer keeps:
+    ``data.features``, or its share of ``full``'s columns under ``data.feature_split``."""
+    from hfl.data import feature_split, select_columns
 
     if not cfg.features and cfg.feature_split == "none":
-        return None
+        return datasets
     where = "data.features" if cfg.features else "data.feature_split"
-    if ds.schema is None:
+    if full.schema is None:
         raise ConfigError(
             where,
-            f"dataset {ds.name!r} has no named columns (input shape {ds.input_shape}); choosing "
-            "columns needs tabular data with a schema (breast_cancer, wine, csv)",
+            f"dataset {full.name!r} has no named columns (input shape {full.input_shape}); "
+            "choosing columns needs tabular data with a schema (breast_cancer, wine, csv)",
         )
-    if cfg.features:
-        return list(cfg.features)
     try:
-        return feature_split(
-            ds.schema.source_columns, cfg.num_partitions, cfg.partition_index,
+        columns = list(cfg.features) or feature_split(
+            full.schema.source_columns, cfg.num_partitions, cfg.partition_index,
             cfg.feature_fraction, cfg.feature_split, cfg.seed,
         )
+        return [None if ds is None else select_columns(ds, columns) for ds in datasets]
     except ValueError as exc:
         raise ConfigError(where, str(exc)) from exc
 
@@ -94,7 +94,6 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
         load_csv,
         load_image_folder,
         load_npz,
-        select_columns,
         train_test_split_indices,
     )
 
@@ -149,14 +148,7 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
         else:
             parts = dirichlet_partition(pool.y, cfg.num_partitions, cfg.alpha, cfg.seed)
         mine = pool.subset(parts[cfg.partition_index])
-    columns = _peer_columns(full, cfg)
-    if columns is not None:
-        where = "data.features" if cfg.features else "data.feature_split"
-        try:
-            mine = select_columns(mine, columns)
-            global_test = None if global_test is None else select_columns(global_test, columns)
-        except ValueError as exc:
-            raise ConfigError(where, str(exc)) from exc
+    mine, global_test = _keep_peer_columns(full, [mine, global_test], cfg)
     split = _split(mine, cfg, cfg.seed * 7919 + cfg.partition_index)
     scaler = _fit_standardizer(split["private"], cfg)
     if scaler is not None:
