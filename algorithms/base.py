@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hfl.algorithms.settings import TrainConfig
+from hfl.algorithms.settings import SelectionConfig, TrainConfig
 from hfl.algorithms.training import evaluate, make_optimizer, train_epochs
 
 Mode = Literal["local", "broadcast", "aggregator"]
@@ -63,6 +63,7 @@ class AlgorithmContext:
     extra_tests: dict[str, Any] = field(default_factory=dict)  # e.g. {"global": ds}
     public: Any = None  # this peer's public seed split, published to the cohort
     val: Any = None  # validation split: model selection
+    selection: SelectionConfig = field(default_factory=SelectionConfig)  # what selection judges on
     # Multi-domain evaluation (FedH2L's protocol): every domain's test split by
     # domain name, and which one is this peer's own.
     domain_tests: dict[str, Any] = field(default_factory=dict)
@@ -96,6 +97,7 @@ class Algorithm:
         self._with_public: tuple[tuple[str, ...], Any] | None = None  # cache of private_and_public()
         self.best_val = -1.0
         self.selected: dict[str, float] = {}  # test metrics of the best-validation model
+        self._selection_set = None  # cache of selection_set() for pooled splits
 
     # ------------------------------------------------------------------ hooks
 
@@ -170,14 +172,35 @@ class Algorithm:
                 metrics["bwt"] = correct[ctx.own_domain] / sizes[ctx.own_domain]  # own domain
             if others:
                 metrics["fwt"] = sum(correct[d] for d in others) / sum(sizes[d] for d in others)
-        if ctx.val is not None and len(ctx.val):
-            metrics["val_acc"] = evaluate(self.model, ctx.val, ctx.device)[0]
-            if metrics["val_acc"] > self.best_val:
+        selection_set = self.selection_set()
+        if selection_set is not None:
+            # val_acc: accuracy on the selection set (selection.on; the validation split by default)
+            metrics["val_acc"] = evaluate(self.model, selection_set, ctx.device)[0]
+            better = metrics["val_acc"] > self.best_val
+            if better or (ctx.selection.keep == "last" and metrics["val_acc"] == self.best_val):
                 self.best_val = metrics["val_acc"]
                 self.selected = {k: v for k, v in metrics.items()
                                  if k in ("acc", "bwt", "fwt", "test_acc", "global_acc")}
             metrics.update({f"sel_{k}": v for k, v in self.selected.items()})
         return metrics
+
+    def selection_set(self):
+        """The data model selection judges on (``selection.on``), or None if there is
+        none: the validation split, or it pooled with the peer's public and private
+        splits. Only the peer's own data: other domains' validation data is not its."""
+        from hfl.data import ArrayDataset
+
+        ctx = self.ctx
+        if ctx.selection.on == "val":
+            return ctx.val if ctx.val is not None and len(ctx.val) else None
+        if self._selection_set is None:
+            names = ctx.selection.on.split("+")
+            splits = {"val": ctx.val, "public": ctx.public, "private": ctx.train}
+            parts = [splits[n] for n in names if splits[n] is not None and len(splits[n])]
+            self._selection_set = ArrayDataset(
+                np.concatenate([p.x for p in parts]), np.concatenate([p.y for p in parts]),
+                ctx.num_classes, name=ctx.selection.on) if parts else None
+        return self._selection_set
 
     def handshake_info(self) -> dict[str, int]:
         """Dimensions peers must agree on (sent in the hello; nothing else)."""

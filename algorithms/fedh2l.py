@@ -17,11 +17,20 @@ FedH2L (Li, Zhou, Wang, Mi, Hospedales), Algorithm 1. Per round, peer i:
    <g, g_loc> >= 0 (eq. 8, closed form of the dual eq. 15) and steps with the
    global optimizer (lr eta).
 
-Deviation, as the issue allows: the local step runs ``train.local_epochs``
-(or ``max_batches``) batches, not one, so g_loc is the accumulated local change
-theta_before - theta_after (a positive multiple of the gradient for a single
-SGD step, and what the paper prescribes for E > 1). ``global_every`` (E) runs
-the global step only every E rounds, with g_loc accumulated over them.
+g_loc and the optimizers (``g_loc``, ``global_optimizer``). The paper's form is
+the default: g_loc is the raw local gradient of eq. (2) and one optimizer (the
+peer's ``train.optimizer``, AMSGrad in the paper) takes both steps, at lr beta
+(``train.lr``) for the local step and eta for the global one. hfl's local step
+runs ``train.local_epochs`` (or ``max_batches``) batches, not one, so g_loc is the
+mean of the raw gradients of the local batches since the last global step
+(exactly eq. 2 with one batch). ``g_loc: change`` is hfl's earlier form: the
+parameter change theta_before - theta_after over the local steps; with
+``global_optimizer: amsgrad`` (or ``sgd``) the global step has an optimizer of its
+own. Under an adaptive optimizer the parameter change is not a positive multiple
+of the gradient (AMSGrad rescales every coordinate), so the two forms test eq. (7)
+against different vectors: see docs/fedh2l.md for both, measured.
+``global_every`` (E) runs the global step only every E rounds, with g_loc taken
+over all the local steps since the last one.
 Ablations (the paper's Table 5): ``kl: false``, ``projection: none``,
 ``projection: pcgrad`` (Yu et al. 2020: both gradients are projected off each
 other's conflict and summed).
@@ -43,14 +52,21 @@ from hfl.algorithms.registry import register
 @dataclass(frozen=True)
 class FedH2LConfig:
     eta: float = field(default=1e-3, metadata={"gt": 0, "help": "global (mutual) step size"})
-    global_optimizer: Literal["amsgrad", "sgd"] = "amsgrad"
+    g_loc: Literal["gradient", "change"] = field(
+        default="gradient",
+        metadata={"help": "the local reference of eq. 7: the raw local gradient (the paper) "
+                          "or the parameter change over the local steps"},
+    )
+    global_optimizer: Literal["shared", "amsgrad", "sgd"] = field(
+        default="shared",
+        metadata={"help": "the global step's optimizer: the local one (the paper) or one of its own"},
+    )
     public_batch: int = field(default=32, metadata={"min": 1, "help": "samples a peer teaches on"})
     kl: bool = True
     ce_on_public: bool = True
     local_includes_public: bool = True
     projection: Literal["qp", "none", "pcgrad"] = "qp"
     global_every: int = field(default=1, metadata={"min": 1, "help": "E: global step every E rounds"})
-
 
 def mimicry_loss(
     student_logits: torch.Tensor,  # (B, C) peer i's logits on teacher j's batch
@@ -82,12 +98,18 @@ class FedH2L(Algorithm):
         if ctx.public is None or len(ctx.public) == 0:
             raise ValueError("fedh2l needs public seeds: set data.public_fraction > 0")
         params = list(self.model.parameters())
-        if self.cfg.global_optimizer == "amsgrad":
+        if self.cfg.global_optimizer == "shared":
+            self.global_opt = self.optimizer  # one optimizer state for both steps (Algorithm 1)
+        elif self.cfg.global_optimizer == "amsgrad":
             wd = ctx.train_cfg.weight_decay
             self.global_opt = torch.optim.Adam(params, lr=self.cfg.eta, weight_decay=wd, amsgrad=True)
         else:
             self.global_opt = torch.optim.SGD(params, lr=self.cfg.eta)
-        self._anchor: torch.Tensor | None = None  # parameters before the local steps since the last global step
+        # g_loc since the last global step: the parameters before the local steps
+        # (g_loc: change), or the sum and count of the local batches' raw gradients.
+        self._anchor: torch.Tensor | None = None
+        self._grad_sum: torch.Tensor | None = None
+        self._grad_count = 0
         self._teach_gen = torch.Generator().manual_seed(ctx.seed + 1)  # which public samples to teach on
 
     # ------------------------------------------------------------ local step
@@ -96,9 +118,34 @@ class FedH2L(Algorithm):
         return self.private_and_public() if self.cfg.local_includes_public else self.ctx.train
 
     def local_update(self, round: int) -> dict[str, float]:
-        if self._anchor is None:  # g_loc is measured from here to the global step
-            self._anchor = flatten(p.detach() for p in self.model.parameters()).clone()
+        if self.cfg.g_loc == "change" and self._anchor is None:  # measured from here
+            self._anchor = flatten(p.detach() for p in self._params()).clone()
         return super().local_update(round)
+
+    def before_step_hook(self, round: int):
+        if self.cfg.g_loc != "gradient":
+            return None
+        params = self._params()
+
+        def accumulate() -> None:  # eq. (2): the raw gradient, before the optimizer sees it
+            g = flat_grads(params).detach()
+            self._grad_sum = g.clone() if self._grad_sum is None else self._grad_sum.add_(g)
+            self._grad_count += 1
+
+        return accumulate
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        """The parameters both steps train: g_loc, g_pub and the projection live in their space."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _local_reference(self, current: torch.Tensor) -> torch.Tensor | None:
+        """g_loc since the last global step (None if no local step was taken), and reset."""
+        if self.cfg.g_loc == "change":
+            g = None if self._anchor is None else self._anchor.to(current.device) - current
+        else:
+            g = None if self._grad_sum is None else self._grad_sum.to(current.device) / self._grad_count
+        self._anchor, self._grad_sum, self._grad_count = None, None, 0
+        return g
 
     # ------------------------------------------------------------ teaching
 
@@ -132,11 +179,11 @@ class FedH2L(Algorithm):
                 continue  # malformed: refers to samples we do not have
             teachers.append((seeds, idx, probs, float(payload.meta.get("acc", 1.0))))
         metrics: dict[str, float] = {"teachers": float(len(teachers))}
+        params = self._params()
+        g_loc = self._local_reference(flatten(p.detach() for p in params))
         if not teachers:
-            self._anchor = None
             return metrics
 
-        params = [p for p in self.model.parameters() if p.requires_grad]
         self.model.train()
         self.global_opt.zero_grad(set_to_none=True)
         total = 0.0
@@ -148,8 +195,8 @@ class FedH2L(Algorithm):
             (loss / len(teachers)).backward()
             total += float(loss.detach()) / len(teachers)
         g_pub = flat_grads(params)
-        current = flatten(p.detach() for p in params)
-        g_loc = self._anchor.to(current.device) - current  # accumulated local change
+        if g_loc is None:  # no local step since the last global one: nothing to protect
+            g_loc = torch.zeros_like(g_pub)
         cos = float(torch.nn.functional.cosine_similarity(g_pub, g_loc, dim=0, eps=1e-12))
         if self.cfg.projection == "qp":
             g, projected = project(g_pub, g_loc)
@@ -158,18 +205,47 @@ class FedH2L(Algorithm):
         else:
             g, projected = g_pub, False
         write_grads(params, g)
-        self.global_opt.step()
-        self._anchor = None
+        self._global_step()
         metrics.update(mimicry_loss=total, cos_pub_loc=cos, projected=float(projected))
         return metrics
+
+    def _global_step(self) -> None:
+        """theta <- theta - eta * g~ (Algorithm 1's last line) with the global optimizer;
+        a shared optimizer steps at lr eta, then returns to the local lr beta."""
+        if self.global_opt is not self.optimizer:
+            self.global_opt.step()
+            return
+        local_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.eta
+        try:
+            self.optimizer.step()
+        finally:
+            for group, lr in zip(self.optimizer.param_groups, local_lrs, strict=True):
+                group["lr"] = lr
 
     # ------------------------------------------------------------ checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "global_opt": self.global_opt.state_dict(),
-                "teach_gen": self._teach_gen.get_state()}
+        state = {**super().state_dict(), "teach_gen": self._teach_gen.get_state(),
+                 "grad_count": self._grad_count}
+        if self.global_opt is not self.optimizer:
+            state["global_opt"] = self.global_opt.state_dict()
+        # g_loc gathered since the last global step (global_every > 1 spans rounds)
+        for key, value in (("anchor", self._anchor), ("grad_sum", self._grad_sum)):
+            if value is not None:
+                state[key] = value.cpu()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.global_opt.load_state_dict(state["global_opt"])
+        if self.global_opt is not self.optimizer:
+            if "global_opt" not in state:
+                raise ValueError("checkpoint has no global optimizer state: it was written "
+                                 "with algorithm.global_optimizer: shared")
+            self.global_opt.load_state_dict(state["global_opt"])
         self._teach_gen.set_state(state["teach_gen"])
+        device = self.ctx.device
+        self._anchor = state["anchor"].to(device) if "anchor" in state else None
+        self._grad_sum = state["grad_sum"].to(device) if "grad_sum" in state else None
+        self._grad_count = int(state.get("grad_count", 0))

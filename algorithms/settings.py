@@ -17,3 +17,18 @@ class TrainConfig:
     max_batches: int | None = field(
         default=None, metadata={"min": 1, "help": "cap on batches per round (None: whole epochs)"}
     )
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Model selection: which data the peer judges its models on each round, and which
+    of equally good rounds it keeps. The kept model's test metrics are reported as
+    ``sel_*`` beside the final model's."""
+
+    on: Literal["val", "val+public", "val+public+private"] = field(
+        default="val",
+        metadata={"help": "the peer's own splits pooled for selection (FedH2L: its validation split)"},
+    )
+    keep: Literal["first", "last"] = field(
+        default="first", metadata={"help": "of rounds tied on the selection accuracy, keep the earliest or the latest"}
+    )

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 # Shown only when some peer reports them (multi-domain runs: FedH2L's protocol,
-# test metrics of the model chosen on validation).
+# test metrics of the model chosen on validation, then the final model's ACC).
 DOMAIN_COLUMNS = [
     ("sel_acc", "ACC", "{:.4f}"),
     ("sel_bwt", "BWT", "{:.4f}"),
     ("sel_fwt", "FWT", "{:.4f}"),
+    ("acc", "final ACC", "{:.4f}"),
 ]
 
 COLUMNS = [

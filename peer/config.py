@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from hfl.algorithms.registry import CATALOG
 from hfl.algorithms.registry import check_name as check_algorithm_name
-from hfl.algorithms.settings import TrainConfig
+from hfl.algorithms.settings import SelectionConfig, TrainConfig
 from hfl.peer.configtools import ConfigError, apply_overrides, build, load_yaml
 
 ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
@@ -322,6 +322,7 @@ class PeerConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
     algorithm: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "options of the chosen algorithm"}
     )
@@ -396,6 +397,7 @@ __all__ = [
     "NodeConfig",
     "PeerConfig",
     "SecurityConfig",
+    "SelectionConfig",
     "PublicSetConfig",
     "TimingConfig",
     "TrainConfig",

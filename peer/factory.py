@@ -303,11 +303,16 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
         )
     except ValueError as exc:
         raise ConfigError("model", str(exc)) from exc
+    if "public" in cfg.selection.on and (data.public is None or not len(data.public)):
+        raise ConfigError(
+            "selection.on", f"got {cfg.selection.on!r} but this peer has no public split: set "
+            "data.public_fraction > 0 (or data.public_set), or use 'val'",
+        )
     torch.manual_seed(cfg.node.seed)  # this peer's own randomness from here on
     ctx = AlgorithmContext(
         peer_id=cfg.node.id, model=model, train=data.train, test=data.test,
         num_classes=num_classes, device=device, seed=cfg.node.seed, rounds=cfg.cohort.rounds,
-        train_cfg=cfg.train,
+        train_cfg=cfg.train, selection=cfg.selection,
         extra_tests={"global": data.global_test} if data.global_test is not None else {},
         public=data.public, val=data.val, domain_tests=data.domain_tests, own_domain=data.own_domain,
         cohort_seed=cfg.cohort.seed, label_noise_rate=data.label_noise_rate,

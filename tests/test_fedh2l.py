@@ -32,6 +32,202 @@ def test_a_student_that_equals_its_teacher_has_no_kl():
     assert float(mimicry_loss(logits, probs, None, 1.0)) == pytest.approx(0.0, abs=1e-6)
 
 
+# --------------------------------------------------------------------------- g_loc and the global step
+
+import copy  # noqa: E402
+
+import numpy as np  # noqa: E402
+from torch import nn  # noqa: E402
+
+from hfl.algorithms.base import AlgorithmContext, Payload  # noqa: E402
+from hfl.algorithms.fedh2l import FedH2L, FedH2LConfig  # noqa: E402
+from hfl.algorithms.settings import SelectionConfig, TrainConfig  # noqa: E402
+from hfl.data import ArrayDataset  # noqa: E402
+
+
+def two_class_data(n=24, seed=0):
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % 2
+    x = rng.normal(size=(n, 4)).astype(np.float32) + 2.0 * y[:, None]  # separable-ish
+    return ArrayDataset(x, y, 2)
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Linear(4, 8), nn.Tanh())
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def make_fedh2l(train: TrainConfig, **cfg) -> FedH2L:
+    torch.manual_seed(0)
+    data = two_class_data()
+    ctx = AlgorithmContext(peer_id="p0", model=Tiny(), train=data, test=data, num_classes=2,
+                           device=torch.device("cpu"), seed=0, train_cfg=train,
+                           public=two_class_data(8, seed=1))
+    return FedH2L(ctx, FedH2LConfig(local_includes_public=False, **cfg))
+
+
+def conflicting_teacher(alg: FedH2L) -> dict[str, Payload]:
+    """A teacher whose labels are the local data's, flipped: its gradient opposes g_loc."""
+    local = alg.ctx.train
+    alg.add_peer_seeds("p1", local.x, 1 - local.y)
+    idx = np.arange(len(local))
+    probs = np.eye(2, dtype=np.float32)[1 - local.y]
+    return {"p1": Payload(kind="posteriors", tensors={"idx": idx, "probs": probs}, meta={"acc": 1.0})}
+
+
+def flat(tensors):
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def test_paper_form_projects_against_the_raw_local_gradient_and_steps_with_the_shared_optimizer():
+    # One full-batch local step: g_loc is exactly eq. (2)'s gradient at the starting
+    # parameters; plain SGD makes every step checkable by hand.
+    beta, eta = 0.1, 0.05
+    train = TrainConfig(optimizer="sgd", lr=beta, momentum=0.0, batch_size=64, max_batches=1)
+    alg = make_fedh2l(train, eta=eta)  # the defaults: g_loc gradient, shared optimizer
+    assert alg.global_opt is alg.optimizer
+    x, y = torch.from_numpy(alg.ctx.train.x), torch.from_numpy(alg.ctx.train.y)
+
+    oracle = copy.deepcopy(alg.model)
+    theta0 = [p.detach().clone() for p in oracle.parameters()]
+    g_loc = flat(torch.autograd.grad(nn.functional.cross_entropy(oracle(x), y), list(oracle.parameters())))
+
+    alg.local_update(1)
+    theta1 = flat(p.detach() for p in alg.model.parameters())
+    torch.testing.assert_close(theta1, flat(theta0) - beta * g_loc)  # the local step: lr beta
+    assert alg._grad_count == 1
+    torch.testing.assert_close(alg._grad_sum, g_loc)  # the reference is eq. (2) itself
+
+    received = conflicting_teacher(alg)
+    student = copy.deepcopy(alg.model)
+    loss = mimicry_loss(student(x), torch.from_numpy(received["p1"].tensors["probs"]), 1 - y, 1.0)
+    g_pub = flat(torch.autograd.grad(loss, list(student.parameters())))
+    dot = float(g_pub @ g_loc)
+    assert dot < 0  # the teacher conflicts with local learning
+    g_tilde = g_pub - dot / float(g_loc @ g_loc) * g_loc  # eq. (15)'s closed form
+    assert float(g_tilde @ g_loc) == pytest.approx(0.0, abs=1e-5)
+
+    metrics = alg.absorb(1, received)
+    assert metrics["projected"] == 1.0
+    assert metrics["cos_pub_loc"] == pytest.approx(dot / float(g_pub.norm() * g_loc.norm()), rel=1e-4)
+    theta2 = flat(p.detach() for p in alg.model.parameters())
+    torch.testing.assert_close(theta2, theta1 - eta * g_tilde)  # the global step: lr eta
+    assert [g["lr"] for g in alg.optimizer.param_groups] == [beta]  # back to beta for the next round
+
+
+def test_g_loc_averages_the_raw_gradients_of_the_local_batches():
+    train = TrainConfig(optimizer="sgd", lr=0.1, momentum=0.0, batch_size=8, max_batches=3)
+    alg = make_fedh2l(train)
+    # SGD with momentum 0: each raw gradient is (theta_k - theta_{k+1}) / lr, so their
+    # mean is the parameter change / (3 lr) -- the two forms agree only here.
+    before = flat(p.detach().clone() for p in alg.model.parameters())
+    alg.local_update(1)
+    after = flat(p.detach() for p in alg.model.parameters())
+    assert alg._grad_count == 3
+    torch.testing.assert_close(alg._grad_sum / 3, (before - after) / (3 * 0.1), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("g_loc", ["gradient", "change"])
+def test_under_amsgrad_the_two_forms_take_different_references(g_loc):
+    train = TrainConfig(optimizer="amsgrad", lr=0.01, batch_size=8, max_batches=3)
+    alg = make_fedh2l(train, g_loc=g_loc, global_optimizer="shared" if g_loc == "gradient" else "amsgrad")
+    before = flat(p.detach().clone() for p in alg.model.parameters())
+    alg.local_update(1)
+    change = before - flat(p.detach() for p in alg.model.parameters())
+    ref = alg._local_reference(flat(p.detach() for p in alg.model.parameters()))
+    if g_loc == "change":
+        torch.testing.assert_close(ref, change)
+    else:  # AMSGrad rescales each coordinate: the change is not a multiple of the gradient
+        cos = float(nn.functional.cosine_similarity(ref, change, dim=0))
+        assert 0 < cos < 0.99
+    assert alg._local_reference(before) is None  # consumed: the next global step starts afresh
+
+
+def test_a_separate_global_optimizer_keeps_its_own_state():
+    train = TrainConfig(optimizer="amsgrad", lr=0.01, batch_size=8, max_batches=2)
+    shared = make_fedh2l(train)
+    own = make_fedh2l(train, g_loc="change", global_optimizer="amsgrad")
+    for alg in (shared, own):
+        alg.local_update(1)
+        alg.absorb(1, conflicting_teacher(alg))
+    steps = lambda opt: int(next(iter(opt.state.values()))["step"])  # noqa: E731
+    assert steps(shared.optimizer) == 3  # two local steps and the global one, one state
+    assert steps(own.optimizer) == 2 and steps(own.global_opt) == 1
+
+
+def test_g_loc_gathered_over_rounds_survives_a_checkpoint():
+    train = TrainConfig(optimizer="amsgrad", lr=0.01, batch_size=8, max_batches=2)
+    alg = make_fedh2l(train, global_every=2)
+    alg.local_update(1)
+    assert alg.absorb(1, {}) == {}  # round 1 of E = 2: no global step, g_loc kept
+    state = alg.state_dict()
+    restored = make_fedh2l(train, global_every=2)
+    restored.load_state_dict(state)
+    assert restored._grad_count == 2
+    torch.testing.assert_close(restored._grad_sum, alg._grad_sum)
+    with pytest.raises(ValueError, match="global_optimizer"):
+        make_fedh2l(train, g_loc="change", global_optimizer="amsgrad").load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- model selection
+
+
+def constant_model(cls: int) -> nn.Module:
+    """Predicts ``cls`` for every input."""
+    m = nn.Linear(1, 2)
+    with torch.no_grad():
+        m.weight.zero_()
+        m.bias.copy_(torch.tensor([1.0, 0.0] if cls == 0 else [0.0, 1.0]))
+    return m
+
+
+def selection_run(**selection) -> dict[str, float]:
+    """Two rounds tied on validation (half right each) whose test accuracies differ."""
+    ds = lambda labels: ArrayDataset(np.zeros((len(labels), 1), np.float32), np.array(labels), 2)  # noqa: E731
+    from hfl.algorithms.base import Algorithm
+
+    ctx = AlgorithmContext(peer_id="p0", model=constant_model(0), train=ds([1, 1, 1, 1]),
+                           test=ds([0, 0, 0, 1]), num_classes=2, device=torch.device("cpu"), seed=0,
+                           val=ds([0, 1]), public=ds([1, 1]), selection=SelectionConfig(**selection))
+    alg = Algorithm(ctx)
+    first = alg.evaluate()  # always class 0: val 1/2, test 3/4
+    alg.model.load_state_dict(constant_model(1).state_dict())
+    last = alg.evaluate()  # always class 1: val 1/2, test 1/4
+    assert (first["test_acc"], last["test_acc"]) == (0.75, 0.25)
+    return last
+
+
+def test_selection_keeps_the_earliest_or_the_latest_of_tied_rounds():
+    assert selection_run()["sel_test_acc"] == 0.75  # the default: earliest maximum
+    assert selection_run(keep="last")["sel_test_acc"] == 0.25
+
+
+def test_selection_can_pool_the_peers_own_public_and_private_data():
+    # Pooled with public [1, 1], class 1 is right on 3 of 4, class 0 on 1 of 4.
+    last = selection_run(on="val+public")
+    assert last["val_acc"] == 0.75 and last["sel_test_acc"] == 0.25
+    last = selection_run(on="val+public+private")  # + private [1, 1, 1, 1]: 7 of 8
+    assert last["val_acc"] == 0.875 and last["sel_test_acc"] == 0.25
+
+
+def test_selection_config_errors_name_the_field():
+    from hfl.peer.config import config_from_dict
+    from hfl.peer.configtools import ConfigError
+    from hfl.peer.factory import build_algorithm
+
+    with pytest.raises(ConfigError, match=r"selection\.keep.*first.*last"):
+        config_from_dict({"node": {"id": "a"}, "selection": {"keep": "best"}})
+    cfg = config_from_dict({"node": {"id": "a"}, "selection": {"on": "val+public"},
+                            "data": {"dataset": "digits", "val_fraction": 0.1}})
+    with pytest.raises(ConfigError, match=r"selection\.on.*public_fraction"):
+        build_algorithm(cfg)
+
+
 # --------------------------------------------------------------------------- cohorts
 
 import asyncio  # noqa: E402
