@@ -33,7 +33,8 @@ COLUMNS = [
 # A peer whose sharing method ended below its expected cohort (see hfl.peer.status).
 SHORT_MARK = "!"
 SHORT_NOTE = (f"{SHORT_MARK} = this peer shared with fewer peers than expected "
-              "(max(2, node.min_peers)): its numbers are not a federated result")
+              "(max(2, node.min_peers)), or learned from no other peer in most of its rounds: "
+              "its numbers are not a federated result")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -620,6 +620,8 @@ class Node:
             received = await self._aggregate_round(r, payload, info, work)
         else:
             received = {}
+        if self.alg.mode != "local":
+            info.setdefault("learned_from", 0)  # no other peer's knowledge this round
         if received:
             metrics.update(await work(self.alg.absorb, r, received))
         metrics.update(await work(self.alg.evaluate))
@@ -656,8 +658,10 @@ class Node:
         deadline = self.clock.now() + self.timing.round_timeout_s
         complete = await self._wait_until(lambda: not self._awaited(r), deadline)
         got = self.buffer.received(r)
-        info.update(received_from=len(got), timed_out=not complete)
-        return {p: self._payload(m) for p, m in sorted(got.items()) if m.kind != "none"}
+        knowledge = {p: self._payload(m) for p, m in sorted(got.items()) if m.kind != "none"}
+        info.update(received_from=len(got), timed_out=not complete,
+                    learned_from=len(set(knowledge) - {self.id}))
+        return knowledge
 
     async def _aggregate_round(self, r: int, payload: Payload | None, info: dict, work) -> dict[str, Payload]:
         """Server-style round on the aggregator elected for (r, epoch), with fail-over."""
@@ -705,7 +709,8 @@ class Node:
             if result is not None:
                 self.epoch = result.epoch
                 info.update(aggregator=result.sender, epoch=result.epoch,
-                            contributors=len(result.contributors))
+                            contributors=len(result.contributors),
+                            learned_from=len(set(result.contributors) - {self.id}))
                 self._discard_unused_results(r, result.epoch)
                 return {result.sender: self._payload(result)}
             if self._cohort_past(r):
@@ -759,6 +764,7 @@ class Node:
                         "published, keeping the local model", self.id, r, len(used), quorum)
             info.update(aggregator=None, below_quorum=True)
             return {}
+        info.update(learned_from=len(set(used) - {self.id}))
         msg = AggregateResult(**self._envelope(), round=r, epoch=self.epoch, kind=result.kind,
                               contributors=used, meta=result.meta, tensors=result.tensors)
         await self._broadcast(mem.live_peers(), msg)

@@ -20,6 +20,7 @@ from hfl.peer.checkpoint import (
     load_checkpoint,
     make_run_dir,
     metrics_incarnation,
+    read_jsonl,
     next_incarnation,
     save_checkpoint,
     trim_metrics,
@@ -318,7 +319,11 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         recorder.stopped.set()
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
-    shortfall = cohort_shortfall(algorithm.mode, cfg.node.min_peers, result.metrics)
+    # Every round this peer recorded, over all its lives: a peer restarted for the last
+    # rounds is judged on its whole run, not on the rounds since its restart.
+    history = {int(r["round"]): r for r in read_jsonl(run_dir / METRICS_NAME) if "round" in r}
+    shortfall = cohort_shortfall(algorithm.mode, cfg.node.min_peers,
+                                 [history[k] for k in sorted(history)] or result.metrics)
     last = result.metrics[-1] if result.metrics else {}
     summary = {
         "peer": cfg.node.id, "arch": getattr(algorithm.model, "arch", cfg.model.arch),

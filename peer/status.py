@@ -175,13 +175,20 @@ async def watch_join(node, bootstrap: tuple[str, ...], need: int, join_timeout_s
 def cohort_shortfall(mode: str, min_peers: int, metrics: list[dict[str, Any]]) -> str | None:
     """Why this run did not share as configured, or None: a sharing method (not
     ``local``) whose largest cohort seen in any round stayed below ``min_peers``
-    (at least 2: sharing with nobody is training alone)."""
+    (at least 2: sharing with nobody is training alone), or that learned from no
+    other peer (``learned_from`` 0) in more than half of its rounds."""
     if mode == "local" or not metrics:
         return None
     expected = max(2, min_peers)
     seen = max(int(r.get("live_peers", 1)) for r in metrics)
     if seen >= expected:
-        return None
+        isolated = sum(1 for r in metrics if r.get("learned_from", 1) == 0)
+        if isolated < 2 or 2 * isolated <= len(metrics):
+            return None
+        return (f"learned from no other peer in {isolated} of its {len(metrics)} round(s) "
+                "(its peers died or left, or their knowledge missed every deadline): most "
+                "of this result is training alone; see the warnings above, or allow it with "
+                "node.allow_solo: true (--allow-solo)")
     return (f"shared with at most {seen - 1} other peer(s) in {len(metrics)} round(s), "
             f"expected a cohort of {expected} (node.min_peers={min_peers}): "
             f"{'this peer trained alone' if seen == 1 else 'the cohort was incomplete'}; "

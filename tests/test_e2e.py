@@ -127,6 +127,24 @@ def test_chfl_aggregator_killed_mid_round_no_peer_applies_a_stale_head(tmp_path)
         assert len({survivors[p][r]["absorbed_crc"] for p in survivors}) == 1
 
 
+def test_a_pair_that_loses_one_peer_for_good_fails_the_launch_instead_of_reporting_solo_work(tmp_path):
+    # p1 dies in round 2 and stays dead: p0's rounds 2-6 have no aggregate (one peer
+    # is below the quorum), so 5 of its 6 rounds are training alone. That is not a
+    # federated result: hfl-peer exits 3, the launch fails and says why.
+    path = experiment(tmp_path, rounds=6, peers=2, faults=[{"peer": "p1", "at_round": 2}])
+    proc = launch(path)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    p0 = {r["round"]: r for r in metrics(tmp_path, "p0")}
+    assert sorted(p0) == [1, 2, 3, 4, 5, 6]  # it did run every round
+    assert p0[1]["learned_from"] == 1 and [p0[r]["learned_from"] for r in range(2, 7)] == [0] * 5
+    summary = json.loads((tmp_path / "run" / "p0" / "summary.json").read_text())
+    assert "learned from no other peer in 5 of its 6 round(s)" in summary["cohort_shortfall"]
+    assert "learned from no other peer" in proc.stdout + proc.stderr
+    # Asked for explicitly, the same run is fine.
+    proc = launch(path, "--fresh", "--allow-solo")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_killed_peer_restarts_from_its_checkpoint_rejoins_and_finishes(tmp_path):
     # The survivors never declare p1 dead (dead_after_s is long): it stays suspect,
     # so each round waits for it until the round deadline. Whatever the machine's

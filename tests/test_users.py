@@ -179,6 +179,19 @@ def test_cohort_shortfall(mode, min_peers, live, short):
         assert "allow_solo" in got
 
 
+@pytest.mark.parametrize(("learned", "short"), [
+    ([0, 2, 2, 0, 2], False),  # a round or two without anyone's knowledge: a fault, survived
+    ([2, 1, 0, 0, 0], True),   # its only partner died in round 3: mostly training alone
+    ([0, 0], True),
+    ([0], False),              # one round is not a pattern (a late restart, say)
+])
+def test_a_cohort_that_taught_this_peer_nothing_in_most_rounds_is_a_shortfall(learned, short):
+    got = cohort_shortfall("broadcast", 2, [{"live_peers": 2, "learned_from": n} for n in learned])
+    assert (got is not None) == short
+    if short:
+        assert "learned from no other peer in" in got and "allow_solo" in got
+
+
 def test_data_split_fingerprint_differs_with_the_partition_not_with_the_view():
     from hfl.peer.config import DataConfig
 
