@@ -6,8 +6,9 @@ eq. (8),
 
     minimise_z  1/2 ||g_pub - z||^2   subject to  <z, r_k> >= 0  for every k,
 
-where the r_k are reference gradients (FedH2L: the one local gradient g_loc;
-E > 1 local rounds: the accumulated local change). Its Lagrangian dual (the
+where the r_k are reference gradients (FedH2L: the one local gradient g_loc, or
+with several local batches their mean gradient or, as an option, the parameter
+change). Its Lagrangian dual (the
 paper's eqs. 12-15) is
 
     minimise_{v >= 0}  1/2 v^T (R R^T) v + (R g_pub)^T v,   z* = g_pub + R^T v*,
