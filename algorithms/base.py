@@ -112,17 +112,12 @@ class Algorithm:
     def private_and_public(self):
         """The private split plus our public split plus every peer's public seed set
         received so far; rebuilt only when a new seed set arrives."""
-        from hfl.data import ArrayDataset
-
         owners = tuple(sorted(self.peer_seeds))
         if self._with_public is None or self._with_public[0] != owners:
             ctx = self.ctx
             parts = [ctx.train, *([ctx.public] if ctx.public is not None else []),
                      *(self.peer_seeds[o] for o in owners)]
-            data = ArrayDataset(np.concatenate([p.x for p in parts]),
-                                np.concatenate([p.y for p in parts]), ctx.num_classes,
-                                name="private+public")
-            self._with_public = (owners, data)
+            self._with_public = (owners, pooled(parts, ctx.num_classes, "private+public"))
         return self._with_public[1]
 
     def local_update(self, round: int) -> dict[str, float]:
@@ -188,18 +183,14 @@ class Algorithm:
         """The data model selection judges on (``selection.on``), or None if there is
         none: the validation split, or it pooled with the peer's public and private
         splits. Only the peer's own data: other domains' validation data is not its."""
-        from hfl.data import ArrayDataset
-
         ctx = self.ctx
         if ctx.selection.on == "val":
             return ctx.val if ctx.val is not None and len(ctx.val) else None
         if self._selection_set is None:
-            names = ctx.selection.on.split("+")
             splits = {"val": ctx.val, "public": ctx.public, "private": ctx.train}
-            parts = [splits[n] for n in names if splits[n] is not None and len(splits[n])]
-            self._selection_set = ArrayDataset(
-                np.concatenate([p.x for p in parts]), np.concatenate([p.y for p in parts]),
-                ctx.num_classes, name=ctx.selection.on) if parts else None
+            parts = [splits[n] for n in ctx.selection.on.split("+")
+                     if splits[n] is not None and len(splits[n])]
+            self._selection_set = pooled(parts, ctx.num_classes, ctx.selection.on) if parts else None
         return self._selection_set
 
     def handshake_info(self) -> dict[str, int]:
@@ -227,6 +218,14 @@ class Algorithm:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def pooled(parts, num_classes: int, name: str):
+    """One ArrayDataset holding the samples of ``parts`` (ArrayDatasets), in order."""
+    from hfl.data import ArrayDataset
+
+    return ArrayDataset(np.concatenate([p.x for p in parts]), np.concatenate([p.y for p in parts]),
+                        num_classes, name=name)
 
 
 def module_to_arrays(module: nn.Module) -> dict[str, np.ndarray]:

@@ -68,6 +68,7 @@ class FedH2LConfig:
     projection: Literal["qp", "none", "pcgrad"] = "qp"
     global_every: int = field(default=1, metadata={"min": 1, "help": "E: global step every E rounds"})
 
+
 def mimicry_loss(
     student_logits: torch.Tensor,  # (B, C) peer i's logits on teacher j's batch
     teacher_probs: torch.Tensor,  # (B, C) p_j
@@ -138,12 +139,14 @@ class FedH2L(Algorithm):
         """The parameters both steps train: g_loc, g_pub and the projection live in their space."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def _local_reference(self, current: torch.Tensor) -> torch.Tensor | None:
+    def _local_reference(self) -> torch.Tensor | None:
         """g_loc since the last global step (None if no local step was taken), and reset."""
-        if self.cfg.g_loc == "change":
-            g = None if self._anchor is None else self._anchor.to(current.device) - current
+        if self._anchor is not None:  # g_loc: change
+            g = self._anchor - flatten(p.detach() for p in self._params())
+        elif self._grad_sum is not None:  # g_loc: gradient
+            g = self._grad_sum / self._grad_count
         else:
-            g = None if self._grad_sum is None else self._grad_sum.to(current.device) / self._grad_count
+            g = None
         self._anchor, self._grad_sum, self._grad_count = None, None, 0
         return g
 
@@ -180,7 +183,7 @@ class FedH2L(Algorithm):
             teachers.append((seeds, idx, probs, float(payload.meta.get("acc", 1.0))))
         metrics: dict[str, float] = {"teachers": float(len(teachers))}
         params = self._params()
-        g_loc = self._local_reference(flatten(p.detach() for p in params))
+        g_loc = self._local_reference()
         if not teachers:
             return metrics
 

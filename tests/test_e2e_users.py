@@ -192,3 +192,50 @@ def test_a_forked_peer_writes_its_log_and_returns_its_exit_status(tmp_path):
     peer = ForkedPeer(bad, {"OMP_NUM_THREADS": "1"}, tmp_path / "peer.log")
     assert peer.wait(timeout=120) == 2 and peer.poll() == 2 and peer.returncode == 2
     assert "hfl-peer: invalid config: cohort.rounds" in (tmp_path / "peer.log").read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_pair_whose_partner_is_sigkilled_from_outside_does_not_exit_0_as_if_federated(tmp_path):
+    # Two hfl-peer processes; once p0 has recorded round 1, p1 is SIGKILLed and
+    # stays dead. p0 runs every round, but after the kill no aggregate reaches the
+    # quorum: most of its result is training alone, and it says so with status 3.
+    rounds = 40  # the kill lands within the first few rounds, whatever the machine's load
+    ports = [free_port(), free_port()]
+    paths = []
+    for i in range(2):
+        cfg = {"node": {"id": f"p{i}", "listen": f"tcp://127.0.0.1:{ports[i]}",
+                        "bootstrap": [f"tcp://127.0.0.1:{ports[0]}"] if i else [],
+                        "run_dir": str(tmp_path / f"p{i}"), "min_peers": 2},
+               "security": {"mode": "none"},
+               "cohort": {"algorithm": "fedavg", "rounds": rounds},
+               "data": {"dataset": "digits", "partition": "iid", "num_partitions": 2,
+                        "partition_index": i},
+               "model": {"arch": "mlp", "options": {"hidden": [16]}},
+               "train": {"max_batches": 1},
+               "timing": TIMING}
+        paths.append(tmp_path / f"p{i}.yaml")
+        paths[-1].write_text(yaml.safe_dump(cfg))
+    procs = [subprocess.Popen([sys.executable, "-m", "hfl.peer.cli", "--config", str(p)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for p in paths]
+    try:
+        wait_for(tmp_path / "p0" / "metrics.jsonl")
+        procs[1].send_signal(signal.SIGKILL)
+        _, err = procs[0].communicate(timeout=180)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    assert procs[1].returncode == -signal.SIGKILL
+    assert procs[0].returncode == 3, err
+    assert "learned from no other peer in" in err and "allow_solo" in err
+    p0 = metrics(tmp_path, "p0")
+    assert [r["round"] for r in p0] == list(range(1, rounds + 1))  # it kept working
+    assert p0[0]["learned_from"] == 1 and p0[-1]["learned_from"] == 0
+    summary = json.loads((tmp_path / "p0" / "summary.json").read_text())
+    assert "learned from no other peer" in summary["cohort_shortfall"]
