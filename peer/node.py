@@ -679,8 +679,8 @@ class Node:
             await self._send_to(aggregator, knowledge)
             # An aggregator still behind round r (restarted, paused, catching up) may lose
             # what it got meanwhile (or never get it: it was not listening yet): once its
-            # heartbeats show it in round r, the knowledge goes once more (a duplicate is
-            # dropped by the receiver, the first copy stands).
+            # heartbeats show it in round r, the knowledge goes once more (an exact repeat
+            # of a copy the receiver holds is ignored there, not counted as a drop).
             resend = self._behind(aggregator, r)
             self._maybe_crash(r, "wait", "serve")
             deadline = (self.clock.now() + self.timing.round_timeout_s

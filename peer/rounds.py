@@ -16,7 +16,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hfl.protocol.messages import AggregateResult, Knowledge
+
+
+def same_knowledge(a: Knowledge, b: Knowledge) -> bool:
+    """``b`` repeats ``a`` exactly: same round, epoch, kind, meta and tensors
+    (names, dtypes, shapes and values)."""
+    if (a.round, a.epoch, a.kind, a.incarnation) != (b.round, b.epoch, b.kind, b.incarnation):
+        return False
+    if a.meta != b.meta or a.tensors.keys() != b.tensors.keys():
+        return False
+    return all(a.tensors[k].dtype == b.tensors[k].dtype
+               and np.array_equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
 
 
 @dataclass
@@ -44,8 +57,14 @@ class RoundBuffer:
                 if r != msg.round:
                     del self.knowledge[r]
         slot = self.knowledge.setdefault(msg.round, {})
-        if msg.sender in slot:
-            return f"duplicate knowledge from {msg.sender} for round {msg.round}"
+        held = slot.get(msg.sender)
+        if held is not None:
+            if same_knowledge(held, msg):
+                # A retransmission (a sender re-sends to an aggregator that was behind):
+                # nothing new and nothing wrong, so not a drop.
+                return None
+            return (f"conflicting knowledge from {msg.sender} for round {msg.round}: it differs "
+                    "from the copy already held, which stands")
         slot[msg.sender] = msg
         return None
 

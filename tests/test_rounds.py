@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from hfl.peer.rounds import RoundBuffer
 from hfl.protocol import AggregateResult, Knowledge
 
@@ -47,12 +49,33 @@ def test_knowledge_within_lookahead_is_kept_and_beyond_it_only_the_highest_round
     assert list(buf.received(12)) == ["b"]
 
 
-def test_duplicate_knowledge_is_dropped_and_the_first_copy_kept():
+def test_conflicting_knowledge_is_dropped_and_the_first_copy_kept():
     buf = RoundBuffer(round=1)
     first = knowledge("b", 1, kind="first")
     assert buf.offer_knowledge(first) is None
     reason = buf.offer_knowledge(knowledge("b", 1, kind="second"))
-    assert reason is not None and "duplicate" in reason
+    assert reason is not None and "conflicting knowledge from b for round 1" in reason
+    assert buf.received(1)["b"] is first
+
+
+def test_a_retransmitted_copy_is_no_drop_and_one_changed_value_is():
+    # A peer re-sends its knowledge to an aggregator that was behind: the same
+    # message again is harmless; the same sender and round with other values is not.
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    def msg(tensors, **kw):
+        return Knowledge(**{"sender": "b", "incarnation": 0, "round": 1, "kind": "weights",
+                            "meta": {"n": 5}, "tensors": tensors, **kw})
+
+    buf = RoundBuffer(round=1)
+    first = msg({"w": w})
+    assert buf.offer_knowledge(first) is None
+    assert buf.offer_knowledge(msg({"w": w.copy()})) is None
+    changed = w.copy()
+    changed[1, 2] += 1e-3
+    for other in (msg({"w": changed}), msg({"w": w.astype(np.float64)}), msg({"w": w, "v": w}),
+                  msg({"w": w}, epoch=1), msg({"w": w}, meta={"n": 6})):
+        assert "conflicting" in buf.offer_knowledge(other)
     assert buf.received(1)["b"] is first
 
 

@@ -326,10 +326,16 @@ def fedavg_pair(tmp_path: Path, rounds: int, base: Path | None = None) -> list:
             for i in range(2)]
 
 
-def rewind_checkpoint(run_dir: Path, to_round: int) -> None:
-    """p1 as if killed after ``to_round``: its checkpoint and metrics end there."""
+def rewind_checkpoint(run_dir: Path, to_round: int, members: list[str] | None = None) -> None:
+    """p1 as if killed after ``to_round``: its checkpoint and metrics end there.
+
+    ``members``: the cohort it remembers, as a checkpoint of that round would. The
+    final checkpoint being rewound omits peers that finished and left before it was
+    written, and which ones did depends on timing."""
     state = load_checkpoint(run_dir)
     state["round"] = to_round
+    if members is not None:
+        state["members"] = [[m, f"mem://{m}"] for m in members if m != run_dir.name]
     save_checkpoint(run_dir, state)
     trim_metrics(run_dir / METRICS_NAME, to_round)
 
@@ -390,7 +396,7 @@ def test_a_pair_restarted_together_after_its_cohort_finished_stops_too(tmp_path)
         moved = tmp_path / "elsewhere" / f"p{i}"
         moved.parent.mkdir(exist_ok=True)
         (base / f"p{i}").rename(moved)
-        rewind_checkpoint(moved, 1)
+        rewind_checkpoint(moved, 1, members=[c.node.id for c in cfgs])
         pair.append(config_from_dict(cfg_dict(
             moved, f"p{i}", algorithm="fedavg", rounds=200, n=4, index=i,
             bootstrap=() if i == 2 else ("mem://p2",), resume=True, checkpoint=True,
