@@ -182,11 +182,11 @@ class FedH2L(Algorithm):
                 continue  # malformed: refers to samples we do not have
             teachers.append((seeds, idx, probs, float(payload.meta.get("acc", 1.0))))
         metrics: dict[str, float] = {"teachers": float(len(teachers))}
-        params = self._params()
-        g_loc = self._local_reference()
+        g_loc = self._local_reference()  # consumed even without teachers: the next step starts afresh
         if not teachers:
             return metrics
 
+        params = self._params()
         self.model.train()
         self.global_opt.zero_grad(set_to_none=True)
         total = 0.0

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import free_tcp_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -169,9 +170,7 @@ def test_hfl_peer_on_a_port_in_use_says_so_in_one_line(tmp_path):
 
 
 def test_hfl_peer_with_nobody_at_the_bootstrap_address_warns_early_and_fails(tmp_path):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        nowhere = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    nowhere = f"tcp://127.0.0.1:{free_tcp_port()}"  # a port nobody listens on
     proc = subprocess.run(
         [sys.executable, "-m", "hfl.peer.cli", "--config",
          str(peer_config(tmp_path, bootstrap=[nowhere], min_peers=2))],
@@ -194,18 +193,12 @@ def test_a_forked_peer_writes_its_log_and_returns_its_exit_status(tmp_path):
     assert "hfl-peer: invalid config: cohort.rounds" in (tmp_path / "peer.log").read_text()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_pair_whose_partner_is_sigkilled_from_outside_does_not_exit_0_as_if_federated(tmp_path):
     # Two hfl-peer processes; once p0 has recorded round 1, p1 is SIGKILLed and
     # stays dead. p0 runs every round, but after the kill no aggregate reaches the
     # quorum: most of its result is training alone, and it says so with status 3.
     rounds = 40  # the kill lands within the first few rounds, whatever the machine's load
-    ports = [free_port(), free_port()]
+    ports = [free_tcp_port(), free_tcp_port()]
     paths = []
     for i in range(2):
         cfg = {"node": {"id": f"p{i}", "listen": f"tcp://127.0.0.1:{ports[i]}",

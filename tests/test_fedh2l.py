@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from hfl.algorithms.fedh2l import mimicry_loss
+from hfl.algorithms.base import AlgorithmContext, Payload
+from hfl.algorithms.fedh2l import FedH2L, FedH2LConfig, mimicry_loss
+from hfl.algorithms.settings import SelectionConfig, TrainConfig
+from hfl.data import ArrayDataset
 
 
 def test_mimicry_loss_matches_hand_computation():
@@ -33,17 +39,6 @@ def test_a_student_that_equals_its_teacher_has_no_kl():
 
 
 # --------------------------------------------------------------------------- g_loc and the global step
-
-import copy  # noqa: E402
-
-import numpy as np  # noqa: E402
-from torch import nn  # noqa: E402
-
-from hfl.algorithms.base import AlgorithmContext, Payload  # noqa: E402
-from hfl.algorithms.fedh2l import FedH2L, FedH2LConfig  # noqa: E402
-from hfl.algorithms.settings import SelectionConfig, TrainConfig  # noqa: E402
-from hfl.data import ArrayDataset  # noqa: E402
-
 
 def two_class_data(n=24, seed=0):
     rng = np.random.default_rng(seed)
