@@ -70,6 +70,9 @@ class AlgorithmContext:
     own_domain: str | None = None
     cohort_seed: int = 0  # shared by the cohort: what every peer derives alike (public batches)
     label_noise_rate: float | None = None  # realised share of noisy private labels (data.label_noise)
+    # Durable small files in the peer's run directory (hfl.algorithms.dp.Store: write() is
+    # fsynced on return, read() gives None when absent); None in an in-process simulation.
+    store: Any = None
 
 
 @dataclass(frozen=True)

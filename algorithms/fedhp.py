@@ -23,21 +23,28 @@ cosine, t = 1; ``distance: l2 | l1`` as options).
 
 Privacy (Sec. 2.2 eq. 3, 3.2 Lemma 1, hfl.algorithms.dp): every ``z`` is
 clipped to ``clip_norm``, each release gets Gaussian noise with multiplier
-``noise_multiplier`` (sensitivity reasoning in hfl.algorithms.dp), split over
-``noise_split`` peers when a secure sum hides the individual releases; an
-accountant (dp-accounting) reports epsilon for ``delta`` per round and in
-total, and a peer whose next release would exceed ``epsilon_max`` stops
-sharing (it still helps decrypt).
+``noise_multiplier`` from the OS CSPRNG (sensitivity reasoning in
+hfl.algorithms.dp), split over ``noise_split`` peers when a secure sum hides
+the individual releases. The sensitivity bound needs the encoder and
+projection to be trained with DP-SGD (``dp_sgd``, hfl.algorithms.dpsgd);
+then an accountant (dp-accounting) reports the epsilon of the DP-SGD steps
+composed with the releases, and a peer whose next release would exceed
+``epsilon_max`` stops sharing (it still helps decrypt). Without DP-SGD the
+metrics say ``dp_epsilon: null`` and why (the paper's gap: its encoder trains
+on the private data without DP). Each release is counted on disk before it
+leaves (hfl.algorithms.dp.PrivacyLedger).
 
 Secure sum (``secure_sum``): ``off`` — releases travel in the clear (FedProto's
 wire format); ``paillier`` — threshold Paillier (hfl.algorithms.threshold_he):
 in round r each peer sends its encrypted release of round r and its decryption
-share of round r-1's sum; the round-r aggregator multiplies the round-r
-ciphertexts, combines >= t shares of round r-1's product into the plaintext
-sum, and returns the new product (with its contributors and, with
-``verify_product``, the factors) and the global prototypes of round r-1. A
-peer releases a share only for a product of round r-1 with >= ``min_contributors``
-distinct contributions that it can recompute, once per round. ``plaintext`` —
+share of round r-1's sum; each ciphertext carries its owner's attestation
+(an HMAC per other key holder, under the dealer's pairwise keys); the round-r
+aggregator multiplies the round-r ciphertexts, combines >= t shares of round
+r-1's product into the plaintext sum, and returns the new product with its
+factors, their attestations and the global prototypes of round r-1. A peer
+releases a share only for a product it recomputes from factors each attested
+to it by a distinct key holder, at least ``min_contributors`` of them, for
+that round, once per round. ``plaintext`` —
 the same fixed-point arithmetic, timing and release policy without
 encryption, for experiments: identical numbers, no confidentiality.
 Deviation: with a secure sum the global prototypes lag one more round
@@ -58,13 +65,17 @@ from torch import nn
 
 from hfl.algorithms import prototypes as P
 from hfl.algorithms.base import Payload
-from hfl.algorithms.dp import Accountant, add_noise
+from hfl.algorithms.dp import Accountant, PrivacyLedger, add_noise
 from hfl.algorithms.fedproto import FedProto
 from hfl.algorithms.registry import register
 
 log = logging.getLogger("hfl.algorithms")
 
 PLAIN_VALUE_BITS = 40  # fixed-point codes of the plaintext secure sum (as Packer's default)
+NO_GUARANTEE = ("epsilon is not a guarantee here: the encoder and projection head train on the "
+                "private data without DP-SGD, so one sample moves every release by more than the "
+                "sensitivity the noise is scaled to; metrics report dp_epsilon: null (set "
+                "algorithm.dp_sgd: true for an epsilon that covers training)")
 
 
 @dataclass(frozen=True)
@@ -95,12 +106,19 @@ class FedHPConfig:
     min_contributors: int = field(default=2, metadata={"min": 1, "help": "m_min: decrypt only sums of at least this many"})
     noise_split: int = field(default=1, metadata={"min": 1, "help": "each peer adds 1/noise_split of the noise variance"})
     frac_bits: int = field(default=16, metadata={"min": 4, "max": 30, "help": "fixed-point fraction bits"})
-    verify_product: bool = field(default=True, metadata={"help": "ship the factors so peers can check the product"})
+    dp_sgd: bool = field(default=False, metadata={
+        "help": "train on private data with DP-SGD (Opacus): needed for epsilon to be a guarantee"})
+    dp_sgd_noise_multiplier: float = field(default=1.0, metadata={
+        "gt": 0, "help": "DP-SGD noise std / dp_sgd_clip_norm"})
+    dp_sgd_clip_norm: float = field(default=1.0, metadata={"gt": 0, "help": "per-sample gradient L2 bound"})
 
     def validate(self) -> None:
-        if self.noise_split > 1 and self.secure_sum == "off":
-            raise ValueError("noise_split > 1 needs a secure sum (secure_sum: plaintext or paillier): "
-                             "in the clear each release must carry the full noise")
+        if self.noise_split > 1 and self.secure_sum != "paillier":
+            raise ValueError(f"noise_split > 1 needs secure_sum: paillier (got {self.secure_sum}): "
+                             "a release that travels in the clear must carry the full noise")
+        if self.dp_sgd and self.noise_multiplier == 0:
+            raise ValueError("dp_sgd needs noise_multiplier > 0: without noise the prototype "
+                             "releases themselves are not private")
         if self.noise_split > self.min_contributors:
             raise ValueError(f"noise_split ({self.noise_split}) must be <= min_contributors "
                              f"({self.min_contributors}): a sum of fewer would carry too little noise")
@@ -162,10 +180,11 @@ class _Plain:
 
     threshold = 1
 
-    def __init__(self, parties_hint: int = 1024):
+    def __init__(self, frac_bits: int, parties_hint: int = 1024):
         from hfl.algorithms.threshold_he import Packer
 
-        self.packer = Packer(plaintext_bits=1 << 20, max_summands=parties_hint, value_bits=PLAIN_VALUE_BITS)
+        self.packer = Packer(plaintext_bits=1 << 20, max_summands=parties_hint, frac_bits=frac_bits,
+                             value_bits=PLAIN_VALUE_BITS)
 
     def shape(self, count: int) -> tuple[tuple[int, ...], np.dtype]:
         return (count,), np.dtype(np.int64)
@@ -196,13 +215,14 @@ class _Plain:
 
 
 class _Paillier:
-    def __init__(self, key):
+    def __init__(self, key, frac_bits: int):
         from hfl.algorithms.threshold_he import Packer
 
         self.key = key
         self.pub = key.public
         self.threshold = self.pub.threshold
-        self.packer = Packer(plaintext_bits=self.pub.bits - 1, max_summands=len(self.pub.parties))
+        self.packer = Packer(plaintext_bits=self.pub.bits - 1, max_summands=len(self.pub.parties),
+                             frac_bits=frac_bits)
 
     def shape(self, count: int) -> tuple[tuple[int, ...], np.dtype]:
         return (self.packer.num_plaintexts(count), self.pub.ct_bytes), np.dtype(np.uint8)
@@ -257,10 +277,21 @@ class FedHP(FedProto):
 
             self.optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad],
                                             ctx.train_cfg)
-        self.noise_gen = torch.Generator().manual_seed(ctx.seed + 7_777_777)
-        self.accountant = Accountant(cfg.noise_multiplier, cfg.delta, cfg.accountant)
-        self.releases = 0  # DP releases so far
+        self.dpsgd = None
+        if cfg.dp_sgd:
+            from hfl.algorithms.dpsgd import DPSGD
+
+            self.dpsgd = DPSGD(self.model, self.optimizer, batch_size=ctx.train_cfg.batch_size,
+                               dataset_size=len(ctx.train), noise_multiplier=cfg.dp_sgd_noise_multiplier,
+                               clip_norm=cfg.dp_sgd_clip_norm)
+        self.accountant = Accountant(cfg.noise_multiplier, cfg.delta, cfg.accountant,
+                                     cfg.dp_sgd_noise_multiplier if self.dpsgd else 0.0,
+                                     self.dpsgd.sample_rate if self.dpsgd else 0.0)
+        self.ledger = PrivacyLedger(ctx.store)  # releases so far, on disk before each one leaves
+        self.sgd_steps = 0  # DP-SGD steps taken so far
         self.stopped = False  # the privacy budget is spent
+        if cfg.noise_multiplier > 0 and not cfg.dp_sgd:
+            log.warning("%s: %s", ctx.peer_id, NO_GUARANTEE)
         self.clamped = 0
         self.pending: dict[str, Any] | None = None  # the last product ciphertext, to help decrypt
         self.my_ct: tuple[int, np.ndarray] | None = None  # our last ciphertext, to find it in the product
@@ -277,9 +308,9 @@ class FedHP(FedProto):
                 if self.key.public.parties[self.key.index - 1] != ctx.peer_id:
                     raise ValueError(f"{path}: the share is party {self.key.index}'s, "
                                      f"not {ctx.peer_id}'s")
-                self.scheme = _Paillier(self.key)
+                self.scheme = _Paillier(self.key, cfg.frac_bits)
             else:
-                self.scheme = _Plain()
+                self.scheme = _Plain(cfg.frac_bits)
 
     # ------------------------------------------------------------- model and loss
 
@@ -300,6 +331,21 @@ class FedHP(FedProto):
         return P.contrastive_loss(emb, y, self.protos, self.present, self.cfg.temperature,
                                   self.cfg.distance)
 
+    def local_update(self, round: int) -> dict[str, float]:
+        if self.dpsgd is None:
+            return super().local_update(round)
+        tc = self.ctx.train_cfg
+        steps = tc.local_epochs * self.dpsgd.steps_per_epoch
+        if tc.max_batches is not None:
+            steps = min(steps, tc.max_batches)
+        self._reg_sum, self._reg_batches = 0.0, 0
+        metrics = {"train_loss": self.dpsgd.train(self.ctx.train, steps, self.ctx.device,
+                                                  lambda x, y: self.loss(x, y, round))}
+        self.sgd_steps += steps
+        if self._reg_batches:
+            metrics["proto_loss"] = self._reg_sum / self._reg_batches
+        return metrics
+
     # ------------------------------------------------------------- release (DP)
 
     @property
@@ -311,7 +357,7 @@ class FedHP(FedProto):
         if self.stopped:
             return None
         if cfg.noise_multiplier > 0 and cfg.epsilon_max is not None:
-            eps_next = self.accountant.epsilon(self.releases + 1)
+            eps_next = self.accountant.epsilon(self.ledger.releases + 1, self.sgd_steps)
             if eps_next > cfg.epsilon_max:
                 self.stopped = True
                 log.warning("%s: round %d: privacy budget spent: sharing would bring epsilon to "
@@ -319,18 +365,29 @@ class FedHP(FedProto):
                             self.ctx.peer_id, round, eps_next, cfg.epsilon_max, cfg.delta)
                 return None
         rows, weights = P.release_rows(*self.class_sums(cfg.clip_norm), cfg.weighted)
-        rows, weights = add_noise(rows, weights, cfg.noise_multiplier, cfg.clip_norm,
-                                  cfg.noise_split, self.noise_gen)
+        rows, weights = add_noise(rows, weights, cfg.noise_multiplier, cfg.clip_norm, cfg.noise_split)
         if cfg.noise_multiplier > 0:
-            self.releases += 1
+            self.ledger.record(self.sgd_steps)  # on disk before the release can leave
         return rows, weights
 
-    def dp_metrics(self) -> dict[str, float]:
+    def dp_metrics(self) -> dict[str, Any]:
+        """The privacy spent. ``dp_epsilon`` covers everything that left the peer (the
+        DP-SGD steps before the last release composed with the releases), or is None
+        with ``dp_epsilon_reason`` when training is not private. ``dp_epsilon_releases``
+        is the releases' epsilon alone, valid only for a map that never saw the data."""
         if self.cfg.noise_multiplier == 0:
             return {}
-        return {"dp_epsilon": self.accountant.epsilon(self.releases),
-                "dp_epsilon_round": self.accountant.epsilon(1),
-                "dp_releases": float(self.releases), "dp_stopped": float(self.stopped)}
+        led = self.ledger
+        metrics: dict[str, Any] = {
+            "dp_epsilon_releases": self.accountant.epsilon(led.releases),
+            "dp_epsilon_round": self.accountant.epsilon(1),
+            "dp_releases": float(led.releases), "dp_stopped": float(self.stopped)}
+        if self.dpsgd is None:
+            metrics.update(dp_epsilon=None, dp_epsilon_reason=NO_GUARANTEE)
+        else:
+            metrics.update(dp_epsilon=self.accountant.epsilon(led.releases, led.sgd_steps),
+                           dp_sgd_steps=float(self.sgd_steps))
+        return metrics
 
     def evaluate(self) -> dict[str, float]:
         metrics = {**super().evaluate(), **self.dp_metrics()}
@@ -352,6 +409,10 @@ class FedHP(FedProto):
             self.clamped += clamped
             tensors["ct"] = self.scheme.encrypt(codes)
             self.my_ct = (round, tensors["ct"])
+            if self.key is not None:  # tell every other key holder this ciphertext is ours
+                from hfl.algorithms.threshold_he import digest
+
+                meta["attest"] = self.key.attest(round, digest(tensors["ct"]))
         dshare = self.decryption_share(round)
         if dshare is not None:
             tensors["dshare"] = dshare
@@ -387,7 +448,7 @@ class FedHP(FedProto):
         tensors: dict[str, np.ndarray] = {}
         meta: dict[str, Any] = {"round": round, "excluded": []}
         # 1. this round's releases: multiply (sum) them
-        parts, contributors = [], []
+        parts, contributors, attestations = [], [], {}
         shape, dtype = self.scheme.shape(self.num_values)
         for peer, c in sorted(contributions.items()):
             if "ct" not in c.tensors:
@@ -411,11 +472,13 @@ class FedHP(FedProto):
                 continue
             parts.append(ct)
             contributors.append(peer)
+            attestations[peer] = c.meta.get("attest")
         if len(contributors) >= self.cfg.min_contributors:
             tensors["ct"] = self.scheme.product(parts)
-            if self.cfg.verify_product:
-                tensors["ct_parts"] = np.stack(parts)
+            tensors["ct_parts"] = np.stack(parts)  # every peer recomputes the product from these
             meta.update(ct_round=round, contributors=contributors, ct_digest=digest(tensors["ct"]))
+            if self.key is not None:
+                meta["attestations"] = attestations
         elif contributors:
             log.warning("%s: round %d: only %d encrypted release(s) (< min_contributors %d): no sum "
                         "this round", self.ctx.peer_id, round, len(contributors), self.cfg.min_contributors)
@@ -449,6 +512,11 @@ class FedHP(FedProto):
             groups.setdefault((str(m.get("dshare_digest")), summands), {})[party] = c.tensors["dshare"]
         if not groups:
             return None
+        if len(groups) > 1:  # honest peers are never shown two products of one round
+            log.warning("%s: round %d: decryption shares for %d different round-%d products (the "
+                        "round-%d aggregator showed peers different sums): only the largest group "
+                        "is combined; %s", self.ctx.peer_id, round, len(groups), round - 1, round - 1,
+                        {d[:12]: sorted(g) for (d, _), g in groups.items()})
         (ct_digest, summands), shares = max(groups.items(), key=lambda kv: len(kv[1]))
         t = self.scheme.threshold
         if len(shares) < t:
@@ -498,27 +566,44 @@ class FedHP(FedProto):
             return str(exc)
         if m.get("ct_digest") != digest(ct):
             return "ct_digest does not match the ciphertext"
-        if self.cfg.verify_product:
-            parts = result.tensors.get("ct_parts")
-            if parts is None or parts.ndim != ct.ndim + 1 or parts.shape[0] != len(contributors) \
-                    or parts.shape[1:] != ct.shape or parts.dtype != ct.dtype:
-                return "the factors (ct_parts) are missing or do not fit"
-            if not np.array_equal(self.scheme.product(list(parts)), ct):
-                return "the ciphertext is not the product of the listed factors"
-            mine = self.my_ct
-            if mine is not None and mine[0] == round and self.ctx.peer_id in contributors \
-                    and not np.array_equal(parts[contributors.index(self.ctx.peer_id)], mine[1]):
-                return "our own ciphertext is not among the factors as we sent it"
+        parts = result.tensors.get("ct_parts")
+        if parts is None or parts.ndim != ct.ndim + 1 or parts.shape[0] != len(contributors) \
+                or parts.shape[1:] != ct.shape or parts.dtype != ct.dtype:
+            return "the factors (ct_parts) are missing or do not fit"
+        why = self.check_factors(round, contributors, parts, m.get("attestations"))
+        if why is not None:
+            return why
+        if not np.array_equal(self.scheme.product(list(parts)), ct):
+            return "the ciphertext is not the product of the listed factors"
         self.pending = {"round": round, "ct": np.array(ct), "digest": digest(ct),
                         "summands": len(contributors), "contributors": list(contributors)}
+        return None
+
+    def check_factors(self, round: int, contributors: list[str], parts: np.ndarray,
+                      attestations: Any) -> str | None:
+        """Why the factors are not each a ciphertext of this round from its listed owner:
+        ours as we sent it, every other one attested to us by a key holder."""
+        from hfl.algorithms.threshold_he import digest
+
+        me = self.ctx.peer_id
+        for owner, part in zip(contributors, parts, strict=True):
+            if owner == me:
+                mine = self.my_ct
+                if mine is None or mine[0] != round or not np.array_equal(part, mine[1]):
+                    return "a factor listed as ours is not the ciphertext we sent this round"
+            elif self.key is not None:
+                tags = attestations.get(owner) if isinstance(attestations, dict) else None
+                why = self.key.verify_attestation(round, owner, digest(part), tags)
+                if why is not None:
+                    return f"factor of {owner!r}: {why}"
         return None
 
     # ------------------------------------------------------------- checkpoint
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state.update(noise_gen=self.noise_gen.get_state(), dp_releases=self.releases,
-                     dp_stopped=self.stopped)
+        state.update(dp_releases=self.ledger.releases, dp_sgd_steps_released=self.ledger.sgd_steps,
+                     dp_sgd_steps=self.sgd_steps, dp_stopped=self.stopped)
         if self.guard is not None:
             state["released_rounds"] = sorted(self.guard.released)
         if self.pending is not None:
@@ -530,8 +615,9 @@ class FedHP(FedProto):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.noise_gen.set_state(state["noise_gen"])
-        self.releases = int(state["dp_releases"])
+        self.ledger.merge({"releases": state["dp_releases"],
+                           "sgd_steps": state.get("dp_sgd_steps_released", 0)})
+        self.sgd_steps = max(int(state.get("dp_sgd_steps", 0)), self.ledger.sgd_steps)
         self.stopped = bool(state["dp_stopped"])
         if self.guard is not None:
             self.guard.released = {int(r): "" for r in state.get("released_rounds", [])}

@@ -13,13 +13,23 @@ learns only the sum, and decrypts it with a threshold variant of Paillier
   Damgård–Jurik with ``s = 1``: the decryption exponent ``d`` with
   ``d = 0 mod lambda`` and ``d = 1 mod n`` is split by a *dealer* with integer
   Shamir sharing (Rabin 1998; Damgård & Thorbek, PKC 2006: integer coefficients
-  ``kappa`` bits wider than ``d``, so that fewer than ``t`` shares are
-  statistically independent of ``d`` and no group order needs to be public).
+  ``kappa`` bits wider than the secret, so that fewer than ``t`` shares are
+  statistically independent of it and no group order needs to be public).
+  As in Shoup's scheme the shared secret is ``f(0) = Delta d`` with
+  ``Delta = n_parties!``, not ``d``: over the integers ``s_i = f(i)`` is
+  ``f(0) mod i``, so sharing ``d`` itself would hand party ``i`` the residue
+  ``d mod i``; with the factor ``Delta`` every prime ``p <= n_parties`` divides
+  ``f(0)`` and the shares mod ``p`` do not depend on ``d``.
   Party ``i`` releases ``c_i = c^{s_i} mod n^2``; any ``t`` of them combine with
   the integer Lagrange coefficients ``mu_i = Delta * prod_{j != i} j / (j - i)``
-  (``Delta = n_parties!``) into ``prod c_i^{mu_i} = c^{Delta d} = 1 + n (Delta m mod n)``,
-  so ``m = L(.) * Delta^{-1} mod n``. Dead parties (up to ``n - t``) do not
+  into ``prod c_i^{mu_i} = c^{Delta f(0)} = c^{Delta^2 d} = 1 + n (Delta^2 m mod n)``,
+  so ``m = L(.) * (Delta^2)^{-1} mod n``. Dead parties (up to ``n - t``) do not
   block decryption; fewer than ``t`` shares give nothing.
+- **Attestation**: the dealer also gives every pair of parties a shared
+  32-byte MAC key, so a party can tag its ciphertext for each other party
+  (HMAC-SHA256 over round, sender and digest) and a receiver can tell that a
+  ciphertext forwarded by the aggregator is really its sender's
+  (:meth:`KeyShare.attest`, :meth:`KeyShare.verify_attestation`).
 - **Packing**: many fixed-point values per plaintext, each in its own
   ``slot_bits``-wide slot with head-room for the sum of ``max_summands``
   values (:class:`Packer`).
@@ -30,14 +40,18 @@ learns only the sum, and decrypts it with a threshold variant of Paillier
 Deviation from Damgård–Jurik: no zero-knowledge proofs of correct share
 computation (so no safe primes are needed): the threat model is honest but
 curious (docs/fedhp.md). Key generation is by a trusted dealer (:func:`keygen`,
-``python -m hfl.peer.he_keys``), a documented trust assumption.
+``python -m hfl.peer.he_keys``), who also sees the MAC keys: a documented trust
+assumption.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import itertools
 import json
 import math
+import os
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,7 +61,9 @@ import gmpy2
 import numpy as np
 
 KAPPA_BITS = 128  # statistical hiding of the integer Shamir shares
-SCHEME = "threshold-paillier-v1"
+SCHEME = "threshold-paillier-v2"
+MAC_KEY_BYTES = 32
+_ATTEST_PREFIX = b"hfl-fedhp-attest-v1|"
 
 
 # ---------------------------------------------------------------------- keys
@@ -103,7 +119,8 @@ class PublicKey:
 
     def combine(self, shares: dict[int, int]) -> int:
         """The plaintext from ``t`` or more decryption shares ``{party index: c^{s_i}}``
-        of one ciphertext (the first ``t`` by index are used)."""
+        of one ciphertext (the first ``t`` by index are used): their combination
+        is ``c^{Delta^2 d}``."""
         if len(shares) < self.threshold:
             raise ValueError(f"{len(shares)} decryption share(s); {self.threshold} needed")
         chosen = sorted(shares)[: self.threshold]
@@ -122,42 +139,120 @@ class PublicKey:
         if (acc - 1) % n != 0:
             raise ValueError("decryption shares do not combine (wrong ciphertext or key)")
         l_value = (acc - 1) // n
-        return int(l_value * gmpy2.invert(gmpy2.mpz(delta), n) % n)
+        return int(l_value * gmpy2.invert(gmpy2.mpz(delta) ** 2, n) % n)
 
     def to_json(self) -> dict:
         return {"scheme": SCHEME, "n": hex(self.n), "threshold": self.threshold,
                 "parties": list(self.parties)}
 
 
+def _is_round(round: object) -> bool:
+    return isinstance(round, int) and not isinstance(round, bool) and -2**63 <= round < 2**63
+
+
+def attestation_message(round: int, sender: str, ct_digest: str) -> bytes:
+    """The bytes a sender's MAC tags cover: round, sender id (length-prefixed) and
+    ciphertext digest, so no two different triples give the same message."""
+    if not _is_round(round):
+        raise ValueError(f"round must be a 64-bit int, got {round!r}")
+    if not isinstance(sender, str) or not isinstance(ct_digest, str):
+        raise TypeError("sender and ct_digest must be str")
+    who = sender.encode("utf-8", "surrogatepass")
+    return (_ATTEST_PREFIX + f"{round}|{len(who)}:".encode() + who + b"|"
+            + ct_digest.encode("utf-8", "surrogatepass"))
+
+
 @dataclass(frozen=True)
 class KeyShare:
-    """Party ``index``'s share ``s_i = f(i)`` of the decryption exponent."""
+    """Party ``index``'s share ``s_i = f(i)`` of ``Delta d`` and its MAC keys
+    (other party id -> the key that pair shares)."""
 
     public: PublicKey
     index: int
     secret: int = field(repr=False)
+    mac_keys: dict[str, bytes] = field(default_factory=dict, repr=False, hash=False)
+
+    @property
+    def party(self) -> str:
+        return self.public.parties[self.index - 1]
 
     def decryption_share(self, c: int) -> int:
         return int(gmpy2.powmod(gmpy2.mpz(c), gmpy2.mpz(self.secret), gmpy2.mpz(self.public.n2)))
 
+    def attest(self, round: int, ct_digest: str) -> dict[str, str]:
+        """One hex HMAC-SHA256 tag of (round, own id, digest) for every other party."""
+        msg = attestation_message(round, self.party, ct_digest)
+        tags = {}
+        for other in self.public.parties:
+            if other == self.party:
+                continue
+            if other not in self.mac_keys:
+                raise ValueError(f"{self.party}'s key share has no MAC key for {other}")
+            tags[other] = hmac.new(self.mac_keys[other], msg, hashlib.sha256).hexdigest()
+        return tags
+
+    def verify_attestation(self, round: int, sender: str, ct_digest: str,
+                           tags: object) -> str | None:
+        """None if ``tags`` holds ``sender``'s valid tag for this party, else why not.
+        Never raises: every argument may come off the wire."""
+        if not isinstance(sender, str) or sender not in self.public.parties:
+            return f"{sender!r} holds no key share"
+        key = self.mac_keys.get(sender)
+        if key is None:
+            return f"no MAC key shared with {sender!r}"
+        if not _is_round(round) or not isinstance(ct_digest, str):
+            return "round must be a 64-bit int and ct_digest a str"
+        if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in tags.items()):
+            return "tags must be a dict of str"
+        tag = tags.get(self.party)
+        if tag is None:
+            return f"no attestation for {self.party!r}"
+        expected = hmac.new(key, attestation_message(round, sender, ct_digest), hashlib.sha256)
+        if not hmac.compare_digest(expected.hexdigest().encode(),
+                                   tag.encode("utf-8", "surrogatepass")):
+            return f"attestation of {sender!r} does not verify"
+        return None
+
     def save(self, path: str | Path) -> None:
-        data = {**self.public.to_json(), "index": self.index, "share": hex(self.secret)}
-        Path(path).write_text(json.dumps(data, indent=1) + "\n")
+        """The party's key file, readable by its owner only (mode 0600)."""
+        data = {**self.public.to_json(), "index": self.index, "share": hex(self.secret),
+                "mac_keys": {j: k.hex() for j, k in sorted(self.mac_keys.items())}}
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
+            f.write(json.dumps(data, indent=1) + "\n")
 
 
 def load_key_share(path: str | Path) -> KeyShare:
     """A party's key file as written by :func:`keygen` / ``python -m hfl.peer.he_keys``."""
     try:
         data = json.loads(Path(path).read_text())
-        if data.get("scheme") != SCHEME:
-            raise ValueError(f"scheme {data.get('scheme')!r}, expected {SCHEME!r}")
-        public = PublicKey(int(data["n"], 16), int(data["threshold"]), tuple(data["parties"]))
-        share = KeyShare(public, int(data["index"]), int(data["share"], 16))
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
+        scheme = data.get("scheme")
+    except (AttributeError, ValueError) as exc:
         raise ValueError(f"{path}: not a key share file: {exc}") from exc
-    if not 1 <= share.index <= len(public.parties) or not 1 <= public.threshold <= len(public.parties):
+    if scheme == "threshold-paillier-v1":
+        raise ValueError(f"{path}: the key file is from an older dealer ({scheme}: no Delta "
+                         "factor, no MAC keys); rerun `python -m hfl.peer.he_keys` and give "
+                         "every peer its new file")
+    try:
+        if scheme != SCHEME:
+            raise ValueError(f"scheme {scheme!r}, expected {SCHEME!r}")
+        public = PublicKey(int(data["n"], 16), int(data["threshold"]), tuple(data["parties"]))
+        index, secret, raw_macs = int(data["index"]), int(data["share"], 16), data["mac_keys"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a key share file: {exc}") from exc
+    if not 1 <= index <= len(public.parties) or not 1 <= public.threshold <= len(public.parties):
         raise ValueError(f"{path}: index/threshold out of range")
-    return share
+    others = set(public.parties) - {public.parties[index - 1]}
+    try:
+        mac_keys = {j: bytes.fromhex(k) for j, k in raw_macs.items()}
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: mac_keys must map party ids to hex keys: {exc}") from None
+    if set(mac_keys) != others or any(len(k) != MAC_KEY_BYTES for k in mac_keys.values()):
+        missing = sorted(others - set(mac_keys))
+        raise ValueError(f"{path}: mac_keys must hold one {MAC_KEY_BYTES}-byte key for each "
+                         f"other party (missing: {', '.join(missing) or 'none'})")
+    return KeyShare(public, index, secret, mac_keys)
 
 
 def _prime(bits: int) -> gmpy2.mpz:
@@ -169,7 +264,8 @@ def _prime(bits: int) -> gmpy2.mpz:
 
 
 def keygen(parties: Sequence[str], threshold: int, bits: int = 2048) -> tuple[PublicKey, list[KeyShare]]:
-    """The trusted dealer: a fresh modulus of ``bits`` bits and one share per party."""
+    """The trusted dealer: a fresh modulus of ``bits`` bits and one share of
+    ``Delta d`` per party, with a MAC key for every pair of parties."""
     parties = tuple(parties)
     if len(set(parties)) != len(parties) or not parties:
         raise ValueError(f"parties must be distinct and non-empty, got {list(parties)}")
@@ -184,15 +280,19 @@ def keygen(parties: Sequence[str], threshold: int, bits: int = 2048) -> tuple[Pu
         if p != q and n.bit_length() == bits and gmpy2.gcd(lam, n) == 1:
             break
     d = lam * gmpy2.invert(lam, n)  # d = 0 mod lambda, d = 1 mod n
-    width = int((n * lam).bit_length()) + KAPPA_BITS
-    coeffs = [d] + [gmpy2.mpz(secrets.randbits(width)) for _ in range(threshold - 1)]
     public = PublicKey(int(n), threshold, parties)
+    delta = gmpy2.mpz(public.delta)
+    width = int((n * lam).bit_length()) + int(delta.bit_length()) + KAPPA_BITS
+    coeffs = [delta * d] + [gmpy2.mpz(secrets.randbits(width)) for _ in range(threshold - 1)]
+    macs: dict[tuple[str, str], bytes] = {}
+    for x, y in itertools.combinations(parties, 2):
+        macs[x, y] = macs[y, x] = secrets.token_bytes(MAC_KEY_BYTES)
     shares = []
-    for i in range(1, len(parties) + 1):
+    for i, own in enumerate(parties, start=1):
         s = gmpy2.mpz(0)
         for a in reversed(coeffs):  # Horner: f(i) over the integers
             s = s * i + a
-        shares.append(KeyShare(public, i, int(s)))
+        shares.append(KeyShare(public, i, int(s), {j: macs[own, j] for j in parties if j != own}))
     return public, shares
 
 

@@ -117,6 +117,26 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     return path
 
 
+class RunStore:
+    """Small durable files in a run directory for an algorithm (``ctx.store``): what must
+    be on disk before a message leaves, such as FedHP's privacy ledger."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+
+    def write(self, name: str, data: bytes) -> None:
+        write_atomic(self.run_dir / name, data)
+
+    def read(self, name: str) -> bytes | None:
+        path = self.run_dir / name
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise file_error(path, exc) from exc
+
+
 def append_line(path: str | Path, line: str) -> None:
     """Append one line and fsync it (a metrics row is on disk before its checkpoint)."""
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfl.peer.checkpoint import RunStore
 from hfl.peer.config import ConfigError, DataConfig, PeerConfig, PublicSetConfig
 from hfl.peer.configtools import build
 
@@ -316,5 +317,6 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
         extra_tests={"global": data.global_test} if data.global_test is not None else {},
         public=data.public, val=data.val, domain_tests=data.domain_tests, own_domain=data.own_domain,
         cohort_seed=cfg.cohort.seed, label_noise_rate=data.label_noise_rate,
+        store=RunStore(cfg.run_dir),
     )
     return alg_cls(ctx, alg_cfg), num_classes

@@ -3,10 +3,12 @@
     python -m hfl.peer.he_keys --parties p0 p1 p2 p3 p4 --threshold 3 --out keys/
     python -m hfl.peer.he_keys --peers 5 --threshold 3 --out keys/      # ids p0..p4
 
-writes ``keys/<id>.json`` (the public modulus, the threshold, the party list
-and that party's share of the decryption exponent) and ``keys/public.json``.
-Give each peer only its own file (``algorithm.key_dir``); the dealer then
-forgets the key. Trust assumption: the dealer sees every share and must be
+writes ``keys/<id>.json`` (mode 0600: the public modulus, the threshold, the
+party list, that party's share of the decryption exponent and the MAC keys it
+shares with each other party, which attest its ciphertexts) and
+``keys/public.json``; the directory is made (or set) mode 0700. Give each peer
+only its own file (``algorithm.key_dir``); the dealer then forgets the keys.
+Trust assumption: the dealer sees every share and every MAC key and must be
 honest and must not keep them (docs/fedhp.md).
 """
 
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(args.out, 0o700)
     for share in shares:
         path = args.out / f"{public.parties[share.index - 1]}.json"
         share.save(path)

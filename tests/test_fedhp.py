@@ -138,13 +138,14 @@ def test_dp_clipping_bound_and_noise_scale():
     assert dp.noise_stds(2.0, 0.5, split=1) == pytest.approx((2 * math.sqrt(2) * 0.5, 2 * math.sqrt(2)))
     s_rows, s_w = dp.noise_stds(2.0, 0.5, split=4)
     assert (s_rows, s_w) == pytest.approx((math.sqrt(2) * 0.5, math.sqrt(2)))
-    gen = torch.Generator().manual_seed(0)
-    rows, weights = torch.zeros(200, 50, dtype=torch.float64), torch.zeros(20000, dtype=torch.float64)
-    nr, nw = dp.add_noise(rows, weights, 2.0, 0.5, 4, gen)
+    # The noise is fresh from the OS: bounds are ~8 standard errors wide (n = 40,000).
+    rows, weights = torch.zeros(200, 200, dtype=torch.float64), torch.zeros(40000, dtype=torch.float64)
+    nr, nw = dp.add_noise(rows, weights, 2.0, 0.5, 4)
     assert float(nr.std()) == pytest.approx(s_rows, rel=0.03)
     assert float(nw.std()) == pytest.approx(s_w, rel=0.03)
+    assert abs(float(nr.mean())) < 8 * s_rows / 200 and abs(float(nw.mean())) < 8 * s_w / 200
     # Four peers' split noise sums to the full mechanism's std.
-    total = sum(dp.add_noise(rows, weights, 2.0, 0.5, 4, gen)[0] for _ in range(4))
+    total = sum(dp.add_noise(rows, weights, 2.0, 0.5, 4)[0] for _ in range(4))
     assert float(total.std()) == pytest.approx(2 * math.sqrt(2) * 0.5, rel=0.03)
     # A release's rows come from clipped projections: norms <= clip_norm per sample.
     alg = make("fedhp", clip_norm=0.3, proto_dim=4)
@@ -189,16 +190,26 @@ def test_epsilon_max_stops_sharing_and_says_so(caplog):
     assert "stops sharing" in caplog.text and caplog.text.count("stops sharing") == 1
     m = alg.evaluate()
     assert m["dp_stopped"] == 1.0 and m["dp_releases"] == 2.0
-    assert m["dp_epsilon"] == pytest.approx(acc.epsilon(2)) and m["dp_epsilon"] <= budget
+    assert m["dp_epsilon_releases"] == pytest.approx(acc.epsilon(2)) and m["dp_epsilon_releases"] <= budget
     assert m["dp_epsilon_round"] == pytest.approx(acc.epsilon(1))
+    assert m["dp_epsilon"] is None and "without DP-SGD" in m["dp_epsilon_reason"]  # no guarantee
 
 
 def test_config_errors_name_the_field():
     from hfl.peer.configtools import ConfigError, build
 
     cls = get_algorithm("fedhp").Config
-    with pytest.raises(ConfigError, match="algorithm.*noise_split > 1 needs a secure sum"):
+    with pytest.raises(ConfigError, match="algorithm.*noise_split > 1 needs secure_sum: paillier"):
         build(cls, {"noise_split": 2}, "algorithm")
+    # plaintext: every release travels in the clear, so it cannot carry a fraction of the noise
+    with pytest.raises(ConfigError, match="noise_split > 1 needs secure_sum: paillier .got plaintext"):
+        build(cls, {"noise_split": 2, "min_contributors": 2, "secure_sum": "plaintext"}, "algorithm")
+    with pytest.raises(ConfigError, match="dp_sgd needs noise_multiplier > 0"):
+        build(cls, {"dp_sgd": True}, "algorithm")
+    with pytest.raises(ConfigError, match="algorithm.dp_sgd_noise_multiplier"):
+        build(cls, {"dp_sgd": True, "noise_multiplier": 1.0, "dp_sgd_noise_multiplier": 0}, "algorithm")
+    with pytest.raises(ConfigError, match="algorithm.*verify_product"):  # removed: factors always ship
+        build(cls, {"verify_product": False}, "algorithm")
     with pytest.raises(ConfigError, match="algorithm.secure_sum.*paillier"):
         build(cls, {"secure_sum": "rsa"}, "algorithm")
     with pytest.raises(ConfigError, match="epsilon_max needs noise_multiplier"):
@@ -228,7 +239,7 @@ def run_rounds(algs, rounds: int, dead=()):
 
 
 def test_paillier_secure_sum_equals_the_plaintext_one_and_the_clear_sum(key_dir):
-    common = dict(proto_dim=4, noise_multiplier=0.5, noise_split=2, min_contributors=2)
+    common = dict(proto_dim=4, min_contributors=2)  # no noise: it is fresh from the OS each time
     paillier = [make("fedhp", f"p{i}", secure_sum="paillier", key_dir=key_dir, **common) for i in range(4)]
     plain = [make("fedhp", f"p{i}", secure_sum="plaintext", **common) for i in range(4)]
     res_p, res_q = run_rounds(paillier, 3), run_rounds(plain, 3)
@@ -304,13 +315,71 @@ def test_a_product_that_is_not_of_the_listed_factors_is_not_decrypted(key_dir, c
     assert algs[2].pending is None and "not the product" in caplog.text
 
 
-def test_without_product_verification_the_factors_stay_at_the_aggregator(key_dir):
+def forged_product(algs, payloads, contributors, fillers):
+    """The round-1 result a malicious aggregator (p1) builds: the listed contributors'
+    factors, where the ones in ``fillers`` are Enc(0) instead of their release. It attests
+    its own filler with its own keys (it can) and keeps the others' real attestations."""
+    agg = algs[1]
+    zero = agg.scheme.encrypt(agg.scheme.packer.quantize(np.zeros(agg.num_values))[0])
+    parts = [zero if c in fillers else payloads[c].tensors["ct"] for c in contributors]
+    product = agg.scheme.product(parts)
+    tags = {c: payloads[c].meta["attest"] for c in contributors if c in payloads}
+    tags["p1"] = agg.key.attest(1, he.digest(zero)) if "p1" in fillers else tags.get("p1")
+    return Payload("secure_sum", {"ct": product, "ct_parts": np.stack(parts)}, {
+        "round": 1, "ct_round": 1, "contributors": list(contributors), "ct_digest": he.digest(product),
+        "attestations": tags})
+
+
+@pytest.mark.parametrize("contributors,fillers", [
+    (["p0", "p1", "ghost"], {"p1", "ghost"}),  # a contributor that holds no key share
+    (["p0", "p1", "p2"], {"p1", "p2"}),  # p2's factor is filler under p2's name
+    (["p0", "p2", "p3"], {"p2", "p3"}),  # only p0's release is real
+])
+def test_a_forged_product_that_would_decrypt_one_release_is_refused_by_every_honest_peer(
+        key_dir, caplog, contributors, fillers):
+    """The attack of issue 17: 4 parties, t = 3, m_min = 3; the aggregator p1 turns p0's
+    ciphertext into a 'sum' with Enc(0) filler. No honest peer helps decrypt it, so with
+    the aggregator's own share there are 1 < t shares."""
     algs = [make("fedhp", f"p{i}", proto_dim=4, secure_sum="paillier", key_dir=key_dir,
-                 verify_product=False) for i in range(4)]
-    results = run_rounds(algs, 2)
-    assert "ct_parts" not in results[0].tensors and results[0].meta["contributors"] == ["p0", "p1", "p2", "p3"]
-    assert results[1].meta["protos_round"] == 1 and all(a.protos_round == 1 for a in algs)
-    assert results[1].nbytes < results[0].nbytes + 4 * 4 * 5  # product + prototypes only
+                 min_contributors=3) for i in range(4)]
+    payloads = {a.ctx.peer_id: a.share(1) for a in algs}
+    forged = forged_product(algs, payloads, contributors, fillers)
+    honest = [a for a in algs if a.ctx.peer_id != "p1"]
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        for a in honest:
+            a.absorb(1, {"p1": forged})
+    assert all(a.pending is None for a in honest)
+    assert all("dshare" not in a.share(2).tensors for a in honest)
+    assert "will not help decrypt" in caplog.text
+    assert ("holds no key share" in caplog.text) if "ghost" in contributors else \
+        ("does not verify" in caplog.text or "not the ciphertext we sent" in caplog.text)
+    # The same peers do help with the honest product of the same round.
+    fresh = [make("fedhp", f"p{i}", proto_dim=4, secure_sum="paillier", key_dir=key_dir,
+                  min_contributors=3) for i in range(4)]
+    results = run_rounds(fresh, 2)
+    assert results[1].meta["protos_round"] == 1
+
+
+def test_a_replayed_or_renamed_attested_ciphertext_is_refused(key_dir, caplog):
+    algs = [make("fedhp", f"p{i}", proto_dim=4, secure_sum="paillier", key_dir=key_dir,
+                 min_contributors=3) for i in range(4)]
+    old = {a.ctx.peer_id: a.share(1) for a in algs}
+    run_rounds(algs, 1)
+    new = {a.ctx.peer_id: a.share(2) for a in algs}
+    agg = algs[1]
+    honest = agg.aggregate(2, new)
+    # p2's round-1 ciphertext with its round-1 attestation, replayed in round 2
+    replay = Payload(honest.kind, dict(honest.tensors), {**honest.meta, "attestations": {
+        **honest.meta["attestations"], "p2": old["p2"].meta["attest"]}})
+    parts = np.array(honest.tensors["ct_parts"])
+    parts[2] = old["p2"].tensors["ct"]
+    replay.tensors.update(ct_parts=parts, ct=agg.scheme.product(list(parts)))
+    replay.meta["ct_digest"] = he.digest(replay.tensors["ct"])
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        algs[3].absorb(2, {"p1": replay})
+    assert algs[3].pending is None and "factor of 'p2'" in caplog.text
+    algs[0].absorb(2, {"p1": honest})
+    assert algs[0].pending is not None  # the genuine product of round 2 is helped
 
 
 def test_hostile_contributions_are_left_out_with_a_reason(key_dir, caplog):
@@ -348,7 +417,9 @@ def test_hostile_contributions_are_left_out_with_a_reason(key_dir, caplog):
 
 @pytest.mark.parametrize("name,cfg", [("fedproto", {}), ("fedhp", {"proto_dim": 4}),
                                       ("fedhp", {"proto_dim": 4, "secure_sum": "plaintext",
-                                                 "noise_multiplier": 0.3, "noise_split": 2}),
+                                                 "noise_multiplier": 0.3}),
+                                      ("fedhp", {"proto_dim": 4, "noise_multiplier": 0.3, "dp_sgd": True,
+                                                 "dp_sgd_noise_multiplier": 0.5, "dp_sgd_clip_norm": 5.0}),
                                       ("fedhp", {"proto_dim": 4, "secure_sum": "plaintext", "weighted": False})])
 def test_a_short_cohort_learns(name, cfg):
     algs = [make(name, f"p{i}", hidden=(16,) if i % 2 else (16, 16), **cfg) for i in range(3)]
@@ -385,11 +456,12 @@ def test_checkpoint_round_trip(key_dir, tmp_path):
     back = make("fedhp", "p0", **cfg)
     back.load_state_dict(torch.load(tmp_path / "ck.pt", weights_only=True))
     assert torch.equal(back.protos, algs[0].protos) and back.protos_round == algs[0].protos_round
-    assert back.releases == algs[0].releases == 2 and back.guard.released.keys() == {1}
+    assert back.ledger.releases == algs[0].ledger.releases == 2 and back.guard.released.keys() == {1}
     assert np.array_equal(back.pending["ct"], algs[0].pending["ct"])
-    a, b = algs[0].share(3), back.share(3)  # same noise draws, same decryption share
+    a, b = algs[0].share(3), back.share(3)  # the same decryption share, fresh noise
     assert np.array_equal(a.tensors["dshare"], b.tensors["dshare"])
-    assert a.meta == b.meta
+    assert a.meta["dshare_digest"] == b.meta["dshare_digest"]
+    assert not np.array_equal(a.tensors["ct"], b.tensors["ct"])
     assert back.decryption_share(3) is None  # the round-2 share was released once, before or after
 
 
@@ -422,6 +494,7 @@ def test_example_through_hfl_launch_paillier_secure_sum_survives_n_minus_t_dead_
             "defaults.algorithm.secure_sum=paillier", f"defaults.algorithm.key_dir={keys}",
             "defaults.algorithm.noise_multiplier=1.0", "defaults.algorithm.noise_split=3",
             "defaults.algorithm.min_contributors=3", "defaults.timing.round_timeout_s=20",
+            "defaults.algorithm.dp_sgd=true",
             "faults=[{peer: p3, at_round: 2}, {peer: p4, at_round: 2}]", f"run_dir={tmp_path / 'run'}"]
     proc = subprocess.run([sys.executable, "-m", "hfl.launch.cli", str(ROOT / "examples" / "fedhp_digits.yaml"),
                            "--quiet", *[a for s in sets for a in ("--set", s)]],
@@ -433,3 +506,153 @@ def test_example_through_hfl_launch_paillier_secure_sum_survives_n_minus_t_dead_
         assert [r["protos_round"] for r in rows] == [0, 1, 2, 3]  # each round decrypts the last one's sum
         assert [r["contributors"] for r in rows[2:]] == [3, 3]  # only the three live peers
         assert rows[-1]["dp_releases"] == 4 and rows[-1]["dp_epsilon"] > rows[0]["dp_epsilon"] > 0
+        # DP-SGD composed with the releases: more than the releases alone
+        assert rows[-1]["dp_epsilon"] > rows[-1]["dp_epsilon_releases"] and rows[-1]["dp_sgd_steps"] == 12
+        ledger = json.loads((tmp_path / "run" / f"p{i}" / "privacy_ledger.json").read_text())
+        assert ledger == {"releases": 4, "sgd_steps": 12}
+
+
+# ------------------------------------------------------------------ privacy against an adversary
+
+
+class DictStore:
+    """ctx.store in memory: what a restarted peer finds in its run directory."""
+
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+
+    def write(self, name, data):
+        self.files[name] = bytes(data)
+
+    def read(self, name):
+        return self.files.get(name)
+
+
+def test_noise_is_unpredictable_from_the_config_and_differs_between_peers():
+    """Issue 17, 1: every peer used to add bit-identical noise derived from node.seed,
+    so anyone with the config could subtract it. Two peers built from the same seed and
+    data, and a rerun of the same peer, now add different noise."""
+    a, b = (make("fedhp", "p0", proto_dim=4, noise_multiplier=1.0) for _ in range(2))
+    clean = P.release_rows(*a.class_sums(a.cfg.clip_norm), True)
+    ra, rb = a.release(1), b.release(1)
+    noise_a, noise_b = ra[0] - clean[0], rb[0] - clean[0]
+    assert not torch.allclose(noise_a, noise_b)
+    rerun = make("fedhp", "p0", proto_dim=4, noise_multiplier=1.0).release(1)
+    assert not torch.allclose(rerun[0] - clean[0], noise_a)
+    # ... and the noise regenerated from the config's seed is not the noise that was added
+    gen = torch.Generator().manual_seed(a.ctx.seed + 7_777_777)
+    guess = torch.randn(clean[0].shape, generator=gen, dtype=torch.float64) * dp.noise_stds(1.0, 1.0)[0]
+    assert not torch.allclose(ra[0] - guess.to(ra[0].dtype), clean[0], atol=0.5)
+    assert "noise_gen" not in a.state_dict()  # nothing about the noise is checkpointed
+
+
+def test_a_release_is_on_disk_before_it_leaves_and_a_restart_never_replays_it():
+    store = DictStore()
+    alg = make("fedhp", proto_dim=4, noise_multiplier=1.0)
+    alg.ctx.store = store
+    alg.ledger = dp.PrivacyLedger(store)
+    before_round = alg.state_dict()  # the last checkpoint, written before round 1
+    sent = alg.share(1)  # the payload is handed to the network after this returns
+    assert json.loads(store.files["privacy_ledger.json"]) == {"releases": 1, "sgd_steps": 0}
+    # The peer dies before its round-1 checkpoint; it restarts from the older one.
+    back = make("fedhp", proto_dim=4, noise_multiplier=1.0)
+    back.ctx.store = store
+    back.ledger = dp.PrivacyLedger(store)
+    back.load_state_dict(before_round)
+    assert back.ledger.releases == 1  # the ledger is ahead of the checkpoint: it wins
+    again = back.share(1)
+    assert not np.array_equal(again.tensors["rows"], sent.tensors["rows"])  # fresh noise
+    assert back.ledger.releases == 2 and back.evaluate()["dp_releases"] == 2.0
+    store.files["privacy_ledger.json"] = b"{broken"
+    with pytest.raises(ValueError, match="privacy_ledger.json is unreadable"):
+        dp.PrivacyLedger(store)
+
+
+def test_the_runtime_gives_algorithms_a_durable_store(tmp_path):
+    from hfl.peer.checkpoint import RunStore
+
+    store = RunStore(tmp_path)
+    assert store.read("x.json") is None
+    store.write("x.json", b"{}")
+    assert store.read("x.json") == b"{}" and not (tmp_path / "x.json.tmp").exists()
+
+
+def test_epsilon_is_null_with_a_reason_unless_training_is_dp_sgd(caplog):
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        plain = make("fedhp", proto_dim=4, noise_multiplier=1.0)
+    assert caplog.text.count("epsilon is not a guarantee") == 1  # said once, at start
+    plain.share(1)
+    m = plain.evaluate()
+    assert m["dp_epsilon"] is None and "algorithm.dp_sgd: true" in m["dp_epsilon_reason"]
+    assert m["dp_epsilon_releases"] == pytest.approx(dp.Accountant(1.0, 1e-5).epsilon(1))
+    assert make("fedhp", proto_dim=4).evaluate().keys().isdisjoint({"dp_epsilon", "dp_epsilon_reason"})
+    priv = make("fedhp", proto_dim=4, noise_multiplier=2.0, dp_sgd=True, dp_sgd_noise_multiplier=1.1)
+    hist = simulate([priv], 3)
+    q = priv.dpsgd.sample_rate
+    assert q == pytest.approx(16 / 60) and priv.dpsgd.steps_per_epoch == 4
+    last = hist["p0"][-1]
+    assert last["dp_sgd_steps"] == 12 and last["dp_releases"] == 3
+    # all three releases composed with the 12 DP-SGD steps taken before the last one
+    assert last["dp_epsilon"] == pytest.approx(dp.Accountant(2.0, 1e-5, "rdp", 1.1, q).epsilon(3, 12))
+    assert last["dp_epsilon"] > last["dp_epsilon_releases"] and "dp_epsilon_reason" not in last
+
+
+def test_dp_sgd_epsilon_matches_opacus_accountant():
+    from opacus.accountants import RDPAccountant
+
+    for sigma, q, steps in [(1.1, 16 / 60, 12), (1.0, 0.01, 1000), (0.8, 0.1, 200)]:
+        ours = dp.Accountant(1.0, 1e-5, "rdp", sigma, q).epsilon(0, steps)
+        theirs = RDPAccountant()
+        theirs.history = [(sigma, q, steps)]
+        assert ours == pytest.approx(theirs.get_epsilon(1e-5), rel=0.03), (sigma, q, steps)
+    # composing with releases only adds privacy loss
+    acc = dp.Accountant(2.0, 1e-5, "rdp", 1.0, 0.01)
+    assert acc.epsilon(5, 1000) > max(acc.epsilon(0, 1000), acc.epsilon(5))
+    assert dp.Accountant(2.0, 1e-5, "pld", 1.0, 0.01).epsilon(5, 1000) <= acc.epsilon(5, 1000) * 1.001
+
+
+def test_dp_sgd_clips_each_sample_adds_fresh_noise_and_refuses_batchnorm():
+    from hfl.algorithms.dpsgd import DPSGD
+
+    # One sample with a huge gradient moves the weights no more than clip_norm allows.
+    torch.manual_seed(0)
+    model = build_model("mlp", (F,), C, E, hidden=[16])
+    x = np.full((1, F), 30.0, np.float32)
+    y = model(torch.from_numpy(x)).argmin(1).numpy()  # the least likely class: a large gradient
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+    assert float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm()) > 10
+    model.zero_grad(set_to_none=True)
+    ds = ArrayDataset(x, y, C)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    trainer = DPSGD(model, opt, batch_size=1, dataset_size=1, noise_multiplier=1e-9, clip_norm=0.5)
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    trainer.train(ds, 1, torch.device("cpu"), lambda x, y: torch.nn.functional.cross_entropy(model(x), y))
+    moved = torch.cat([p.detach().flatten() for p in model.parameters()]) - before
+    assert float(moved.norm()) <= 0.5 + 1e-6 and float(moved.norm()) > 0.4
+    # Noise from the OS: two runs from the same weights and data end apart.
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        m = build_model("mlp", (F,), C, E, hidden=[16])
+        t = DPSGD(m, torch.optim.SGD(m.parameters(), lr=0.1), batch_size=16, dataset_size=60,
+                  noise_multiplier=1.0, clip_norm=1.0)
+        t.train(dataset(1, 60), 3, torch.device("cpu"), lambda x, y, m=m: torch.nn.functional.cross_entropy(m(x), y))
+        runs.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
+    assert not torch.allclose(runs[0], runs[1])
+    bn = torch.nn.Sequential(torch.nn.Linear(F, 4), torch.nn.BatchNorm1d(4))
+    with pytest.raises(ValueError, match="algorithm.dp_sgd.*BatchNorm"):
+        DPSGD(bn, torch.optim.SGD(bn.parameters(), lr=0.1), batch_size=4, dataset_size=8,
+              noise_multiplier=1.0, clip_norm=1.0)
+
+
+def test_frac_bits_reaches_the_fixed_point_code():
+    errors = {}
+    for bits in (4, 16, 30):
+        alg = make("fedhp", proto_dim=4, secure_sum="plaintext", frac_bits=bits)
+        assert alg.scheme.packer.frac_bits == bits
+        v = np.linspace(-1, 1, 101)
+        codes, _ = alg.scheme.packer.quantize(v)
+        errors[bits] = np.abs(alg.scheme.packer.dequantize(codes, 1) - v).max()
+        assert errors[bits] <= 2.0 ** -(bits + 1) + 1e-15
+    assert errors[4] > errors[16] > errors[30]

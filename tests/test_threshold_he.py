@@ -1,12 +1,19 @@
 """Threshold Paillier (hfl.algorithms.threshold_he): t-of-n decryption of a sum
-against the plaintext sum, too few shares, the release policy, fixed-point
-packing, the wire form and the dealer's key files."""
+against the plaintext sum, too few shares, Shoup's Delta factor in the shares,
+the pairwise MAC attestations, the release policy, fixed-point packing, the
+wire form and the dealer's key files."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import json
+import math
+import os
 import random
+import stat
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -145,3 +152,247 @@ def test_default_keys_are_2048_bits():
     pub, shares = he.keygen(["a", "b", "c"], 2)
     assert pub.bits == 2048 and pub.ct_bytes == 512 and len(shares) == 3
     assert he.Packer(pub.bits - 1, 3).slots == 2047 // 42
+
+
+# ---------------------------------------------------------------------- Delta factor
+
+
+def _keygen_seeing_primes(monkeypatch, primes=None, seed=None, parties=PARTIES, threshold=3):
+    """keygen at 256 bits, returning (public, shares, d, (p, q)); ``primes`` replays
+    the dealer's primes and ``seed`` fixes its other randomness (the coefficients)."""
+    seen = []
+    original = he._prime
+    replay = iter(primes) if primes is not None else None
+
+    def spy(bits):
+        p = next(replay) if replay is not None else original(bits)
+        seen.append(p)
+        return p
+
+    monkeypatch.setattr(he, "_prime", spy)
+    if seed is not None:
+        rng = random.Random(seed)
+        monkeypatch.setattr(he, "secrets", SimpleNamespace(randbits=rng.getrandbits,
+                                                           token_bytes=rng.randbytes))
+    pub, shares = he.keygen(parties, threshold, 256)
+    monkeypatch.undo()
+    p, q = (int(x) for x in seen[-2:])
+    assert p * q == pub.n
+    lam = math.lcm(p - 1, q - 1)
+    return pub, shares, lam * pow(lam, -1, pub.n), (p, q)
+
+
+def _mu(chosen, i, delta):
+    num, den = delta, 1
+    for j in chosen:
+        if j != i:
+            num, den = num * j, den * (j - i)
+    assert num % den == 0
+    return num // den
+
+
+def test_share_i_no_longer_reveals_d_mod_i_and_t_shares_interpolate_delta_squared_d(monkeypatch):
+    delta = math.factorial(len(PARTIES))
+    for _ in range(50):  # a d that sharing d itself would leak: d != 0 mod some i <= n
+        pub, shares, d, _ = _keygen_seeing_primes(monkeypatch)
+        if any(d % i for i in range(2, len(PARTIES) + 1)):
+            break
+    else:
+        pytest.fail("no d with a nonzero residue mod 2..n in 50 keys")
+    for s in shares:  # without Delta, s_i = f(i) = d (mod i) for every i
+        assert s.secret % s.index == 0 == delta * d % s.index
+    assert any(s.secret % s.index != d % s.index for s in shares)
+    for chosen in itertools.combinations(range(1, len(PARTIES) + 1), pub.threshold):
+        total = sum(_mu(chosen, i, delta) * shares[i - 1].secret for i in chosen)
+        assert total == delta * delta * d  # Delta f(0); without Delta, Delta d
+
+
+def test_shares_mod_every_prime_up_to_n_do_not_depend_on_d(monkeypatch):
+    """Two keys with different d, dealt with the same coefficient randomness: every
+    share agrees mod Delta (so mod every prime p <= n), though d does not."""
+    delta = math.factorial(len(PARTIES))
+
+    def width(primes):  # the coefficients are this many bits plus Delta's and kappa
+        p, q = primes
+        return (math.lcm(p - 1, q - 1) * p * q).bit_length()
+
+    _, _, d_first, first = _keygen_seeing_primes(monkeypatch)
+    for _ in range(50):
+        _, _, d_second, second = _keygen_seeing_primes(monkeypatch)
+        if width(first) == width(second) and d_first % delta != d_second % delta:
+            break
+    else:
+        pytest.fail("no second key with the same coefficient width in 50 keys")
+    _, shares_a, d_a, _ = _keygen_seeing_primes(monkeypatch, first, seed=7)
+    _, shares_b, d_b, _ = _keygen_seeing_primes(monkeypatch, second, seed=7)
+    assert d_a % delta != d_b % delta
+    for sa, sb in zip(shares_a, shares_b, strict=True):
+        assert sa.secret != sb.secret
+        assert sa.secret % delta == sb.secret % delta  # without Delta they differ by d_a - d_b
+        assert sa.secret - sb.secret == delta * (d_a - d_b)
+
+
+# ---------------------------------------------------------------------- attestation
+
+
+DIGEST = hashlib.sha256(b"ciphertext").hexdigest()
+
+
+def test_every_pair_shares_one_mac_key_and_attestations_verify_between_every_pair(keys):
+    pub, shares = keys
+    by_id = {s.party: s for s in shares}
+    pair_keys = set()
+    for a, b in itertools.combinations(PARTIES, 2):
+        assert by_id[a].mac_keys[b] == by_id[b].mac_keys[a]
+        assert len(by_id[a].mac_keys[b]) == 32
+        pair_keys.add(by_id[a].mac_keys[b])
+    assert len(pair_keys) == len(PARTIES) * (len(PARTIES) - 1) // 2
+    assert "mac_keys" not in repr(shares[0]) and by_id["p0"].mac_keys["p1"].hex() not in repr(shares[0])
+    for sender in shares:
+        tags = sender.attest(7, DIGEST)
+        assert set(tags) == set(PARTIES) - {sender.party}
+        for receiver in shares:
+            if receiver is sender:
+                continue
+            assert receiver.verify_attestation(7, sender.party, DIGEST, tags) is None
+            assert "does not verify" in receiver.verify_attestation(8, sender.party, DIGEST, tags)
+            assert "does not verify" in receiver.verify_attestation(
+                7, sender.party, hashlib.sha256(b"other").hexdigest(), tags)
+            third = next(p for p in PARTIES if p not in (sender.party, receiver.party))
+            assert receiver.verify_attestation(7, third, DIGEST, tags) == \
+                f"attestation of {third!r} does not verify"
+
+
+def test_the_attested_message_is_unambiguous():
+    msgs = {he.attestation_message(1, "a|b", "c"), he.attestation_message(1, "a", "b|c"),
+            he.attestation_message(12, "3", "c"), he.attestation_message(1, "23", "c"),
+            he.attestation_message(1, "2:3", "c"), he.attestation_message(-1, "a", "b")}
+    assert len(msgs) == 6
+    with pytest.raises(ValueError):
+        he.attestation_message(True, "a", "b")
+
+
+def test_an_aggregator_cannot_forge_or_redirect_an_attestation(keys):
+    _, shares = keys
+    p0, p1, agg, p3 = shares[0], shares[1], shares[2], shares[3]
+    msg = he.attestation_message(7, "p0", DIGEST)
+    forged = {"p1": hmac.new(agg.mac_keys["p1"], msg, hashlib.sha256).hexdigest(),
+              "p3": hmac.new(agg.mac_keys["p0"], msg, hashlib.sha256).hexdigest()}
+    assert p1.verify_attestation(7, "p0", DIGEST, forged) == "attestation of 'p0' does not verify"
+    assert p3.verify_attestation(7, "p0", DIGEST, forged) == "attestation of 'p0' does not verify"
+    relabelled = agg.attest(7, DIGEST)  # the aggregator's own, claimed to be p0's
+    assert "does not verify" in p1.verify_attestation(7, "p0", DIGEST, relabelled)
+    redirected = p0.attest(7, DIGEST)
+    redirected["p1"] = redirected["p3"]  # p0's tag for p3 handed to p1
+    assert "does not verify" in p1.verify_attestation(7, "p0", DIGEST, redirected)
+    assert p3.verify_attestation(7, "p0", DIGEST, redirected) is None
+
+
+def test_a_ghost_party_is_refused(keys):
+    _, shares = keys
+    _, other = he.keygen(PARTIES + ["ghost"], 3, bits=256)
+    tags = other[-1].attest(7, DIGEST)
+    assert set(tags) == set(PARTIES)
+    assert shares[1].verify_attestation(7, "ghost", DIGEST, tags) == "'ghost' holds no key share"
+    # other[0] is "p0" of another key: its MAC keys are not this key's
+    assert "does not verify" in shares[1].verify_attestation(7, "p0", DIGEST, other[0].attest(7, DIGEST))
+
+
+@pytest.mark.parametrize("tags", [None, [], "p1", 5, {"p1": 5}, {5: "ab"}, {"p1": None},
+                                  {"p1": "zz"}, {"p1": ""}, {"p1": "\u00e9" * 64},
+                                  {"p1": "\ud800" * 64}, {"p1": "ab" * 1000}, {"p2": "ab" * 32},
+                                  {"p1": ["ab"]}, {("p1",): "ab"}])
+def test_hostile_tags_give_a_reason_and_never_raise(keys, tags):
+    _, shares = keys
+    reason = shares[1].verify_attestation(7, "p0", DIGEST, tags)
+    assert isinstance(reason, str) and reason
+
+
+def test_hostile_round_sender_and_digest_give_a_reason_and_never_raise(keys):
+    _, shares = keys
+    good = shares[0].attest(7, DIGEST)
+    assert shares[1].verify_attestation(7, "p0", DIGEST, good) is None
+    valid = shares[1].verify_attestation(7, "p0", DIGEST, {"p1": good["p1"].upper()})
+    assert valid == "attestation of 'p0' does not verify"
+    for rnd, sender, dg in [("7", "p0", DIGEST), (True, "p0", DIGEST), (None, "p0", DIGEST),
+                            (2**70, "p0", DIGEST), (10**5000, "p0", DIGEST), (7.0, "p0", DIGEST),
+                            (7, None, DIGEST), (7, ["p0"], DIGEST), (7, {}, DIGEST),
+                            (7, "p1", DIGEST), (7, "p0", None), (7, "p0", DIGEST.encode())]:
+        reason = shares[1].verify_attestation(rnd, sender, dg, good)
+        assert isinstance(reason, str) and reason, (rnd, sender, dg)
+    assert shares[1].verify_attestation(7, "p0", DIGEST, {"p3": good["p3"]}) == "no attestation for 'p1'"
+    assert shares[1].verify_attestation(7, "p0", DIGEST, {"p1": 1}) == "tags must be a dict of str"
+
+
+# ---------------------------------------------------------------------- key files
+
+
+def test_a_saved_key_share_keeps_its_mac_keys_and_is_owner_only(keys, tmp_path):
+    _, shares = keys
+    for s in shares:
+        path = tmp_path / f"{s.party}.json"
+        s.save(path)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        loaded = he.load_key_share(path)
+        assert loaded == s and loaded.mac_keys == s.mac_keys
+    p0 = he.load_key_share(tmp_path / "p0.json")
+    p4 = he.load_key_share(tmp_path / "p4.json")
+    assert p4.verify_attestation(3, "p0", DIGEST, p0.attest(3, DIGEST)) is None
+    assert set(json.loads((tmp_path / "p0.json").read_text())["mac_keys"]) == {"p1", "p2", "p3", "p4"}
+
+
+def test_old_and_incomplete_key_files_are_refused(keys, tmp_path):
+    _, shares = keys
+    path = tmp_path / "p0.json"
+    shares[0].save(path)
+    good = json.loads(path.read_text())
+
+    def write(data):
+        path.write_text(json.dumps(data))
+
+    v1 = {k: v for k, v in good.items() if k != "mac_keys"} | {"scheme": "threshold-paillier-v1"}
+    write(v1)
+    with pytest.raises(ValueError, match=r"older dealer.*python -m hfl\.peer\.he_keys"):
+        he.load_key_share(path)
+    write({k: v for k, v in good.items() if k != "mac_keys"})
+    with pytest.raises(ValueError, match="p0.json.*mac_keys"):
+        he.load_key_share(path)
+    incomplete = {**good, "mac_keys": {k: v for k, v in good["mac_keys"].items() if k != "p3"}}
+    write(incomplete)
+    with pytest.raises(ValueError, match="p0.json.*missing: p3"):
+        he.load_key_share(path)
+    for bad in [{**good["mac_keys"], "p3": "00" * 16}, {**good["mac_keys"], "p3": "zz" * 32},
+                {**good["mac_keys"], "p3": 5}, {**good["mac_keys"], "p0": "00" * 32},
+                {**good["mac_keys"], "ghost": "00" * 32}, ["p1"], "x"]:
+        write({**good, "mac_keys": bad})
+        with pytest.raises(ValueError, match="p0.json.*mac_keys"):
+            he.load_key_share(path)
+    write([1, 2])
+    with pytest.raises(ValueError, match="not a key share file"):
+        he.load_key_share(path)
+    write(good)
+    assert he.load_key_share(path) == shares[0]
+
+
+def test_dealer_output_directory_is_0700_and_key_files_0600(tmp_path):
+    from hfl.peer.he_keys import main
+
+    old_umask = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh" / "keys"
+        assert main(["--peers", "3", "--threshold", "2", "--bits", "256", "--out", str(fresh)]) == 0
+        existing = tmp_path / "existing"
+        existing.mkdir(mode=0o755)
+        (existing / "p0.json").write_text("{}")
+        os.chmod(existing / "p0.json", 0o644)
+        assert main(["--parties", "p0", "p1", "--threshold", "2", "--bits", "256",
+                     "--out", str(existing)]) == 0
+    finally:
+        os.umask(old_umask)
+    for out, ids in [(fresh, ["p0", "p1", "p2"]), (existing, ["p0", "p1"])]:
+        assert stat.S_IMODE(out.stat().st_mode) == 0o700
+        for pid in ids:
+            assert stat.S_IMODE((out / f"{pid}.json").stat().st_mode) == 0o600
+        assert "mac_keys" not in json.loads((out / "public.json").read_text())
+    a, b = (he.load_key_share(fresh / f"{pid}.json") for pid in ("p0", "p2"))
+    assert b.verify_attestation(1, "p0", DIGEST, a.attest(1, DIGEST)) is None
