@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -126,6 +127,8 @@ def composed_epsilon(noise_multiplier: float, releases: int, delta: float, metho
         return math.inf
     from dp_accounting import dp_event
 
+    _quiet_excluded_orders()
+
     if method == "rdp":
         from dp_accounting.rdp import rdp_privacy_accountant
 
@@ -144,6 +147,21 @@ def composed_epsilon(noise_multiplier: float, releases: int, delta: float, metho
         step = dp_event.PoissonSampledDpEvent(sgd_sample_rate, dp_event.GaussianDpEvent(sgd_noise_multiplier))
         acc.compose(step, sgd_steps)
     return float(acc.get_epsilon(delta))
+
+
+class _ExcludedOrder(logging.Filter):
+    """dp-accounting logs (through absl) each fractional Renyi order whose series does
+    not converge for a subsampled Gaussian and leaves that order out: the epsilon is
+    still a valid upper bound, and a peer would log it every round."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Excluding this order" not in record.getMessage()
+
+
+def _quiet_excluded_orders() -> None:
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _ExcludedOrder) for f in absl.filters):
+        absl.addFilter(_ExcludedOrder())
 
 
 def gaussian_epsilon(noise_multiplier: float, releases: int, delta: float, method: str = "rdp") -> float:

@@ -303,7 +303,7 @@ class FedHP(FedProto):
 
             self.guard = ReleaseGuard(cfg.min_contributors)
             if cfg.secure_sum == "paillier":
-                path = Path(cfg.key_dir) / f"{ctx.peer_id}.json"
+                path = Path(cfg.key_dir).expanduser() / f"{ctx.peer_id}.json"
                 self.key = load_key_share(path)
                 if self.key.public.parties[self.key.index - 1] != ctx.peer_id:
                     raise ValueError(f"{path}: the share is party {self.key.index}'s, "
@@ -466,6 +466,8 @@ class FedHP(FedProto):
                     self.scheme.decode(ct)
                 except ValueError as exc:
                     why = str(exc)
+            if why is None and self.key is not None and peer != self.ctx.peer_id:
+                why = self.key.verify_attestation(round, peer, digest(ct), c.meta.get("attest"))
             if why is not None:
                 log.warning("%s: round %d: contribution of %s left out: %s", self.ctx.peer_id, round, peer, why)
                 meta["excluded"].append(peer)

@@ -20,11 +20,14 @@ heads on a pre-trained backbone; here everything learns from scratch).
 - **hetero** (paper 4.4): FedHP with decision heads of 1 or 2 FC layers
   (projection + decision = 2 or 3 FC layers) alternating over the peers, and
   FedProto with encoders of 1 or 2 hidden layers; FedAvg cannot run these.
-- **epsilon** (paper Fig. 8): FedHP with DP, secure sum (plaintext: same
-  arithmetic as Paillier), threshold 3 (noise split over 3 honest
-  contributors, ``min_contributors: 3``), delta 1e-5; the noise multiplier is
-  chosen so that the total epsilon after all rounds is the target; plot in
-  docs/fedhp_epsilon.png.
+- **epsilon** (paper Fig. 8, with an epsilon that holds): FedHP trained with
+  DP-SGD (Opacus; Poisson rate batch/N, per-sample clip 1) and Gaussian noise
+  on every release, each release in the clear (local DP: no secure sum, so
+  nothing rests on other peers' honesty), delta 1e-5; one noise multiplier
+  for both, the smallest whose epsilon, composing every DP-SGD step before the
+  last release with all releases, is within the target; plot in
+  docs/fedhp_epsilon.png. Also the wall time per round with and without
+  DP-SGD (its cost).
 - **crypto**: 2048-bit threshold Paillier (3 of 5), 10 classes x 128 dims,
   through FedHP's own hooks: seconds per phase, ciphertext bytes, and a round
   with n - t = 2 peers dead.
@@ -69,21 +72,43 @@ HETERO = {
         f"peer_overrides.p{i}.model.options.hidden=[128,128]" for i in (1, 3)]),
 }
 EPSILONS = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
-DELTA, THRESHOLD = 1e-5, 3
-DP_BASE = ["defaults.algorithm.secure_sum=plaintext", f"defaults.algorithm.min_contributors={THRESHOLD}",
-           f"defaults.algorithm.noise_split={THRESHOLD}", f"defaults.algorithm.delta={DELTA}"]
+DELTA = 1e-5
+DP_BASE = [f"defaults.algorithm.delta={DELTA}", "defaults.algorithm.dp_sgd=true"]
 
 Job = tuple[str, str, int, int, tuple[str, ...]]  # (label, algorithm, seed, rounds, overrides)
 
 
-def noise_for(epsilon: float, releases: int, delta: float = DELTA) -> float:
-    """The smallest noise multiplier whose total epsilon after ``releases`` is <= epsilon."""
-    from hfl.algorithms.dp import gaussian_epsilon
+def dp_sgd_schedule(seed: int, rounds: int) -> dict[str, tuple[float, int]]:
+    """Each peer's (Poisson sample rate, DP-SGD steps before its last release) in the
+    example with this seed: what its accountant composes."""
+    from hfl.launch.experiment import expand, load_experiment
+    from hfl.peer.factory import load_peer_data
 
-    lo, hi = 0.05, 1000.0
-    for _ in range(60):
+    exp = load_experiment(str(EXAMPLE), [*BASE, f"defaults.data.seed={seed}", f"defaults.cohort.seed={seed}"])
+    out = {}
+    for plan in expand(exp, gpus=[], ports=list(range(42000, 42000 + exp.peers))):
+        cfg = plan.config
+        n, batch = len(load_peer_data(cfg.data).train), cfg.train.batch_size
+        steps = cfg.train.local_epochs * max(1, round(n / batch))
+        if cfg.train.max_batches is not None:
+            steps = min(steps, cfg.train.max_batches)
+        out[cfg.node.id] = (min(1.0, batch / n), steps * rounds)
+    return out
+
+
+def noise_for(epsilon: float, rounds: int, schedule: dict[str, tuple[float, int]],
+              delta: float = DELTA) -> float:
+    """The smallest noise multiplier m (for DP-SGD and the releases alike) whose epsilon
+    after ``rounds`` releases and the DP-SGD steps is <= epsilon for every peer."""
+    from hfl.algorithms.dp import Accountant
+
+    def worst(m: float) -> float:
+        return max(Accountant(m, delta, "rdp", m, q).epsilon(rounds, steps) for q, steps in schedule.values())
+
+    lo, hi = 0.3, 1000.0
+    for _ in range(40):
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if gaussian_epsilon(mid, releases, delta) > epsilon else (lo, mid)
+        lo, hi = (mid, hi) if worst(mid) > epsilon else (lo, mid)
     return hi
 
 
@@ -116,7 +141,8 @@ def simulate_one(job: Job) -> dict | None:
                "bytes_per_peer_round": statistics.mean(r["bytes_shared"] for h in history.values() for r in h),
                "wall_s": time.perf_counter() - t0, "overrides": list(extra)}
         if "dp_epsilon" in last:
-            out.update(epsilon=last["dp_epsilon"], releases=last["dp_releases"])
+            worst = max((h[-1]["dp_epsilon"] for h in history.values()), key=lambda e: e or math.inf)
+            out.update(epsilon=worst, releases=last["dp_releases"])
         print(f"  {label:<24} seed {seed}: best {out['best']:.4f} final {out['final']:.4f} "
               f"({out['wall_s']:.0f} s)", flush=True)
         return out
@@ -144,6 +170,7 @@ def rows_for(runs: list[dict], labels: list[str], key: str = "best") -> dict[str
 def crypto_cost(bits: int = 2048, classes: int = 10, dim: int = 128, peers: int = 5, t: int = 3) -> dict:
     """Seconds and bytes of the secure sum through FedHP's hooks (3 rounds), all
     peers alive and with n - t dead."""
+    import msgpack
     import numpy as np
     import torch
 
@@ -192,7 +219,9 @@ def crypto_cost(bits: int = 2048, classes: int = 10, dim: int = 128, peers: int 
                     a.absorb(r, {agg.ctx.peer_id: result})
                     phases["absorb_s"].append((r, time.perf_counter() - t0))
                 sizes[r] = {"contribution_bytes": statistics.mean(p.nbytes for p in payloads.values()),
-                            "result_bytes": result.nbytes,
+                            "contribution_meta_bytes": statistics.mean(
+                                len(msgpack.packb(p.meta)) for p in payloads.values()),
+                            "result_bytes": result.nbytes, "result_meta_bytes": len(msgpack.packb(result.meta)),
                             "protos_round": result.meta.get("protos_round")}
             steady = {k: statistics.mean(v for r, v in xs if r >= 2) for k, xs in phases.items()}
             key = "alive" if dead == 0 else f"{dead}_dead"
@@ -217,6 +246,38 @@ def crypto_cost(bits: int = 2048, classes: int = 10, dim: int = 128, peers: int 
         t0 = time.perf_counter()
         assert [pub.combine(d) for d in dshares] == plain
         out["combine_s"] = time.perf_counter() - t0
+    return out
+
+
+def dpsgd_cost(rounds: int = 6) -> dict:
+    """Seconds per local update of one peer of the example with and without DP-SGD
+    (steady state: rounds 2..), and the accountant's cost per evaluate."""
+    import torch
+
+    from hfl.launch.experiment import expand, load_experiment
+    from hfl.peer.factory import build_algorithm
+
+    torch.set_num_threads(1)
+    watch = Contention()
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as run_dir:
+        for key, sets in [("plain_s", []), ("dpsgd_s", [*DP_BASE, "defaults.algorithm.noise_multiplier=2",
+                                                        "defaults.algorithm.dp_sgd_noise_multiplier=2"])]:
+            exp = load_experiment(str(EXAMPLE), [*BASE, *sets, f"run_dir={run_dir}/{key}"])
+            alg = build_algorithm(expand(exp, gpus=[], ports=list(range(42000, 42000 + exp.peers)))[0].config)[0]
+            times = []
+            for r in range(1, rounds + 1):
+                t0 = time.perf_counter()
+                alg.local_update(r)
+                times.append(time.perf_counter() - t0)
+            out[key] = statistics.mean(times[1:])
+            out["train_samples"] = len(alg.ctx.train)
+            if alg.dpsgd is not None:
+                t0 = time.perf_counter()
+                for r in range(1, 11):
+                    alg.accountant.epsilon(r, r * alg.dpsgd.steps_per_epoch + 1)
+                out["accountant_s"] = (time.perf_counter() - t0) / 10
+    out["contention"] = watch.stop()
     return out
 
 
@@ -254,7 +315,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--parts", nargs="+", choices=["table", "hetero", "epsilon", "crypto"], default=None)
+    ap.add_argument("--parts", nargs="+", choices=["table", "hetero", "epsilon", "dpsgd", "crypto"],
+                    default=None)
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "fedhp_epsilon.png")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
@@ -267,13 +329,19 @@ def main() -> None:
         jobs += [(lab, alg, s, rounds, (*o, *extra)) for lab, (alg, o) in METHODS.items() for s in seeds]
     if "hetero" in parts:
         jobs += [(lab, alg, s, rounds, (*o, *extra)) for lab, (alg, o) in HETERO.items() for s in seeds]
-    noise = {}
+    noise: dict[tuple[float, int], float] = {}
     if "epsilon" in parts:
-        jobs += [("DP none", "fedhp", s, rounds, (*DP_BASE, *extra)) for s in seeds]
-        for eps in EPSILONS:
-            noise[eps] = noise_for(eps, rounds)
-            jobs += [(f"DP eps={eps:g}", "fedhp", s, rounds,
-                      (*DP_BASE, f"defaults.algorithm.noise_multiplier={noise[eps]:.6g}", *extra)) for s in seeds]
+        jobs += [("DP none", "fedhp", s, rounds, extra) for s in seeds]
+        jobs += [("DP-SGD clip only", "fedhp", s, rounds,
+                  (*DP_BASE, "defaults.algorithm.noise_multiplier=0.001",
+                   "defaults.algorithm.dp_sgd_noise_multiplier=0.001", *extra)) for s in seeds]
+        for s in seeds:
+            schedule = dp_sgd_schedule(s, rounds)
+            for eps in EPSILONS:
+                m = noise[eps, s] = noise_for(eps, rounds, schedule)
+                jobs.append((f"DP eps={eps:g}", "fedhp", s, rounds,
+                             (*DP_BASE, f"defaults.algorithm.noise_multiplier={m:.6g}",
+                              f"defaults.algorithm.dp_sgd_noise_multiplier={m:.6g}", *extra)))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = [r for r in pool.map(simulate_one, jobs) if r is not None]
@@ -307,23 +375,45 @@ def main() -> None:
     if "epsilon" in parts:
         ref = [r["best"] for r in runs if r["label"] == "DP none"]
         curve = []
-        print(f"\nAccuracy vs epsilon (delta {DELTA:g}, threshold {THRESHOLD}, {rounds} releases)")
+        print(f"\nAccuracy vs epsilon (delta {DELTA:g}; DP-SGD + noisy releases in the clear, "
+              f"{rounds} releases; epsilon composes both)")
         ref_bal = [r["best_balanced"] for r in runs if r["label"] == "DP none"]
+        ref_round_s = [r["wall_s"] / rounds for r in runs if r["label"] == "DP none"]
         print(f"| {'target eps':>10} | {'noise mult.':>11} | {'reported eps':>12} | {'own test best':>14} "
-              f"| {'balanced best':>14} |")
-        print(f"| {'none':>10} | {0:>11} | {'inf':>12} | {pm(ref):>14} | {pm(ref_bal):>14} |")
+              f"| {'balanced best':>14} | {'s/round':>7} |")
+        print(f"| {'none':>10} | {0:>11} | {'inf':>12} | {pm(ref):>14} | {pm(ref_bal):>14} "
+              f"| {statistics.mean(ref_round_s) if ref_round_s else math.nan:>7.2f} |")
+        clip = [r for r in runs if r["label"] == "DP-SGD clip only"]
+        if clip:
+            print(f"| {'clip only':>10} | {0.001:>11} | {'(huge)':>12} | {pm([r['best'] for r in clip]):>14} "
+                  f"| {pm([r['best_balanced'] for r in clip]):>14} "
+                  f"| {statistics.mean(r['wall_s'] / rounds for r in clip):>7.2f} |")
+            result["clip_only"] = {"best": [r["best"] for r in clip],
+                                   "best_balanced": [r["best_balanced"] for r in clip]}
         for eps in EPSILONS:
             rs = [r for r in runs if r["label"] == f"DP eps={eps:g}"]
             if not rs:
                 continue
-            curve.append({"epsilon": eps, "noise_multiplier": noise[eps], "accs": [r["best"] for r in rs],
-                          "accs_balanced": [r["best_balanced"] for r in rs], "reported": rs[0].get("epsilon")})
-            print(f"| {eps:>10g} | {noise[eps]:>11.3f} | {rs[0].get('epsilon', math.nan):>12.3f} | "
-                  f"{pm([r['best'] for r in rs]):>14} | {pm([r['best_balanced'] for r in rs]):>14} |")
-        result["epsilon"] = {"reference": ref, "reference_balanced": ref_bal, "curve": curve}
+            mults = [noise[eps, r["seed"]] for r in rs]
+            reported = max(r.get("epsilon") or math.inf for r in rs)
+            curve.append({"epsilon": eps, "noise_multiplier": mults, "accs": [r["best"] for r in rs],
+                          "accs_balanced": [r["best_balanced"] for r in rs], "reported": reported,
+                          "s_per_round": statistics.mean(r["wall_s"] / rounds for r in rs)})
+            print(f"| {eps:>10g} | {statistics.mean(mults):>11.3f} | {reported:>12.3f} | "
+                  f"{pm([r['best'] for r in rs]):>14} | {pm([r['best_balanced'] for r in rs]):>14} "
+                  f"| {curve[-1]['s_per_round']:>7.2f} |")
+        result["epsilon"] = {"reference": ref, "reference_balanced": ref_bal, "curve": curve,
+                             "reference_s_per_round": ref_round_s}
         if curve:
             args.plot.parent.mkdir(parents=True, exist_ok=True)
             plot_epsilon(curve, {"accs": ref, "accs_balanced": ref_bal}, args.plot)
+    if "dpsgd" in parts:
+        cost = dpsgd_cost()
+        print(f"\nDP-SGD cost, one peer of the example (p0, {cost['train_samples']} private samples, "
+              f"1 thread): local update {cost['plain_s']:.3f} s without, {cost['dpsgd_s']:.3f} s with "
+              f"DP-SGD ({cost['dpsgd_s'] / cost['plain_s']:.1f}x); accountant per evaluate "
+              f"{cost['accountant_s'] * 1000:.0f} ms; " + contention_note("timings", cost["contention"]))
+        result["dpsgd"] = cost
     if "crypto" in parts:
         print("\nSecure sum, threshold Paillier 2048-bit, 3 of 5, 10 classes x 128 dims (this process, 1 thread):")
         watch = Contention()
@@ -338,7 +428,8 @@ def main() -> None:
                   f"aggregate() {c['aggregate_s']:.2f} s (product + combine), absorb() {c['absorb_s']:.2f} s "
                   f"(verify product); round critical path {c['round_critical_path_s']:.2f} s")
             print(f"          {c['ciphertexts_per_peer']} ciphertexts = {c['ciphertext_bytes_per_peer']} B per peer; "
-                  f"contribution {c['round2_contribution_bytes']:.0f} B, result {c['round2_result_bytes']} B; "
+                  f"contribution {c['round2_contribution_bytes']:.0f} B + {c['round2_contribution_meta_bytes']:.0f} B "
+                  f"meta (attestations), result {c['round2_result_bytes']} B + {c['round2_result_meta_bytes']} B meta; "
                   f"prototypes of round {c['protos_round_after_3']} in use after round 3")
         print("  " + contention_note("crypto timings", cost["contention"]))
         result["crypto"] = cost

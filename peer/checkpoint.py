@@ -125,6 +125,10 @@ class RunStore:
         self.run_dir = Path(run_dir)
 
     def write(self, name: str, data: bytes) -> None:
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise file_error(self.run_dir, exc) from exc
         write_atomic(self.run_dir / name, data)
 
     def read(self, name: str) -> bytes | None:

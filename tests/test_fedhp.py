@@ -399,6 +399,13 @@ def test_hostile_contributions_are_left_out_with_a_reason(key_dir, caplog):
     assert "decryption share of p3 left out: party 1" in text
     assert "contribution of zz left out: it holds no key share" in text
     assert sorted(result.meta["excluded"]) == ["p0", "p2", "p3", "zz"]
+    # A ciphertext not attested to the aggregator itself would make every peer refuse the
+    # product: the aggregator leaves it out (one bad member does not sink the round's sum).
+    unattested = Payload("secure_sum", {"ct": payloads["p1"].tensors["ct"]}, {"round": 2})
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        result = algs[2].aggregate(2, {**payloads, "p1": unattested})
+    assert "contribution of p1 left out: tags must be a dict" in caplog.text
+    assert result.meta["contributors"] == ["p0", "p2", "p3"] and result.meta["excluded"] == ["p1"]
     # Plain FedProto too: wrong shapes and non-finite values never reach the mean.
     fp = [make("fedproto", f"p{i}") for i in range(2)]
     good = fp[0].share(1)
@@ -571,10 +578,10 @@ def test_a_release_is_on_disk_before_it_leaves_and_a_restart_never_replays_it():
 def test_the_runtime_gives_algorithms_a_durable_store(tmp_path):
     from hfl.peer.checkpoint import RunStore
 
-    store = RunStore(tmp_path)
+    store = RunStore(tmp_path / "run" / "p0")  # not made yet: the first write makes it
     assert store.read("x.json") is None
     store.write("x.json", b"{}")
-    assert store.read("x.json") == b"{}" and not (tmp_path / "x.json.tmp").exists()
+    assert store.read("x.json") == b"{}" and not (tmp_path / "run" / "p0" / "x.json.tmp").exists()
 
 
 def test_epsilon_is_null_with_a_reason_unless_training_is_dp_sgd(caplog):
