@@ -32,10 +32,14 @@ from hfl.algorithms.dp import secure_normal, secure_uniform
 
 
 def unsupported_layers(model: nn.Module) -> list[str]:
-    """Why ``model`` cannot be trained with DP-SGD (Opacus's validator), or []."""
+    """The layers of ``model`` that DP-SGD cannot train (by name and type), or [];
+    Opacus's validator decides which."""
     from opacus.validators import ModuleValidator
 
-    return [str(e) for e in ModuleValidator.validate(model, strict=False)]
+    if not ModuleValidator.validate(model, strict=False):
+        return []
+    return [f"{name} ({type(m).__name__})" for name, m in model.named_modules()
+            if name and not list(m.children()) and ModuleValidator.validate(m, strict=False)]
 
 
 class DPSGD:
@@ -48,10 +52,12 @@ class DPSGD:
         from opacus.optimizers import DPOptimizer
         from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
-        why = unsupported_layers(model)
-        if why:
-            raise ValueError("algorithm.dp_sgd: the model has layers DP-SGD cannot train "
-                             f"({'; '.join(why)}): choose a model without BatchNorm")
+        bad = unsupported_layers(model)
+        if bad:
+            shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+            raise ValueError(f"dp_sgd: the model has layers DP-SGD cannot train: {shown} "
+                             "(BatchNorm mixes the samples of a batch, so clipping each sample's "
+                             "gradient bounds nothing); choose a model without them (e.g. mlp)")
         if dataset_size < 1:
             raise ValueError("algorithm.dp_sgd: no private samples to train on")
 

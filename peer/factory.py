@@ -319,4 +319,7 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
         cohort_seed=cfg.cohort.seed, label_noise_rate=data.label_noise_rate,
         store=RunStore(cfg.run_dir),
     )
-    return alg_cls(ctx, alg_cfg), num_classes
+    try:
+        return alg_cls(ctx, alg_cfg), num_classes
+    except ValueError as exc:  # what the options ask of this peer's model, data or key files
+        raise ConfigError("algorithm", str(exc)) from exc

@@ -648,7 +648,7 @@ def test_dp_sgd_clips_each_sample_adds_fresh_noise_and_refuses_batchnorm():
         runs.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
     assert not torch.allclose(runs[0], runs[1])
     bn = torch.nn.Sequential(torch.nn.Linear(F, 4), torch.nn.BatchNorm1d(4))
-    with pytest.raises(ValueError, match="algorithm.dp_sgd.*BatchNorm"):
+    with pytest.raises(ValueError, match=r"dp_sgd: .* 1 \(BatchNorm1d\)"):
         DPSGD(bn, torch.optim.SGD(bn.parameters(), lr=0.1), batch_size=4, dataset_size=8,
               noise_multiplier=1.0, clip_norm=1.0)
 
@@ -663,3 +663,16 @@ def test_frac_bits_reaches_the_fixed_point_code():
         errors[bits] = np.abs(alg.scheme.packer.dequantize(codes, 1) - v).max()
         assert errors[bits] <= 2.0 ** -(bits + 1) + 1e-15
     assert errors[4] > errors[16] > errors[30]
+
+
+def test_a_peer_whose_model_dp_sgd_cannot_train_is_a_config_error_naming_the_layers(tmp_path):
+    from hfl.launch.experiment import expand, load_experiment
+    from hfl.peer.configtools import ConfigError
+    from hfl.peer.factory import build_algorithm
+
+    exp = load_experiment(str(ROOT / "examples" / "fedhp_digits.yaml"), [
+        "defaults.model.arch=sresnet", "defaults.model.options={}", "defaults.algorithm.dp_sgd=true",
+        "defaults.algorithm.noise_multiplier=1", f"run_dir={tmp_path}"])
+    plan = expand(exp, gpus=[], ports=list(range(42000, 42000 + exp.peers)))[0]
+    with pytest.raises(ConfigError, match=r"^algorithm: dp_sgd: .*features\.extractor\.bn1 \(BatchNorm2d\)"):
+        build_algorithm(plan.config)
