@@ -295,14 +295,15 @@ def plot_epsilon(curve: list[dict], reference: dict[str, list[float]], path: Pat
     for key, label, color in [("accs", "own test split", "C0"), ("accs_balanced", "balanced held-out", "C1")]:
         mean = [100 * statistics.mean(c[key]) for c in curve]
         std = [100 * (statistics.stdev(c[key]) if len(c[key]) > 1 else 0) for c in curve]
-        ax.errorbar(eps, mean, yerr=std, marker="o", capsize=3, color=color, label=f"FedHP + DP, {label}")
+        ax.errorbar(eps, mean, yerr=std, marker="o", capsize=3, color=color, label=f"FedHP, DP-SGD + noisy releases, {label}")
         if reference.get(key):
             ref = 100 * statistics.mean(reference[key])
-            ax.axhline(ref, ls="--", color=color, alpha=0.6, label=f"no noise ({ref:.1f}%)")
+            ax.axhline(ref, ls="--", color=color, alpha=0.6, label=f"no DP ({ref:.1f}%)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"total epsilon (delta = {DELTA:g})")
     ax.set_ylabel("best mean test accuracy (%)")
-    ax.set_title("FedHP, 5 peers, mean ± std over seeds", fontsize=9)
+    ax.set_title("FedHP, 5 peers, mean ± std over seeds; epsilon composes DP-SGD and the releases",
+                 fontsize=8)
     ax.legend(loc="center right", fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
