@@ -44,6 +44,13 @@ class Member:
     epoch: int = 0  # the aggregator epoch it said it was at in that round
     greeted: bool = False  # have we sent it our hello?
     confirmed: bool = False  # heard from the peer itself (not only suggested by gossip)
+    remembered: bool = False  # in our own checkpoint: heard from itself in an earlier life of ours
+
+    @property
+    def vouched(self) -> bool:
+        """Known by evidence of our own (its own word, now or before our restart), not
+        only because another member said so: what the quorum counts."""
+        return self.confirmed or self.remembered
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,7 @@ class Membership:
             if address is None:
                 return None  # unknown and no address: cannot add it
             self.members[peer_id] = Member(peer_id, address, incarnation, ALIVE, now,
-                                           confirmed=incarnation >= 0)
+                                           confirmed=incarnation >= 0, remembered=incarnation < 0)
             if round is not None:
                 self.members[peer_id].round = round
                 self.members[peer_id].epoch = epoch or 0
@@ -211,12 +218,17 @@ class Membership:
         return sorted([self.self_id, *self.live_peers()])
 
     def rotation_order(self) -> list[str]:
-        """Everyone who has not left, ourselves included: the aggregator rotation.
+        """Ourselves and every member known by our own evidence that has not left: the
+        aggregator rotation, and the base of the quorum.
 
         Dead members stay in the order (and are skipped when elected), so that
-        peers with slightly different liveness views still agree on the order.
+        peers with slightly different liveness views still agree on the order. A
+        peer only suggested by gossip enters it once it speaks for itself: ids that
+        never run, gossiped to some peers, can neither split the cohort's elections
+        nor raise the quorum out of reach.
         """
-        return sorted([self.self_id, *(p for p, m in self.members.items() if m.status != LEFT)])
+        return sorted([self.self_id, *(p for p, m in self.members.items()
+                                       if m.status != LEFT and m.vouched)])
 
     def gossip_targets(self) -> list[str]:
         """Who to heartbeat and gossip to: every member that has not left."""

@@ -364,9 +364,11 @@ class Node:
         The election rule: epoch e of round r is current only once the candidates
         of every earlier epoch have failed, and a peer believes only failures it
         has seen itself: epochs below its own (it failed over past them, on a
-        death or a missed deadline) or candidates it suspects or holds dead now.
-        A member that claims a high epoch in which the rotation elects it cannot
-        make anyone accept its result while the real aggregator is alive.
+        death or a missed deadline) or candidates it holds dead now. A suspicion
+        is not a failure: a member that floods the real aggregator until it looks
+        slow cannot make its own held result count. The check runs each time a
+        held result is considered, so a result never outlives its evidence: once
+        the candidate is heard again, the held result is unusable again.
         """
         mem = self.membership
         order = mem.rotation_order()
@@ -375,8 +377,9 @@ class Node:
             if candidate == self.id:
                 return f"epoch {e} elects this peer, which is alive"
             m = mem.members.get(candidate)
-            if m is not None and m.status == "alive":
-                return f"{candidate}, the candidate of epoch {e}, is alive in this peer's view"
+            if m is not None and m.status in ("alive", "suspect"):
+                return (f"{candidate}, the candidate of epoch {e}, is {m.status} (not dead) in this "
+                        "peer's view")
         return None
 
     def _usable_result(self, r: int) -> AggregateResult | None:
@@ -831,8 +834,9 @@ class Node:
 
     def _quorum(self) -> int:
         """Contributors a round's result needs: ``quorum`` if configured, else a majority
-        of the members this peer knows (dead ones included, left ones not), so two
-        sides of a partition can never both publish."""
+        of the members this peer knows by its own evidence (dead ones included, left
+        ones and gossip-only suggestions not), so two sides of a partition can never
+        both publish and gossiped ghosts cannot block every round."""
         if self.quorum is not None:
             return self.quorum
         return len(self.membership.rotation_order()) // 2 + 1

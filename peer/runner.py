@@ -73,7 +73,7 @@ def _save(run_dir: Path, r: int, node: Node) -> None:
         "algorithm": node.alg.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "members": [[m.peer_id, m.address] for m in node.membership.members.values()
-                    if m.status != "left"],
+                    if m.status != "left" and m.vouched],  # never gossip-only suggestions
     })
 
 

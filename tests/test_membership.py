@@ -282,7 +282,20 @@ def test_records_round_trip_through_gossip():
     assert new == ["a", "c", "d"]
     assert {p: m.incarnation for p, m in b.members.items()} == {"a": 1, "c": 0, "d": 4}
     assert {p: m.status for p, m in b.members.items()} == {"a": ALIVE, "c": ALIVE, "d": ALIVE}
+    # Suggestions are greeted, not elected or counted: the rotation (and the quorum's
+    # base) takes a peer once it speaks for itself (issue 23: gossiped ghosts).
+    assert b.rotation_order() == ["b"]
+    for peer in ("a", "c", "d"):
+        b.heard_from(peer, b.members[peer].incarnation, 0.1)
     assert b.rotation_order() == ["a", "b", "c", "d"]
+
+
+def test_a_restarted_peer_counts_the_members_of_its_checkpoint_in_the_quorum():
+    m = view("a")
+    m.heard_from("b", -1, 0.0, address="mem://b")  # restored from our own checkpoint
+    m.merge([rec("g", 0)], now=0.0)  # only suggested
+    assert m.members["b"].vouched and not m.members["g"].vouched
+    assert m.rotation_order() == ["a", "b"]
 
 
 def test_records_never_carry_a_negative_incarnation():
@@ -371,13 +384,16 @@ def test_self_is_always_live_so_a_lone_peer_elects_itself():
 
 
 def test_peers_with_the_same_view_elect_the_same_aggregator_for_every_round_and_epoch():
-    # p0 and p1 were both told of p2, p3, p4 by gossip; both saw p2 die, both hear p3;
+    # p0 and p1 were both told of p2, p3, p4 by gossip and heard each once (a suggestion
+    # enters the rotation when it speaks for itself); both saw p2 die, both hear p3;
     # p4 is suspect at p0 and alive at p1 (still live for both).
     views = {}
     for me, other in (("p0", "p1"), ("p1", "p0")):
         m = Membership(me, f"mem://{me}", 0, SUSPECT_S, DEAD_S)
         m.heard_from(other, 0, 0.0, address=f"mem://{other}")
         m.merge([rec("p2"), rec("p3"), rec("p4")], now=0.0)
+        for peer in ("p2", "p3", "p4"):
+            m.heard_from(peer, 0, 0.0)
         views[me] = m
     for m in views.values():
         m.heard_from("p0" if m.self_id == "p1" else "p1", 0, 4.0)

@@ -36,12 +36,15 @@ from hfl.protocol import (
 from tests.test_cohort import (
     WAIT_S,
     RoundWatch,
+    TrainingGate,
     assert_completed,
     assert_same_model,
     build_node,
     by_round,
     cohort_cfgs,
     peer_cfg,
+    run_conducted,
+    until,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -251,6 +254,57 @@ def test_a_member_cannot_force_its_model_by_claiming_an_epoch_that_elects_it(tmp
     assert min(rec["global_acc"] for rec in recs[rounds].values()) > 0.5
     unjustified = sum(results[p].dropped.get("unjustified_epoch", 0) for p in ("p0", "p1"))
     assert unjustified == 2  # held, never used, and said so
+
+
+def test_a_suspected_aggregator_has_not_failed_so_a_held_result_stays_held(tmp_path):
+    # Issue 23: p3 sent a zero model as round 2's result at epoch 1 (it is that epoch's
+    # candidate), withheld its knowledge so the round stayed open, and flooded the real
+    # aggregator p2 until the victims *suspected* it; suspicion counted as "seen to
+    # fail" and the victims used the held result (0.925 -> 0.100). The flood is played
+    # here by marking p2 suspect in the victims' views at an exact point (round 2 gated).
+    n, rounds, r = 4, 3, 2
+    order = [f"p{i}" for i in range(n)]
+    epoch = (order.index("p3") - r) % n
+    assert epoch == 1 and order[r % n] == "p2"
+    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds)
+    watch = RoundWatch(order)
+    hub = MemoryHub()
+    nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
+    gate = TrainingGate([r])
+    for nd in nodes:
+        gate.install(nd)
+    seen = {}
+
+    async def conduct():
+        member = InMemoryTransport("p3", "mem://p3-second-socket", hub)
+        await member.start()
+        await watch.all_finished(1)
+        zeros = {k: np.zeros_like(v.detach().cpu().numpy())
+                 for k, v in nodes[0].alg.model.state_dict().items()}
+        forged = encode(AggregateResult(sender="p3", incarnation=0, round=r, epoch=epoch, kind="weights",
+                                        contributors=order, meta={"round": r}, tensors=zeros))
+        victims = nodes[:2]
+        for victim in victims:
+            assert await member.send(victim.transport.address, forged, 1.0)
+        await until(lambda: all(any(res.epoch == epoch for res in v.buffer.results_for(r))
+                                for v in victims), "the forged result held by both victims")
+        for victim in victims:  # the flood's effect: p2 is late with its heartbeats
+            victim.membership.members["p2"].status = "suspect"
+            seen[victim.id] = (victim._usable_result(r), victim._epoch_unjustified(r, epoch))
+            victim._wakeup.set()
+        gate.release(r)
+        await member.close()
+
+    results = run_conducted(nodes, gate, conduct)
+    assert_completed(results, rounds)
+    for pid, (usable, why) in seen.items():
+        assert usable is None, f"{pid} would have used p3's result while p2 was only suspect"
+        assert "p2, the candidate of epoch 0, is suspect (not dead)" in why
+    recs = by_round(results)
+    for rr, round_recs in recs.items():
+        assert_same_model(round_recs)
+        assert {rec["aggregator"] for rec in round_recs.values()} == {order[rr % n]}, rr
+    assert min(rec["global_acc"] for rec in recs[rounds].values()) > 0.5
 
 
 def test_contributors_list_only_what_went_into_the_aggregate(tmp_path):
@@ -484,6 +538,61 @@ def test_a_curve_cohort_refuses_forged_results_over_zeromq(tmp_path):
         dropped = results[victim].dropped
         assert dropped.get("identity_mismatch", 0) == 1, dropped  # m is not p1
         assert dropped.get("unjustified_epoch", 0) == 1, dropped  # p2 cannot elect itself
+
+
+def test_gossiped_ids_that_never_run_do_not_raise_the_quorum_over_curve(tmp_path):
+    # Issue 23: a member gossiped three ids that are on the allow-list but not running;
+    # the quorum counted them (4 of 6), and with 3 real contributors no aggregate was
+    # published again. The quorum now counts only members heard from directly.
+    ids, ghosts, rounds = ["p0", "p1", "p2"], ["g1", "g2", "g3"], 4
+    keys = cohort_keys(tmp_path / "keys", [*ids, *ghosts])
+
+    async def main():
+        import zmq.asyncio
+
+        watch = RoundWatch(ids)
+        first = build_node(peer_cfg(tmp_path, "p0", 0, 3, listen="tcp://127.0.0.1:0",
+                                    rounds=rounds, security=keys["p0"]), None, on_round=watch)
+        nodes, tasks = [first], [asyncio.create_task(first.run())]
+        ctx = zmq.asyncio.Context()
+        socks = []
+        try:
+            while first.membership is None:
+                await asyncio.sleep(0.01)
+            for i in (1, 2):
+                nd = build_node(peer_cfg(tmp_path, f"p{i}", i, 3, listen="tcp://127.0.0.1:0",
+                                         bootstrap=(f"p0@{first.transport.address}",),
+                                         rounds=rounds, security=keys[f"p{i}"]), None, on_round=watch)
+                nodes.append(nd)
+                tasks.append(asyncio.create_task(nd.run()))
+            await watch.all_finished(1)
+            lies = encode(Gossip(sender="p2", incarnation=0, members=[
+                MemberRecord(peer_id=g, address=f"tcp://127.0.0.1:{9 + k}", incarnation=0)
+                for k, g in enumerate(ghosts)]))
+            for nd in nodes[:2]:  # p2, on a second connection with its own key
+                sock = await _hostile_socket(ctx, keys["p2"]["key_file"], nd.transport)
+                socks.append(sock)
+                await _send_when_connected(sock, lies)
+            await until(lambda: all(set(ghosts) <= set(nd.membership.members) for nd in nodes[:2]),
+                        "the ghosts suggested to p0 and p1")
+            quorums = [nd._quorum() for nd in nodes[:2]]
+            return quorums, await asyncio.wait_for(asyncio.gather(*tasks), 3 * WAIT_S)
+        finally:
+            for sock in socks:
+                sock.close()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            ctx.term()
+
+    quorums, out = asyncio.run(main())
+    assert quorums == [2, 2]  # 3 members known firsthand; the ghosts are only suggestions
+    results = dict(zip(ids, out, strict=True))
+    assert_completed(results, rounds)
+    for rr, recs in by_round(results).items():
+        assert_same_model(recs)
+        assert {rec["contributors"] for rec in recs.values()} == {3}, rr
+        assert not any(rec.get("below_quorum") for rec in recs.values()), rr
 
 
 def test_an_unsendable_message_is_logged_and_dropped_not_raised(tmp_path):
