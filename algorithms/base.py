@@ -200,6 +200,19 @@ class Algorithm:
         """Dimensions peers must agree on (sent in the hello; nothing else)."""
         return {}
 
+    # An aggregator-mode method can also run with no aggregator at all: every peer
+    # sends its knowledge to every other and computes ``aggregate`` itself
+    # (``cohort.aggregate_at: every_peer``), so no elected peer can set the model.
+
+    def aggregates_everywhere_by_default(self) -> bool:
+        """True where what is shared is small (heads, prototypes, logits): then every
+        peer aggregating for itself costs little and is the default."""
+        return False
+
+    def why_not_everywhere(self) -> str | None:
+        """Why this configuration needs one elected aggregator (None: it does not)."""
+        return None
+
     # ------------------------------------------------------------------ checkpoint
 
     def state_dict(self) -> dict[str, Any]:
@@ -221,6 +234,21 @@ class Algorithm:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def aggregates_everywhere(aggregate_at: str, algorithm: Algorithm) -> bool:
+    """Whether an aggregator-mode ``algorithm`` runs with every peer aggregating for
+    itself (``cohort.aggregate_at``); ValueError when asked for and impossible."""
+    if algorithm.mode != "aggregator":
+        return False
+    why = algorithm.why_not_everywhere()
+    if aggregate_at == "every_peer":
+        if why is not None:
+            raise ValueError(f"aggregate_at: every_peer is impossible here: {why}")
+        return True
+    if aggregate_at == "aggregator":
+        return False
+    return why is None and algorithm.aggregates_everywhere_by_default()
 
 
 def pooled(parts, num_classes: int, name: str):

@@ -68,6 +68,9 @@ class HeadAvg(FedAvg):
     def shared(self) -> nn.Module:
         return self.model.head  # (C, E) weight and (C,) bias: E x C, nothing else
 
+    def aggregates_everywhere_by_default(self) -> bool:
+        return True  # a head is small
+
 
 @register
 class AvgKD(HeadAvg):

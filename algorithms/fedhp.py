@@ -395,6 +395,12 @@ class FedHP(FedProto):
             metrics["clamped_values"] = float(self.clamped)
         return metrics
 
+    def why_not_everywhere(self) -> str | None:
+        if self.cfg.secure_sum != "off":
+            return (f"secure_sum: {self.cfg.secure_sum} needs one aggregator to multiply the "
+                    "ciphertexts and collect decryption shares")
+        return None
+
     # ------------------------------------------------------------- secure sum
 
     def share(self, round: int) -> Payload | None:

@@ -38,6 +38,9 @@ class FedMD(Algorithm):
     Config = FedMDConfig
     uses_public_seeds = True
 
+    def aggregates_everywhere_by_default(self) -> bool:
+        return True  # logits on one public batch are small
+
     def _public_of(self, owner: str):
         return self.ctx.public if owner == self.ctx.peer_id else self.peer_seeds.get(owner)
 

@@ -230,6 +230,9 @@ class FedProto(Algorithm):
     def handshake_info(self) -> dict[str, int]:
         return {"proto_dim": self.proto_dim}
 
+    def aggregates_everywhere_by_default(self) -> bool:
+        return self.why_not_everywhere() is None  # K x D prototypes: small
+
     # ------------------------------------------------------------- checkpoint
 
     def state_dict(self) -> dict[str, Any]:

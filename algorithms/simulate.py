@@ -1,6 +1,8 @@
 """An in-process cohort with no network at all: the same hooks, in the same order
 as the peer runtime calls them, with the aggregator chosen by the same rotation
-(``sorted(ids)[round % n]``, everyone alive). For testing how an algorithm learns
+(``sorted(ids)[round % n]``, everyone alive) or, with ``aggregate_at`` resolving to
+every_peer (the runtime's rule, :func:`hfl.algorithms.base.aggregates_everywhere`),
+every peer aggregating all payloads itself. For testing how an algorithm learns
 and for comparisons with many seeds; fault tolerance is the runtime's business
 and is tested there.
 
@@ -15,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hfl.algorithms.base import Algorithm, Payload
+from hfl.algorithms.base import Algorithm, Payload, aggregates_everywhere
 
 
 def _copy(payload: Payload) -> Payload:
@@ -27,6 +29,7 @@ def simulate(
     algorithms: Sequence[Algorithm],
     rounds: int,
     on_round: Callable[[int, dict[str, dict[str, Any]]], None] | None = None,
+    aggregate_at: str = "auto",
 ) -> dict[str, list[dict[str, Any]]]:
     """Run ``rounds`` rounds; returns each peer's per-round metrics (with ``round``,
     ``aggregator`` and ``bytes_shared`` added) by peer id."""
@@ -38,6 +41,10 @@ def simulate(
         raise ValueError(f"one algorithm mode per cohort, got {sorted(modes)}")
     mode = modes.pop()
     ids = sorted(by_id)
+    everywhere = {aggregates_everywhere(aggregate_at, a) for a in algorithms}
+    if len(everywhere) != 1:
+        raise ValueError("peers disagree on aggregate_at (every_peer for some, aggregator for others)")
+    everywhere = everywhere.pop()
     history: dict[str, list[dict[str, Any]]] = {pid: [] for pid in ids}
     for r in range(1, rounds + 1):
         metrics = {pid: dict(by_id[pid].local_update(r)) for pid in ids}
@@ -49,6 +56,12 @@ def simulate(
                 received = {q: _copy(p) for q, p in payloads.items() if q != pid}
                 if received:
                     metrics[pid].update(by_id[pid].absorb(r, received))
+        elif mode == "aggregator" and payloads and everywhere:
+            for pid in ids:
+                result = by_id[pid].aggregate(r, {q: _copy(p) for q, p in payloads.items()})
+                metrics[pid]["aggregator"] = pid
+                if result is not None:
+                    metrics[pid].update(by_id[pid].absorb(r, {pid: result}))
         elif mode == "aggregator" and payloads:
             aggregator = ids[r % len(ids)]  # hfl.peer.membership.elect at epoch 0
             result = by_id[aggregator].aggregate(r, {q: _copy(p) for q, p in payloads.items()})

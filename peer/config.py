@@ -94,6 +94,12 @@ class CohortConfig:
         default=None, metadata={"min": 2, "help": "label-set size (default: from the dataset)"}
     )
     seed: int = field(default=0, metadata={"help": "shared seed: model initialisation"})
+    aggregate_at: Literal["auto", "aggregator", "every_peer"] = field(
+        default="auto", metadata={"help": "aggregator-mode methods: aggregator (one peer elected "
+                                          "per round aggregates for all), every_peer (everyone sends "
+                                          "to everyone and aggregates itself: no peer can set the "
+                                          "model), auto (every_peer where the knowledge is small: "
+                                          "heads, prototypes, logits; aggregator for full weights)"})
 
     def validate(self) -> None:
         try:  # torch-free: a plugin class is imported only when the peer is built or checked

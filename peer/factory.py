@@ -277,7 +277,7 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     """Data, model and algorithm instance for this peer."""
     import torch
 
-    from hfl.algorithms.base import AlgorithmContext
+    from hfl.algorithms.base import AlgorithmContext, aggregates_everywhere
     from hfl.algorithms.registry import get_algorithm
     from hfl.models import build_model
 
@@ -320,6 +320,11 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
         store=RunStore(cfg.run_dir),
     )
     try:
-        return alg_cls(ctx, alg_cfg), num_classes
+        algorithm = alg_cls(ctx, alg_cfg)
     except ValueError as exc:  # what the options ask of this peer's model, data or key files
         raise ConfigError("algorithm", str(exc)) from exc
+    try:
+        aggregates_everywhere(cfg.cohort.aggregate_at, algorithm)
+    except ValueError as exc:
+        raise ConfigError("cohort.aggregate_at", str(exc)) from None
+    return algorithm, num_classes

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfl.algorithms.base import Algorithm, Payload
+from hfl.algorithms.base import Algorithm, Payload, aggregates_everywhere
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import CohortConfig, FaultConfig, TimingConfig
 from hfl.peer.membership import Membership, elect
@@ -122,7 +122,10 @@ class Node:
         self.membership: Membership | None = None
         self._wakeup = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
-        self._handshake_info = {**algorithm.handshake_info(), **(shared or {})}
+        # No elected aggregator: every peer aggregates the round's knowledge itself.
+        self.everywhere = aggregates_everywhere(getattr(cohort, "aggregate_at", "auto"), algorithm)
+        self._handshake_info = {**algorithm.handshake_info(), **(shared or {}),
+                                **({"aggregate_everywhere": 1} if self.everywhere else {})}
         self._metrics: list[dict[str, Any]] = []
         self._stopping = False
         self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
@@ -325,6 +328,10 @@ class Node:
             if reason:
                 self._drop("stale_knowledge" if "late" in reason else "rejected_knowledge", reason)
         elif isinstance(msg, AggregateResult):
+            if self.everywhere:
+                self._drop("wrong_aggregator", f"result for round {msg.round} from {msg.sender}: "
+                           "this cohort has no aggregator (every peer aggregates for itself)")
+                return
             expected = self._aggregators_for(msg.round, msg.epoch)
             if msg.epoch >= len(mem.rotation_order()) or msg.sender not in expected:
                 self._drop("wrong_aggregator", f"result for round {msg.round} epoch {msg.epoch} "
@@ -619,6 +626,8 @@ class Node:
         info: dict[str, Any] = {}
         if self.alg.mode == "broadcast":
             received = await self._exchange(r, payload, info)
+        elif self.alg.mode == "aggregator" and self.everywhere:
+            received = await self._aggregate_everywhere(r, payload, info, work)
         elif self.alg.mode == "aggregator":
             received = await self._aggregate_round(r, payload, info, work)
         else:
@@ -736,6 +745,31 @@ class Node:
         self._discard_unused_results(r, None)
         return {}
 
+    async def _aggregate_everywhere(self, r: int, payload: Payload | None, info: dict,
+                                    work) -> dict[str, Payload]:
+        """A round with no aggregator: everyone's knowledge to everyone (as in broadcast
+        mode), then this peer computes the method's aggregate itself. No other peer's
+        word can set its model, only its contribution; what it takes needs the quorum,
+        as an aggregator's result does."""
+        contributions = await self._exchange(r, payload, info)
+        if payload is not None and payload.kind != "none":
+            contributions[self.id] = payload
+        result = await work(self.alg.aggregate, r, dict(sorted(contributions.items())))
+        info.update(aggregator=self.id, epoch=0, learned_from=0)
+        if result is None:
+            return {}
+        excluded = set(result.meta.get("excluded", ()))
+        used = sorted(p for p in contributions if p not in excluded)
+        info.update(contributors=len(used))
+        quorum = self._quorum()
+        if len(used) < quorum:
+            log.warning("%s: round %d: %d contribution(s), below the quorum of %d: keeping the "
+                        "local model", self.id, r, len(used), quorum)
+            info.update(below_quorum=True)
+            return {}
+        info.update(learned_from=len(set(used) - {self.id}))
+        return {self.id: result}
+
     def _discard_unused_results(self, r: int, used_epoch: int | None) -> None:
         """Results of round ``r`` for epochs this peer never reached are dropped, loudly:
         it never saw the failures that would have made them current."""
@@ -792,7 +826,8 @@ class Node:
             # began (a busy peer's last word may simply be old).
             if m.round < r - 1 and m.last_heard >= self._round_began:
                 continue
-            if self.alg.mode == "aggregator" and m.round == r and self._served_elsewhere(r, m.epoch):
+            if (self.alg.mode == "aggregator" and not self.everywhere and m.round == r
+                    and self._served_elsewhere(r, m.epoch)):
                 continue
             awaited.append(p)
         return awaited

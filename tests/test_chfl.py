@@ -229,13 +229,17 @@ def test_fedprox_with_mu_zero_is_fedavg():
 # ----------------------------------------------------------------- a simulated cohort
 
 
-def test_a_simulated_chfl_cohort_of_different_input_spaces_and_bodies():
+@pytest.mark.parametrize("aggregate_at", ["auto", "aggregator"])
+def test_a_simulated_chfl_cohort_of_different_input_spaces_and_bodies(aggregate_at):
+    # auto: a head is small, so every peer aggregates for itself (no aggregator to trust);
+    # aggregator: the rotation's elected peer aggregates for all. The same heads either way.
     peers = [make("chfl", f"p{i}", features=4 + 3 * i, hidden=[(16,), (32, 16), (8, 8, 8)][i],
                   n=40 + 10 * i, rounds=4) for i in range(3)]
-    history = simulate(peers, rounds=4)
-    for records in history.values():
+    history = simulate(peers, rounds=4, aggregate_at=aggregate_at)
+    for pid, records in history.items():
         assert [r["round"] for r in records] == [1, 2, 3, 4]
-        assert [r["aggregator"] for r in records] == ["p1", "p2", "p0", "p1"]
+        assert [r["aggregator"] for r in records] == (
+            [pid] * 4 if aggregate_at == "auto" else ["p1", "p2", "p0", "p1"])
         assert all(r["absorbed"] == 1.0 for r in records)
         assert [r.get("teacher_round") for r in records] == [None, 1, 2, 3]
         assert all(r["bytes_shared"] == (C * E + C) * 4 for r in records)
@@ -298,7 +302,8 @@ def test_chfl_cohort_over_the_runtime_with_duplicated_and_delayed_heads(tmp_path
         return config_from_dict({
             "node": {"id": f"p{i}", "listen": f"mem://p{i}", "bootstrap": ["mem://p0"] if i else [],
                      "run_dir": str(tmp_path / f"p{i}"), "min_peers": n, "resume": False},
-            "cohort": {"algorithm": "chfl", "rounds": rounds},
+            # the aggregator path (results travel); every_peer is tested in test_trust.py
+            "cohort": {"algorithm": "chfl", "rounds": rounds, "aggregate_at": "aggregator"},
             "timing": {"heartbeat_interval_s": 0.05, "suspect_after_s": 2.0, "dead_after_s": 4.0,
                        "round_timeout_s": 20, "join_timeout_s": 30},
             "data": {"dataset": "breast_cancer", "partition": "iid", "num_partitions": n,
@@ -327,7 +332,7 @@ def test_chfl_cohort_over_the_runtime_with_duplicated_and_delayed_heads(tmp_path
     # network, give the very same heads and accuracies round by round.
     from hfl.peer.factory import build_algorithm
 
-    simulated = simulate([build_algorithm(cfg(i))[0] for i in range(n)], rounds)
+    simulated = simulate([build_algorithm(cfg(i))[0] for i in range(n)], rounds, aggregate_at="aggregator")
     for res in results:
         sim = simulated[res.metrics[0]["peer"]]
         for key in ("absorbed_crc", "test_acc", "train_loss"):

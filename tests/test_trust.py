@@ -307,6 +307,66 @@ def test_a_suspected_aggregator_has_not_failed_so_a_held_result_stays_held(tmp_p
     assert min(rec["global_acc"] for rec in recs[rounds].values()) > 0.5
 
 
+def _lying_aggregator(node):
+    """``node`` returns an all-zero model whenever it aggregates (its contribution stays honest)."""
+    aggregate = node.alg.aggregate
+
+    def lie(round, contributions):
+        result = aggregate(round, contributions)
+        if result is not None:
+            result.tensors.update({k: np.zeros_like(v) for k, v in result.tensors.items()})
+        return result
+
+    node.alg.aggregate = lie
+
+
+@pytest.mark.parametrize("aggregate_at", ["aggregator", "every_peer"])
+def test_a_lying_aggregator_sets_the_model_only_when_one_is_elected(tmp_path, aggregate_at):
+    # Issue 23: the rotation elects every member about 1/n of the rounds, and an elected
+    # liar's result was absorbed by all. With aggregate_at: every_peer nobody aggregates
+    # for anyone else: the liar's result (and any forged one it sends) is never absorbed.
+    n, rounds = 4, 4
+    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": aggregate_at})
+    watch = RoundWatch(c.node.id for c in cfgs)
+    hub = MemoryHub()
+    nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
+    _lying_aggregator(nodes[2])
+
+    async def main():
+        async def forge():  # p2 also sends its lie as round 2's result, as if elected
+            member = InMemoryTransport("p2", "mem://p2-second-socket", hub)
+            await member.start()
+            await watch.all_finished(1)
+            zeros = {k: np.zeros_like(v.detach().cpu().numpy())
+                     for k, v in nodes[0].alg.model.state_dict().items()}
+            forged = encode(AggregateResult(sender="p2", incarnation=0, round=2, epoch=0, kind="weights",
+                                            contributors=[c.node.id for c in cfgs], meta={"round": 2},
+                                            tensors=zeros))
+            for victim in (nodes[0], nodes[1], nodes[3]):
+                await member.send(victim.transport.address, forged, 1.0)
+            await member.close()
+
+        attacker = asyncio.create_task(forge())
+        try:
+            return await asyncio.gather(*(nd.run() for nd in nodes))
+        finally:
+            await asyncio.wait_for(attacker, WAIT_S)
+
+    results = dict(zip([c.node.id for c in cfgs], asyncio.run(main()), strict=True))
+    assert_completed(results, rounds)
+    honest = ("p0", "p1", "p3")
+    recs = by_round(results)
+    if aggregate_at == "aggregator":  # today's default for full weights: the liar's rounds are zeros
+        assert {recs[2][p]["aggregator"] for p in honest} == {"p2"}
+        assert max(recs[2][p]["global_acc"] for p in honest) < 0.2
+        return
+    for r, round_recs in recs.items():
+        assert_same_model({p: round_recs[p] for p in honest})
+        assert all(round_recs[p]["contributors"] == n and round_recs[p]["aggregator"] == p for p in honest), r
+    assert min(recs[rounds][p]["global_acc"] for p in honest) > 0.5
+    assert sum(results[p].dropped.get("wrong_aggregator", 0) for p in honest) >= 1  # the forged one
+
+
 def test_contributors_list_only_what_went_into_the_aggregate(tmp_path):
     def prepare(nodes):
         share = nodes[3].alg.share
