@@ -509,6 +509,7 @@ class Node:
 
     async def _tick(self, tick: int) -> None:
         mem = self.membership
+        self.transport.housekeeping()
         for change in mem.tick(self.clock.now()):
             log.warning("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
                         change.reason)

@@ -31,6 +31,8 @@ import logging
 import os
 import re
 import stat
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,29 +202,97 @@ def load_identity(peer_id: str, key_file: str | Path, allow_list: str | Path) ->
 # ----------------------------------------------------------------------------- ZAP
 
 
-def make_authenticator(context, identity: CurveIdentity):
+class RefusalLog:
+    """Refused connections, logged so that a flood cannot fill the disk.
+
+    The first refusal of a kind from a source is logged at once with what to check;
+    more of the same within ``window_s`` are only counted, and each count is logged as
+    one line ("N more ... in the last 60 s") when its window closes (:meth:`flush`,
+    called on every refusal and by the transport's housekeeping). Thread-safe: the ZAP
+    handler runs in a thread of its own. ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, peer_id: str, window_s: float = 60.0, clock=time.monotonic):
+        self.peer_id = peer_id
+        self.window_s = window_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._open: dict[tuple[str, str], list] = {}  # (kind, source) -> [window start, more]
+        self.total: dict[str, int] = {}  # kind -> refusals ever, for tests and metrics
+
+    def refused(self, kind: str, source: str, detail: str) -> None:
+        now = self.clock()
+        self.flush(now)
+        with self._lock:
+            self.total[kind] = self.total.get(kind, 0) + 1
+            entry = self._open.get((kind, source))
+            if entry is not None:
+                entry[1] += 1
+                return
+            self._open[(kind, source)] = [now, 0]
+        log.warning("%s: refused a connection from %s: %s (more from there are counted and "
+                    "reported once a minute)", self.peer_id, source, detail)
+
+    def flush(self, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        with self._lock:
+            closed = [(key, more) for key, (start, more) in self._open.items()
+                      if now - start >= self.window_s]
+            for key, _ in closed:
+                del self._open[key]
+        for (kind, source), more in closed:
+            if more:
+                log.warning("%s: refused %d more connection(s) from %s in the last %.0f s (%s)",
+                            self.peer_id, more, source, self.window_s, kind.replace("_", " "))
+
+
+#: What a failed CURVE handshake on our ROUTER means (libzmq's protocol error codes).
+HANDSHAKE_REFUSALS = {
+    0x11000002: ("plaintext_client", "a client without CURVE (security: none) tried to connect; "
+                                     "both sides need security.mode: curve"),
+    0x11000001: ("wrong_server_key", "a CURVE client dialled with another public key than this "
+                                     "peer's (check its allow-list line for this peer: "
+                                     "hfl-keys show on this side)"),
+}
+
+
+def make_authenticator(context, identity: CurveIdentity, refusals: RefusalLog | None = None):
     """A started ZAP handler (a thread of ``context``) that admits allow-listed keys only.
 
     The User-Id of an admitted connection is the peer id its key belongs to;
-    every refusal is logged with the (truncated) key, never with a secret.
+    every refusal goes to ``refusals`` (rate-limited) with the client's address and
+    the (truncated) key, never with a secret.
     """
     import zmq.auth.thread
 
-    class _AllowList:
-        def callback(self, domain: str, key: bytes) -> bool:
-            peer = identity.peer_of(key)
-            if peer is None:
-                log.warning("%s: refused a connection: public key %s... is not on the allow-list",
-                            identity.peer_id, key[:8].decode(errors="replace"))
-            return peer is not None
+    refusals = refusals or RefusalLog(identity.peer_id)
 
     class AllowListAuthenticator(zmq.auth.thread.ThreadAuthenticator):
+        zap_address = "?"
+
+        async def handle_zap_message(self, msg: list[bytes]) -> None:
+            if len(msg) >= 4:  # version, request id, domain, address, ...
+                self.zap_address = msg[3].decode("utf-8", "replace") or "?"
+            await super().handle_zap_message(msg)
+
         def curve_user_id(self, client_public_key: bytes) -> str:
             import zmq.utils.z85
 
             return identity.peer_of(zmq.utils.z85.encode(client_public_key)) or ""
 
     auth = AllowListAuthenticator(context, log=logging.getLogger("hfl.peer.zap"))
+
+    class _AllowList:
+        def callback(self, domain: str, key: bytes) -> bool:
+            peer = identity.peer_of(key)
+            if peer is None:
+                shown = key[:8].decode(errors="replace")
+                refusals.refused("unknown_key", f"{auth.zap_address} (key {shown}...)",
+                                 f"public key {shown}... is not on the allow-list; if it is a "
+                                 "member, add its line ('<id> <public key>', from hfl-keys show "
+                                 "on its side) to this peer's allow-list")
+            return peer is not None
+
     auth.start()
     auth.configure_curve_callback(ZAP_DOMAIN, _AllowList())
     return auth

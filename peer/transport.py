@@ -84,6 +84,10 @@ class Transport(ABC):
     async def forget(self, address: str) -> None:  # noqa: B027 - optional hook
         """Drop any connection state kept for ``address`` (a peer that left)."""
 
+    def housekeeping(self) -> None:  # noqa: B027 - optional hook
+        """Periodic chores (the node calls it every heartbeat): e.g. report the
+        refused connections counted over the last minute."""
+
     @abstractmethod
     async def close(self) -> None: ...
 
@@ -120,6 +124,8 @@ class ZmqTransport(Transport):
         self._auth = None
         self._ctx = None
         self._router = None
+        self._monitor_task: asyncio.Task | None = None
+        self.refusals = None  # hfl.peer.security.RefusalLog, with security
         # One DEALER per (address, peer it must authenticate as): a member that claims
         # another's address gets a link of its own, never replaces the real one.
         self._dealers: dict[tuple[str, str | None], object] = {}  # -> asyncio DEALER
@@ -136,11 +142,13 @@ class ZmqTransport(Transport):
         router.setsockopt(zmq.RCVHWM, o.recv_hwm)
         router.setsockopt(zmq.MAXMSGSIZE, o.max_message_bytes)
         if self.security is not None:
-            from hfl.peer.security import ZAP_DOMAIN, make_authenticator
+            from hfl.peer.security import ZAP_DOMAIN, RefusalLog, make_authenticator
 
             # The ZAP handler runs before the first bind: no connection is ever
             # admitted without it (fail-closed).
-            self._auth = make_authenticator(zmq.Context.shadow(self._ctx.underlying), self.security)
+            self.refusals = RefusalLog(self.peer_id)
+            self._auth = make_authenticator(zmq.Context.shadow(self._ctx.underlying), self.security,
+                                            self.refusals)
             router.curve_server = True
             router.curve_publickey = self.security.public_key
             router.curve_secretkey = self.security.secret_key
@@ -158,6 +166,31 @@ class ZmqTransport(Transport):
         # A port of 0 asks the OS for a free one; report the real endpoint.
         self.address = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._router = router
+        if self.security is not None:  # handshakes refused before ZAP is asked: log them too
+            monitor = router.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            self._monitor_task = asyncio.get_running_loop().create_task(
+                self._watch_handshakes(monitor), name=f"{self.peer_id}:handshake-monitor")
+
+    async def _watch_handshakes(self, monitor) -> None:
+        """Failed CURVE handshakes on our ROUTER (a plaintext client, a wrong server key)
+        go to the refusal log; the address is our endpoint (libzmq names no remote)."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        from hfl.peer.security import HANDSHAKE_REFUSALS
+
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                kind, detail = HANDSHAKE_REFUSALS.get(
+                    event["value"], ("handshake_failed", f"CURVE handshake failed (libzmq protocol "
+                                                          f"error {event['value']:#x})"))
+                self.refusals.refused(kind, f"a client of {self.address}", detail)
+        finally:
+            monitor.close(linger=0)
+
+    def housekeeping(self) -> None:
+        if self.refusals is not None:
+            self.refusals.flush()
 
     def _dealer(self, address: str, peer_id: str | None):
         import zmq
@@ -262,6 +295,12 @@ class ZmqTransport(Transport):
 
     async def close(self) -> None:
         self._close_dealers()
+        if self._monitor_task is not None:
+            self._monitor_task.cancel()
+            await asyncio.gather(self._monitor_task, return_exceptions=True)
+            self._monitor_task = None
+        if self.refusals is not None:
+            self.refusals.flush(float("inf"))  # what was counted but not yet reported
         if self._router is not None:
             self._router.close(linger=0)
             self._router = None
@@ -461,6 +500,9 @@ class FaultyTransport(Transport):
 
     async def forget(self, address: str) -> None:
         await self.inner.forget(address)
+
+    def housekeeping(self) -> None:
+        self.inner.housekeeping()
 
     async def close(self) -> None:
         for task in list(self._delayed):

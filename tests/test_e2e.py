@@ -108,7 +108,7 @@ def test_chfl_aggregator_killed_mid_round_no_peer_applies_a_stale_head(tmp_path)
     # aggregator (p3) dies holding every head, before sending the mean.
     proc = launch(experiment(
         tmp_path, rounds=5, faults=[{"peer": "aggregator", "at_round": 3, "phase": "serve"}],
-        defaults={"cohort": {"algorithm": "chfl"},
+        defaults={"cohort": {"algorithm": "chfl", "aggregate_at": "aggregator"},  # the fail-over path
                   "data": {"dataset": "breast_cancer", "partition": "iid",
                            "feature_split": "slices", "feature_fraction": 0.5},
                   "model": {"arch": "random_mlp", "embedding_dim": 16, "options": {}}}))

@@ -476,6 +476,72 @@ def test_curve_refuses_a_key_that_is_not_on_the_allow_list_and_logs_it(tmp_path,
     assert not any(b"SECRET" in r.getMessage().encode() for r in caplog.records)
 
 
+def test_refusals_are_logged_once_per_source_and_kind_then_counted_per_minute(caplog):
+    # Issue 23: one flooder produced 9,300 log lines (1.26 MB) in 10 s.
+    from hfl.peer.security import RefusalLog
+
+    now = [0.0]
+    refusals = RefusalLog("b", window_s=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="hfl.peer.security"):
+        for i in range(9300):
+            now[0] = i * 10 / 9300
+            refusals.refused("unknown_key", "tcp://127.0.0.9:4000 (key abc...)", "not on the allow-list")
+        refusals.refused("unknown_key", "tcp://127.0.0.8:4000 (key def...)", "not on the allow-list")
+        refusals.refused("plaintext_client", "a client of tcp://127.0.0.1:1", "no CURVE")
+        assert len(caplog.records) == 3  # one line per (kind, source), at once
+        now[0] = 61.0
+        refusals.flush()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4
+    assert "refused 9299 more connection(s) from tcp://127.0.0.9:4000 (key abc...) in the last 60 s" in lines[3]
+    assert refusals.total == {"unknown_key": 9301, "plaintext_client": 1}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hfl.peer.security"):
+        refusals.refused("unknown_key", "tcp://127.0.0.9:4000 (key abc...)", "again")  # a new minute
+    assert len(caplog.records) == 1
+
+
+def test_every_kind_of_refused_handshake_is_logged(tmp_path, caplog):
+    # A plaintext client and a client dialling with the wrong server key never reach the
+    # ZAP handler: they were refused silently, although docs/security.md said otherwise.
+    import zmq
+    import zmq.asyncio
+
+    async def main():
+        keys, (a, b) = await _curve_pair(tmp_path)
+        ctx = zmq.asyncio.Context()
+        socks = []
+        try:
+            plain = ctx.socket(zmq.DEALER)  # security: none on the other side
+            wrong = ctx.socket(zmq.DEALER)  # a member that has another key for b
+            wrong.curve_publickey, wrong.curve_secretkey = load_secret_key(keys["a"]["key_file"])
+            wrong.curve_serverkey = zmq.curve_keypair()[0]
+            outsider = ctx.socket(zmq.DEALER)
+            outsider.curve_publickey, outsider.curve_secretkey = zmq.curve_keypair()
+            outsider.curve_serverkey = b.security.public_key
+            for sock in (plain, wrong, outsider):
+                sock.linger = 0
+                sock.connect(b.address)
+                socks.append(sock)
+                sock.send_multipart(encode(Gossip(sender="a", incarnation=0)))
+            await until(lambda: set(b.refusals.total) >= {"plaintext_client", "wrong_server_key",
+                                                          "unknown_key"}, "three kinds refused")
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(b.recv(), 0.2)  # none of them got a message through
+        finally:
+            for sock in socks:
+                sock.close()
+            ctx.term()
+            await a.close()
+            await b.close()
+
+    with caplog.at_level(logging.WARNING, logger="hfl.peer.security"):
+        asyncio.run(main())
+    text = caplog.text
+    assert "without CURVE (security: none)" in text and "another public key than this peer's" in text
+    assert "is not on the allow-list" in text and "add its line" in text
+
+
 def test_curve_a_member_cannot_send_under_another_members_id(tmp_path):
     # m holds a valid key (it is on the allow-list) and claims to be "a": routing id,
     # header and all. The transport names the key's owner, so the node drops it.
