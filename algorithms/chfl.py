@@ -24,7 +24,9 @@ round's elected aggregator:
 Deviation: eq. 4 writes the aggregate as a sum of the heads; a sum of K heads
 scales every logit by about K, so (as the paper's "average weight" wording and
 its code base suggest) the aggregate here is the mean, sample-count weighted
-by default (``weighted: false`` for the plain mean).
+by default (``weighted: false`` for the plain mean). ``robust`` and the other
+options of ``hfl.algorithms.robust`` replace that mean by a robust rule
+(docs/robust.md); ``chfl`` clips updates from the previous global head.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ from torch import nn
 from hfl.algorithms.dkd import chfl_temperature, dkd_loss
 from hfl.algorithms.fedavg import FedAvg, FedAvgConfig
 from hfl.algorithms.registry import register
+from hfl.algorithms.robust import UpdateRobustOptions
 
 
 @dataclass(frozen=True)
-class HeadKDConfig:
+class HeadKDConfig(UpdateRobustOptions):
     weighted: bool = field(default=True, metadata={"help": "sample-count weighted mean of the heads"})
     alpha: float = field(default=0.5, metadata={"min": 0, "help": "weight of the DKD term (eq. 5)"})
     beta: float = field(default=5.0, metadata={"min": 0, "help": "temperature schedule (eq. 7)"})
@@ -156,3 +159,9 @@ class CHFL(AvgKD):
         if self.teacher is None:
             self.teacher = self._new_teacher()
         return self.teacher
+
+    def update_reference(self):
+        """The previous global head (the local heads are the peers' own, not the aggregate)."""
+        if self.teacher is None:
+            return super().update_reference()
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.teacher.state_dict().items()}

@@ -19,6 +19,16 @@ same_arch`` only identical architectures (``hfl.algorithms.layerwise``); a
 contribution is then checked on its own (numeric, finite), not against the
 aggregator's shapes, and each peer loads the entries that fit its model.
 
+``robust`` (``hfl.algorithms.robust``, docs/robust.md) replaces the mean by a
+rule a few malicious contributions cannot steer (median, trimmed_mean, krum,
+multi_krum, geometric_median), optionally after clipping each contribution's
+update from the model the round started from (``clip_update_norm``) and capping
+any contribution's share of the weight (``max_weight_share``); with
+``aggregation: layerwise`` the rule runs per named array over its holders.
+A rule that cannot run for the contributions that arrived (Krum needs n > 2f + 2)
+produces no aggregate that round, with a logged reason naming the rule, n and f.
+The defaults are the weighted mean, exactly as without these options.
+
 A state of more than 32 arrays (a ResNet's) travels packed, one flat array
 per dtype plus its layout (``hfl.algorithms.packing``): the wire allows 64
 frames a message.
@@ -35,7 +45,7 @@ from typing import Literal
 import numpy as np
 from torch import nn
 
-from hfl.algorithms import layerwise
+from hfl.algorithms import layerwise, robust
 from hfl.algorithms.base import Algorithm, Payload, arrays_to_module, module_to_arrays
 from hfl.algorithms.packing import pack_if_many, unpack_if_packed
 from hfl.algorithms.registry import register
@@ -48,7 +58,7 @@ AGGREGATION_HELP = ("model: identical models, whole-model mean; layerwise: each 
 
 
 @dataclass(frozen=True)
-class FedAvgConfig:
+class FedAvgConfig(robust.UpdateRobustOptions):
     weighted: bool = True  # weight by sample count (False: plain mean)
     aggregation: Literal["model", "layerwise", "same_arch"] = field(
         default="model", metadata={"help": AGGREGATION_HELP}
@@ -107,9 +117,23 @@ class FedAvg(Algorithm):
     mode = "aggregator"
     Config = FedAvgConfig
 
+    def __init__(self, ctx, cfg=None):
+        super().__init__(ctx, cfg)
+        self._round_start: dict[str, np.ndarray] | None = None  # clip_update_norm's reference
+
     def shared(self) -> nn.Module:
         """The part of the model that leaves the peer and is averaged."""
         return self.model
+
+    def local_update(self, round: int) -> dict[str, float]:
+        if getattr(self.cfg, "clip_update_norm", None) is not None:
+            self._round_start = module_to_arrays(self.shared())
+        return super().local_update(round)
+
+    def update_reference(self) -> dict[str, np.ndarray]:
+        """What ``clip_update_norm`` measures updates from: the shared part as this
+        round began (the last aggregate, for a peer that absorbed it)."""
+        return self._round_start if self._round_start is not None else module_to_arrays(self.shared())
 
     def share(self, round: int) -> Payload:
         # The sample count leaves the peer only when the mean is weighted by it.
@@ -138,7 +162,13 @@ class FedAvg(Algorithm):
                 excluded.append(peer)
         if not good:
             return None
-        if by_layer:
+        options = robust.rule_options(self.cfg)
+        meta = {"excluded": excluded, "round": round}
+        if not robust.is_plain(options):
+            tensors = self.robust_aggregate(round, good, options, meta)
+            if tensors is None:
+                return None
+        elif by_layer:
             tensors = layerwise.layerwise_mean(
                 {p: c.tensors for p, c in good.items()},
                 {p: float(c.meta.get("num_samples", 1)) if self.cfg.weighted else 1.0
@@ -146,8 +176,37 @@ class FedAvg(Algorithm):
                 same_arch=self.aggregation() == "same_arch")
         else:
             tensors = weighted_mean(good, self.cfg.weighted)
-        tensors, meta = pack_if_many(tensors, {"excluded": excluded, "round": round})
+        tensors, meta = pack_if_many(tensors, meta)
         return Payload(kind="weights", tensors=tensors, meta=meta)
+
+    def robust_aggregate(self, round: int, good: dict[str, Payload], options: dict,
+                         meta: dict) -> dict[str, np.ndarray] | None:
+        """The robust rule over the checked contributions (``meta`` gains what it did),
+        or None, with a logged reason, when it cannot run for them."""
+        arrays = {p: c.tensors for p, c in good.items()}
+        weights = {p: float(c.meta.get("num_samples", 1)) if self.cfg.weighted else 1.0
+                   for p, c in good.items()}
+        meta["robust"] = options["rule"]
+        try:
+            if self.aggregation() == "model":
+                reference = self.update_reference() if options["clip_update_norm"] is not None else None
+                tensors, info = robust.combine(arrays, weights, reference=reference, **options)
+                meta.update(info)
+                return tensors
+            tensors, skipped = robust.combine_layerwise(
+                arrays, weights, same_arch=self.aggregation() == "same_arch", **options)
+        except ValueError as exc:
+            log.warning("%s: round %d: no aggregate this round: %s", self.ctx.peer_id, round, exc)
+            return None
+        for label, why in skipped.items():  # each holder keeps its own
+            log.warning("%s: round %d: %s not aggregated: %s", self.ctx.peer_id, round, label, why)
+        if skipped:
+            meta["not_aggregated"] = sorted(skipped)
+        if not tensors:
+            log.warning("%s: round %d: no aggregate this round: %s could run on no array",
+                        self.ctx.peer_id, round, options["rule"])
+            return None
+        return tensors
 
     def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
         """Load the round's result into :meth:`target`; a result that does not fit or

@@ -24,6 +24,13 @@ batches in the same order), arriving at the model the server would have sent.
 FedDF's early stopping on a validation set and its data augmentation are left
 out: a fixed number of steps.
 
+``robust`` (``hfl.algorithms.robust``, docs/robust.md) replaces AvgLogits by a
+robust rule over the received models' logits (median, trimmed_mean, krum,
+multi_krum, geometric_median; unweighted): a few lying teachers cannot steer
+the ensemble every group is distilled towards. A round the rule cannot run on
+(too few contributions for f) has no result, with a logged reason. The group
+averages of the weights stay sample-count weighted means.
+
 Contributions with non-finite weights or logits, logits on other samples, an
 invalid sample count or a malformed packing layout are left out with a logged
 reason. A payload of more than 32 arrays travels packed (one flat array per
@@ -53,6 +60,7 @@ from hfl.algorithms.fedavg import mismatch, weighted_mean
 from hfl.algorithms.mdhfl import public_round_indices
 from hfl.algorithms.packing import pack_if_many, unpack_if_packed
 from hfl.algorithms.registry import register
+from hfl.algorithms.robust import RobustOptions, combine, is_plain, rule_options
 
 log = logging.getLogger("hfl.algorithms")
 
@@ -87,7 +95,7 @@ def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, t: 
 
 
 @dataclass(frozen=True)
-class FedDFConfig:
+class FedDFConfig(RobustOptions):
     weighted: bool = field(default=True, metadata={"help": "sample-count weighted mean within a group"})
     public_batch: int = field(default=64, metadata={"min": 2, "help": "public samples per distillation step"})
     public_batches: int = field(default=2, metadata={"min": 1, "help": "public batches per round"})
@@ -161,15 +169,28 @@ class FedDF(Algorithm):
                    for p, c in good.items()}
         counts = {p: float(c.meta.get("num_samples", 1)) for p, c in good.items()}
         means, members = group_average(weights, counts, self.cfg.weighted)
-        teacher = np.mean(np.stack([good[p].tensors["logits"].astype(np.float64) for p in sorted(good)]),
-                          axis=0).astype(np.float32)  # (N, C): AvgLogits over every architecture
+        options = rule_options(self.cfg)
+        extra = {}
+        if is_plain(options):
+            teacher = np.mean(np.stack([good[p].tensors["logits"].astype(np.float64) for p in sorted(good)]),
+                              axis=0).astype(np.float32)  # (N, C): AvgLogits over every architecture
+        else:
+            try:
+                out, info = combine({p: {"logits": c.tensors["logits"].astype(np.float64)}
+                                     for p, c in good.items()}, **options)
+            except ValueError as exc:
+                log.warning("%s: round %d: no result this round: %s", self.ctx.peer_id, round, exc)
+                return None
+            teacher = out["logits"].astype(np.float32)  # (N, C): the rule over every architecture
+            extra = {"robust": options["rule"], **info}
         tensors: dict[str, np.ndarray] = {"idx": idx, "teacher": teacher}
         groups = []
         for k, sig in enumerate(sorted(means)):
             tensors.update({f"g{k}/{name}": v for name, v in means[sig].items()})
             groups.append([int(sig), f"g{k}/", members[sig]])
         tensors, meta = pack_if_many(tensors, {"round": round, "groups": groups,
-                                               "excluded": sorted(set(contributions) - set(good))})
+                                               "excluded": sorted(set(contributions) - set(good)),
+                                               **extra})
         return Payload(kind="groups+teacher", tensors=tensors, meta=meta)
 
     def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:

@@ -31,6 +31,18 @@ of the gradient (AMSGrad rescales every coordinate), so the two forms test eq. (
 against different vectors: see docs/fedh2l.md for both, measured.
 ``global_every`` (E) runs the global step only every E rounds, with g_loc taken
 over all the local steps since the last one.
+
+Teachers' accuracies (``teacher_acc``, docs/robust.md). Every teacher teaches on
+a batch of *its own* public seeds, so no two teachers score the same samples and
+no per-sample consensus (median, trimmed mean) across teachers exists. What
+weighs a teacher's KL term is Acc_j, which the teacher claims. With
+``teacher_acc: verified`` the learner computes Acc_j itself, as the accuracy of
+the received posteriors p_j against the labels of j's seeds (which it holds):
+a teacher sending wrong posteriors gets the weight of their true accuracy (0 for
+posteriors that never put the most mass on the label), however high its claim.
+The CE term uses the learner's own copy of the labels and needs no trust.
+``claimed`` (default) is the paper's.
+
 Ablations (the paper's Table 5): ``kl: false``, ``projection: none``,
 ``projection: pcgrad`` (Yu et al. 2020: both gradients are projected off each
 other's conflict and summed).
@@ -41,6 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -67,6 +80,19 @@ class FedH2LConfig:
     local_includes_public: bool = True
     projection: Literal["qp", "none", "pcgrad"] = "qp"
     global_every: int = field(default=1, metadata={"min": 1, "help": "E: global step every E rounds"})
+    teacher_acc: Literal["claimed", "verified"] = field(
+        default="claimed", metadata={"help": "Acc_j weighing teacher j's KL: as j claims it (the paper), "
+                                             "or verified from its posteriors and the seeds' labels"})
+
+    def validate(self) -> None:
+        if self.teacher_acc == "verified" and not (self.kl and self.ce_on_public):
+            raise ValueError("teacher_acc: verified needs kl: true and ce_on_public: true (it weighs the "
+                             "KL term by the posteriors' accuracy on the labelled public seeds)")
+
+
+def verified_accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
+    """Share of rows of ``probs`` (B, C) whose most probable class is the label (B,)."""
+    return float((np.asarray(probs).argmax(axis=1) == np.asarray(labels)).mean()) if len(labels) else 0.0
 
 
 def mimicry_loss(
@@ -180,8 +206,14 @@ class FedH2L(Algorithm):
             if idx.ndim != 1 or idx.min(initial=0) < 0 or idx.max(initial=-1) >= len(seeds) \
                     or probs.shape != (len(idx), self.ctx.num_classes):
                 continue  # malformed: refers to samples we do not have
-            teachers.append((seeds, idx, probs, float(payload.meta.get("acc", 1.0))))
+            if self.cfg.teacher_acc == "verified":
+                acc = verified_accuracy(probs, seeds.y[idx])
+            else:
+                acc = float(payload.meta.get("acc", 1.0))
+            teachers.append((seeds, idx, probs, acc))
         metrics: dict[str, float] = {"teachers": float(len(teachers))}
+        if self.cfg.teacher_acc == "verified" and teachers:
+            metrics["verified_teacher_acc"] = sum(t[3] for t in teachers) / len(teachers)
         g_loc = self._local_reference()  # consumed even without teachers: the next step starts afresh
         if not teachers:
             return metrics

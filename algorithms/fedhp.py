@@ -68,6 +68,7 @@ from hfl.algorithms.base import Payload
 from hfl.algorithms.dp import Accountant, PrivacyLedger, add_noise
 from hfl.algorithms.fedproto import FedProto
 from hfl.algorithms.registry import register
+from hfl.algorithms.robust import WeightedRobustOptions
 
 log = logging.getLogger("hfl.algorithms")
 
@@ -79,7 +80,7 @@ NO_GUARANTEE = ("epsilon is not a guarantee here: the encoder and projection hea
 
 
 @dataclass(frozen=True)
-class FedHPConfig:
+class FedHPConfig(WeightedRobustOptions):
     proto_dim: int = field(default=64, metadata={"min": 1, "help": "dimension d of the prototype space"})
     head_layers: int = field(default=1, metadata={"min": 1, "max": 4,
                                                   "help": "fully connected layers of the decision head"})
@@ -113,6 +114,11 @@ class FedHPConfig:
     dp_sgd_clip_norm: float = field(default=1.0, metadata={"gt": 0, "help": "per-sample gradient L2 bound"})
 
     def validate(self) -> None:
+        super().validate()
+        if self.secure_sum != "off" and (self.robust != "mean" or self.max_weight_share is not None):
+            raise ValueError(f"robust: {self.robust} / max_weight_share need secure_sum: off (got "
+                             f"{self.secure_sum}): under a secure sum the aggregator sees only the "
+                             "sum, not the contributions a robust rule compares")
         if self.noise_split > 1 and self.secure_sum != "paillier":
             raise ValueError(f"noise_split > 1 needs secure_sum: paillier (got {self.secure_sum}): "
                              "a release that travels in the clear must carry the full noise")

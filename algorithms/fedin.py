@@ -24,7 +24,8 @@ classifier's input, eq. 7), per round peer k:
    computed on private samples with the weights it ends the round with;
 3. the elected aggregator averages the weights layer-wise (``aggregation``:
    ``layerwise``, InclusiveFL's; ``same_arch``: Table V's identical-architecture
-   mean; ``model``: plain FedAvg), adds the features to its feature store,
+   mean; ``model``: plain FedAvg; ``robust``: a robust rule instead of the mean,
+   per array over its holders, docs/robust.md), adds the features to its feature store,
    samples one batch S from it (Algorithm 1, lines 3-6) and returns (w_bar, S);
 4. every peer loads what fits its model from w_bar and keeps S for step 1.
 
@@ -58,6 +59,7 @@ from hfl.algorithms.fedavg import AGGREGATION_HELP
 from hfl.algorithms.fedprox import FedProx
 from hfl.algorithms.projection import flat_grads, flatten, project, write_grads
 from hfl.algorithms.registry import register
+from hfl.algorithms.robust import UpdateRobustOptions
 
 log = logging.getLogger("hfl.algorithms")
 
@@ -65,7 +67,7 @@ S_IN, S_OUT = "@s_in", "@s_out"  # payload keys of the feature batch (no state-d
 
 
 @dataclass(frozen=True)
-class FedINConfig:
+class FedINConfig(UpdateRobustOptions):
     weighted: bool = field(default=True, metadata={"help": "sample-count weighted mean of each layer"})
     mu: float = field(default=0.1, metadata={"min": 0, "help": "proximal weight of eq. 4 (paper: mu/2 = 0.05); 0 = w/o Prox"})
     aggregation: Literal["layerwise", "same_arch", "model"] = field(

@@ -10,10 +10,17 @@ towards the consensus with an L1 loss, as in FedMD's code).
 The public batch is the same for every peer: round r uses the public seed set
 of owner ``owners[r % len(owners)]`` (owners sorted) and indices drawn from a
 generator seeded with (public_seed, r). Scores are logits, as in FedMD.
+
+``robust`` (``hfl.algorithms.robust``, docs/robust.md) replaces the mean of the
+scores by a robust rule over the scorers' (B, C) logits (median, trimmed_mean,
+krum, multi_krum, geometric_median; unweighted); logits of the wrong shape or
+non-finite are then left out with a logged reason, and a round the rule cannot
+run on (too few scorers for f) has no consensus.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,10 +29,13 @@ from torch import nn
 
 from hfl.algorithms.base import Algorithm, Payload
 from hfl.algorithms.registry import register
+from hfl.algorithms.robust import RobustOptions, combine, is_plain, rule_options
+
+log = logging.getLogger("hfl.algorithms")
 
 
 @dataclass(frozen=True)
-class FedMDConfig:
+class FedMDConfig(RobustOptions):
     public_batch: int = field(default=64, metadata={"min": 1})
     digest_steps: int = field(default=5, metadata={"min": 1})
     public_seed: int = field(default=0, metadata={"help": "shared: picks each round's public batch"})
@@ -63,16 +73,45 @@ class FedMD(Algorithm):
     def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
         # Peers that hold different seed sets may pick different batches: average
         # the largest group that scored the same samples.
-        groups: dict[tuple, list[Payload]] = {}
-        for c in contributions.values():
+        options = rule_options(self.cfg)
+        plain = is_plain(options)
+        groups: dict[tuple, list[tuple[str, Payload]]] = {}
+        for peer, c in contributions.items():
+            why = None if plain else self.scores_problem(c)
+            if why is not None:
+                log.warning("%s: round %d: scores of %s left out: %s", self.ctx.peer_id, round, peer, why)
+                continue
             key = (c.meta.get("owner"), c.tensors["idx"].tobytes())
-            groups.setdefault(key, []).append(c)
+            groups.setdefault(key, []).append((peer, c))
         if not groups:
             return None
         best = max(groups.values(), key=len)
-        consensus = np.mean(np.stack([c.tensors["logits"] for c in best]), axis=0).astype(np.float32)
-        return Payload(kind="consensus", tensors={"idx": best[0].tensors["idx"], "logits": consensus},
-                       meta={"owner": best[0].meta["owner"], "scorers": len(best)})
+        meta = {"owner": best[0][1].meta["owner"], "scorers": len(best)}
+        if plain:
+            consensus = np.mean(np.stack([c.tensors["logits"] for _, c in best]), axis=0).astype(np.float32)
+        else:
+            try:
+                out, info = combine({p: {"logits": c.tensors["logits"]} for p, c in best}, **options)
+            except ValueError as exc:
+                log.warning("%s: round %d: no consensus this round: %s", self.ctx.peer_id, round, exc)
+                return None
+            consensus = out["logits"].astype(np.float32)
+            meta.update(robust=options["rule"], **info)
+        return Payload(kind="consensus", tensors={"idx": best[0][1].tensors["idx"], "logits": consensus},
+                       meta=meta)
+
+    def scores_problem(self, c: Payload) -> str | None:
+        """Why a contribution's scores cannot enter a robust consensus, or None."""
+        idx, logits = c.tensors.get("idx"), c.tensors.get("logits")
+        if not isinstance(idx, np.ndarray) or not isinstance(logits, np.ndarray):
+            return "idx or logits missing"
+        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+            return f"idx {idx.dtype}{list(idx.shape)}, expected integers [B]"
+        if logits.shape != (len(idx), self.ctx.num_classes) or not np.issubdtype(logits.dtype, np.floating):
+            return f"logits {logits.dtype}{list(logits.shape)}, expected float[{len(idx)}, {self.ctx.num_classes}]"
+        if not np.isfinite(logits).all():
+            return "non-finite logits"
+        return None
 
     def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
         result = next(iter(received.values()))

@@ -16,6 +16,13 @@ differ in anything else. A contribution with the wrong shapes, non-finite
 values or negative weights is left out with a logged reason; a result that
 does not fit or names another round is refused.
 
+``robust`` (``hfl.algorithms.robust``, docs/robust.md): the global prototype of
+class j is a robust rule (median, trimmed_mean, krum, multi_krum,
+geometric_median, or the mean with ``max_weight_share``) over the local
+prototypes ``C_ij = r_ij / w_ij`` of the peers holding class j (w_ij >= 0.5),
+weighted by w_ij where the rule weighs. A class the rule cannot run on (too few
+holders for f) has no global prototype that round, with a logged reason.
+
 The shared machinery (embedding, release, aggregation, absorb, checkpoint)
 is reused by FedHP (``hfl.algorithms.fedhp``), which adds a projection head,
 the contrastive loss, differential privacy and a secure sum.
@@ -35,13 +42,14 @@ from torch import nn
 from hfl.algorithms import prototypes as P
 from hfl.algorithms.base import Algorithm, Payload
 from hfl.algorithms.registry import register
+from hfl.algorithms.robust import WeightedRobustOptions, combine, is_plain, rule_options
 from hfl.algorithms.training import batches
 
 log = logging.getLogger("hfl.algorithms")
 
 
 @dataclass(frozen=True)
-class FedProtoConfig:
+class FedProtoConfig(WeightedRobustOptions):
     lam: float = field(default=1.0, metadata={"min": 0, "help": "weight of the prototype regulariser"})
     weighted: bool = field(
         default=True, metadata={"help": "count-weighted mean of the prototypes (false: plain mean "
@@ -159,10 +167,49 @@ class FedProto(Algorithm):
             used.append(peer)
         if not used:
             return None
-        protos, present = P.global_prototypes(torch.from_numpy(r_sum), torch.from_numpy(w_sum))
-        return Payload(kind="prototypes", tensors={
-            "protos": protos.float().numpy(), "present": present.numpy()},
-            meta={"round": round, "protos_round": round, "contributors": used, "excluded": excluded})
+        meta = {"round": round, "protos_round": round, "contributors": used, "excluded": excluded}
+        options = rule_options(self.cfg)
+        if is_plain(options):
+            protos, present = P.global_prototypes(torch.from_numpy(r_sum), torch.from_numpy(w_sum))
+            protos, present = protos.float().numpy(), present.numpy()
+        else:
+            robust_protos = self.robust_prototypes(round, {p: contributions[p].tensors for p in used},
+                                                   options, meta)
+            if robust_protos is None:
+                return None
+            protos, present = robust_protos
+        return Payload(kind="prototypes", tensors={"protos": protos, "present": present}, meta=meta)
+
+    def robust_prototypes(self, round: int, releases: dict[str, dict[str, np.ndarray]],
+                          options: dict, meta: dict) -> tuple[np.ndarray, np.ndarray] | None:
+        """(protos float32 (K, D), present bool (K,)): per class, the rule over the local
+        prototypes of its holders; None, with a logged reason, if no class has one."""
+        k, d = self.ctx.num_classes, self.proto_dim
+        protos, present = np.zeros((k, d), dtype=np.float32), np.zeros(k, dtype=bool)
+        skipped = {}
+        for j in range(k):
+            holders = [p for p in sorted(releases) if releases[p]["weights"][j] >= 0.5]
+            if not holders:
+                continue
+            local = {p: {"proto": releases[p]["rows"][j].astype(np.float64)
+                         / float(releases[p]["weights"][j])} for p in holders}  # (D,) each
+            try:
+                out, _ = combine(local, {p: float(releases[p]["weights"][j]) for p in holders},
+                                 **options)
+            except ValueError as exc:
+                skipped[j] = str(exc)
+                continue
+            protos[j], present[j] = out["proto"], True
+        meta["robust"] = options["rule"]
+        if skipped:
+            log.warning("%s: round %d: no global prototype this round for classes %s: %s",
+                        self.ctx.peer_id, round, sorted(skipped), next(iter(skipped.values())))
+            meta["no_prototype"] = sorted(skipped)
+        if not present.any():
+            log.warning("%s: round %d: no aggregate this round: %s ran on no class",
+                        self.ctx.peer_id, round, options["rule"])
+            return None
+        return protos, present
 
     @property
     def nonneg_weights(self) -> bool:

@@ -9,7 +9,8 @@ the elected aggregator.
 paper (identical architectures); ``part: head`` shares only the E x C head, so
 FedProx runs on a cohort of heterogeneous models as a variant of CHFL's AVG.
 ``aggregation: layerwise`` (or ``same_arch``) averages models of different
-depths as FedAvg does (``hfl.algorithms.layerwise``).
+depths as FedAvg does (``hfl.algorithms.layerwise``). The robust rules of
+FedAvg apply (``robust``, ``clip_update_norm``, ..., docs/robust.md).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from torch import nn
 
 from hfl.algorithms.fedavg import AGGREGATION_HELP, FedAvg
 from hfl.algorithms.registry import register
+from hfl.algorithms.robust import UpdateRobustOptions
 
 
 @dataclass(frozen=True)
-class FedProxConfig:
+class FedProxConfig(UpdateRobustOptions):
     weighted: bool = True
     mu: float = field(default=0.01, metadata={"min": 0, "help": "weight of the proximal term"})
     part: Literal["model", "head"] = field(

@@ -64,29 +64,21 @@ def _mean(stack: list[np.ndarray], weights: np.ndarray) -> np.ndarray:
     return np.asarray(np.max(np.stack(stack), axis=0))  # integer buffers (num_batches_tracked): the max
 
 
-def layerwise_mean(
-    arrays: dict[str, dict[str, np.ndarray]],
-    weights: dict[str, float],
-    same_arch: bool = False,
-) -> dict[str, np.ndarray]:
-    """Mean of each array over the peers that hold it (see the module docstring).
-
-    ``arrays`` maps peer -> its named arrays, ``weights`` peer -> weight (sample
-    count, or 1). Peers are visited in sorted order: the sum is reproducible.
-    """
-    if not arrays:
-        raise ValueError("nothing to average")
+def groups(
+    arrays: dict[str, dict[str, np.ndarray]], same_arch: bool = False
+) -> list[tuple[str, list[str], dict[str, str]]]:
+    """What a layer-wise (or ``same_arch``) aggregate combines: a list of
+    ``(label, members, {result key: array name})``, members in sorted order. Layer-wise:
+    one group per (name, shape, dtype), its holders, one key (the name, or
+    ``name|shape`` where peers hold the name with several shapes); same_arch: one
+    group per architecture, keys ``<signature>/name``."""
     peers = sorted(arrays)
     if same_arch:
-        groups: dict[str, list[str]] = defaultdict(list)
+        by_sig: dict[str, list[str]] = defaultdict(list)
         for p in peers:
-            groups[arch_signature(arrays[p])].append(p)
-        out = {}
-        for sig, members in groups.items():
-            w = np.array([weights[p] for p in members], dtype=np.float64)
-            for name in arrays[members[0]]:
-                out[f"{sig}/{name}"] = _mean([arrays[p][name] for p in members], w)
-        return out
+            by_sig[arch_signature(arrays[p])].append(p)
+        return [(sig, members, {f"{sig}/{name}": name for name in arrays[members[0]]})
+                for sig, members in by_sig.items()]
     holders: dict[GroupKey, list[str]] = defaultdict(list)
     for p in peers:
         for name, a in arrays[p].items():
@@ -94,7 +86,7 @@ def layerwise_mean(
     variants: dict[str, int] = defaultdict(int)
     for name, _, _ in holders:
         variants[name] += 1
-    out = {}
+    out = []
     for (name, shape, dtype), members in holders.items():
         if variants[name] > 1:
             same_shape = [k for k in holders if k[0] == name and k[1] == shape]
@@ -104,8 +96,28 @@ def layerwise_mean(
             key = _shape_key(name, shape)
         else:
             key = name
+        out.append((key, members, {key: name}))
+    return out
+
+
+def layerwise_mean(
+    arrays: dict[str, dict[str, np.ndarray]],
+    weights: dict[str, float],
+    same_arch: bool = False,
+) -> dict[str, np.ndarray]:
+    """Mean of each array over the peers that hold it (see the module docstring).
+
+    ``arrays`` maps peer -> its named arrays, ``weights`` peer -> weight (sample
+    count, or 1). Peers are visited in sorted order: the sum is reproducible.
+    ``hfl.algorithms.robust.combine_layerwise`` runs a robust rule over the same groups.
+    """
+    if not arrays:
+        raise ValueError("nothing to average")
+    out = {}
+    for _, members, keys in groups(arrays, same_arch):
         w = np.array([weights[p] for p in members], dtype=np.float64)
-        out[key] = _mean([arrays[p][name] for p in members], w)
+        for key, name in keys.items():
+            out[key] = _mean([arrays[p][name] for p in members], w)
     return out
 
 

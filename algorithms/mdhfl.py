@@ -19,6 +19,17 @@ the same public dataset d_0, from another distribution than the private data
    also broadcasts its mean private SCE loss, see
    :func:`hfl.algorithms.sce.confidence_weights`).
 
+Robust consensus (``teacher_consensus``, docs/robust.md). With uniform
+weights, eq. 3's ``sum_j 1/T KL(D_j || D_p)`` over the T teachers that arrived
+has the gradient of ``KL(mean_j D_j || D_p)``: the student distils from the mean
+posterior, which one teacher can drag anywhere. ``teacher_consensus: median``
+(or ``trimmed_mean``, with ``teacher_trim_fraction``) distils instead from the
+coordinate-wise median (trimmed mean) of the teachers' probabilities
+(Yin et al., ICML 2018), every row renormalised to sum to 1; a public sample on
+which the teachers share no probability mass (every class's median is 0) is
+left out of that step. All teachers score the same public samples, which is
+what makes a per-sample consensus possible here. ``all`` (default) is eq. 3.
+
 A teacher's posteriors that refer to other samples than this round's, have
 the wrong shape, or are not probability rows (negative, non-finite, rows not
 summing to 1) are dropped with a logged reason; so is a teacher whose
@@ -41,6 +52,7 @@ import torch
 
 from hfl.algorithms.base import Algorithm, AlgorithmContext, Payload
 from hfl.algorithms.registry import register
+from hfl.algorithms.robust import coordinate_median, trimmed_mean
 from hfl.algorithms.sce import classification_loss, confidence_weights, uniform_weights, weighted_kl
 from hfl.algorithms.training import batches
 
@@ -97,6 +109,36 @@ class MDHFLConfig:
         metadata={"help": "uniform: 1/(P-1) (eq. 3); confidence: the authors' client-confidence weights"})
     confidence_beta: float = field(
         default=0.5, metadata={"min": 0, "help": "strength of the confidence re-weighting (authors' 0.5)"})
+    teacher_consensus: Literal["all", "median", "trimmed_mean"] = field(
+        default="all", metadata={"help": "all: every teacher's KL (eq. 3); median, trimmed_mean: KL to the "
+                                         "coordinate-wise robust consensus of the teachers' posteriors"})
+    teacher_trim_fraction: float = field(default=0.2, metadata={
+        "min": 0, "lt": 0.5, "help": "beta of teacher_consensus: trimmed_mean (floor(beta T) of T "
+                                     "teachers dropped at each end, per probability)"})
+
+    def validate(self) -> None:
+        if self.teacher_consensus != "all" and self.weighting != "uniform":
+            raise ValueError(f"teacher_consensus: {self.teacher_consensus} needs weighting: uniform (got "
+                             f"{self.weighting}): a median counts every teacher once")
+
+
+def consensus_posteriors(probs: list[np.ndarray], rule: str, trim_fraction: float = 0.2
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """The teachers' consensus (N, C) float32, rows summing to 1, and which rows (N,)
+    have one: the coordinate-wise ``median`` or ``trimmed_mean`` of the T teachers'
+    (N, C) probabilities (sorted peer order), renormalised row by row."""
+    stack = np.stack([p.astype(np.float64).reshape(-1) for p in probs])  # (T, N*C)
+    if rule == "median":
+        flat = coordinate_median(stack)
+    elif rule == "trimmed_mean":
+        flat = trimmed_mean(stack, trim_fraction)
+    else:
+        raise ValueError(f"teacher_consensus: got {rule!r}; allowed: median, trimmed_mean")
+    rows = flat.reshape(probs[0].shape)  # (N, C)
+    mass = rows.sum(axis=1)  # (N,)
+    has = mass > 1e-12
+    rows = np.where(has[:, None], rows / np.where(has, mass, 1.0)[:, None], 0.0)
+    return rows.astype(np.float32), has
 
 
 @register
@@ -182,7 +224,15 @@ class MDHFL(Algorithm):
         if not teachers:
             return metrics
         device = self.ctx.device
-        probs = [torch.tensor(teachers[p][0], device=device) for p in sorted(teachers)]  # (N, C) each
+        keep = None  # (N,) bool: rows with a consensus (teacher_consensus other than all)
+        if self.cfg.teacher_consensus == "all":
+            probs = [torch.tensor(teachers[p][0], device=device) for p in sorted(teachers)]  # (N, C) each
+        else:
+            consensus, has = consensus_posteriors([teachers[p][0] for p in sorted(teachers)],
+                                                  self.cfg.teacher_consensus, self.cfg.teacher_trim_fraction)
+            probs, weights = [torch.from_numpy(consensus).to(device)], [1.0]  # (N, C): one teacher
+            keep = torch.from_numpy(has).to(device)
+            metrics["no_consensus_rows"] = float((~has).sum())
         b = self.cfg.public_batch
         self.model.train()
         total = 0.0
@@ -190,7 +240,13 @@ class MDHFL(Algorithm):
             rows = slice(k * b, (k + 1) * b)
             x = torch.from_numpy(self.ctx.public.x[idx[rows]]).to(device)
             self.optimizer.zero_grad(set_to_none=True)
-            loss = weighted_kl(self.model(x), [p[rows] for p in probs], weights)
+            logits = self.model(x)  # (b, C)
+            if keep is None:
+                loss = weighted_kl(logits, [p[rows] for p in probs], weights)
+            elif keep[rows].any():
+                loss = weighted_kl(logits[keep[rows]], [probs[0][rows][keep[rows]]], weights)
+            else:
+                continue  # no consensus on any sample of this batch
             loss.backward()
             self.optimizer.step()
             total += float(loss.detach())

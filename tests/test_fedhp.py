@@ -210,6 +210,9 @@ def test_config_errors_name_the_field():
         build(cls, {"dp_sgd": True, "noise_multiplier": 1.0, "dp_sgd_noise_multiplier": 0}, "algorithm")
     with pytest.raises(ConfigError, match="algorithm.*verify_product"):  # removed: factors always ship
         build(cls, {"verify_product": False}, "algorithm")
+    with pytest.raises(ConfigError, match="robust: median / max_weight_share need secure_sum: off"):
+        build(cls, {"robust": "median", "secure_sum": "plaintext"}, "algorithm")
+    assert build(cls, {"robust": "median"}, "algorithm").robust == "median"  # in the clear it is FedProto's
     with pytest.raises(ConfigError, match="algorithm.secure_sum.*paillier"):
         build(cls, {"secure_sum": "rsa"}, "algorithm")
     with pytest.raises(ConfigError, match="epsilon_max needs noise_multiplier"):
