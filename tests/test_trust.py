@@ -9,6 +9,7 @@ cohort and may lie in what they say, but cannot speak for anyone else.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import stat
 
@@ -365,6 +366,42 @@ def test_a_lying_aggregator_sets_the_model_only_when_one_is_elected(tmp_path, ag
         assert all(round_recs[p]["contributors"] == n and round_recs[p]["aggregator"] == p for p in honest), r
     assert min(recs[rounds][p]["global_acc"] for p in honest) > 0.5
     assert sum(results[p].dropped.get("wrong_aggregator", 0) for p in honest) >= 1  # the forged one
+
+
+@pytest.mark.parametrize("robust", ["mean", "median", "multi_krum"])
+def test_a_poisoning_member_is_outvoted_by_a_robust_rule_over_the_runtime(tmp_path, robust):
+    # Issue 23: with aggregate_at: every_peer nobody aggregates for others, so a member's
+    # lever is its contribution: here p4 sends its weights x100 every round. A robust
+    # rule keeps the honest peers learning; the mean (no defense) does not.
+    n, rounds = 5, 3
+    cfgs = [dataclasses.replace(c, algorithm={"robust": robust, "byzantine": 1})
+            if robust != "mean" else c
+            for c in cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "every_peer"})]
+    hub = MemoryHub()
+    nodes = [build_node(c, hub) for c in cfgs]
+    share = nodes[4].alg.share
+
+    def scaled(round):
+        payload = share(round)
+        payload.tensors.update({k: v * 100 for k, v in payload.tensors.items()
+                                if np.issubdtype(v.dtype, np.floating)})
+        return payload
+
+    nodes[4].alg.share = scaled
+
+    async def main():
+        return await asyncio.gather(*(nd.run() for nd in nodes))
+
+    results = dict(zip([c.node.id for c in cfgs], asyncio.run(main()), strict=True))
+    assert_completed(results, rounds)
+    honest = [f"p{i}" for i in range(4)]
+    last = by_round(results)[rounds]
+    accs = [last[p]["global_acc"] for p in honest]
+    if robust == "mean":
+        assert max(accs) < 0.3  # the attacker owns the mean
+    else:
+        assert_same_model({p: last[p] for p in honest})
+        assert min(accs) > 0.6  # the clean cohort of these tests reaches about 0.7-0.9
 
 
 def test_contributors_list_only_what_went_into_the_aggregate(tmp_path):

@@ -118,10 +118,12 @@ class LabelFlip(FedAvg):
 
 class LyingAggregator(_Attacker):
     name = "attack_lying_aggregator"
-    """Contributes honestly; when elected, returns the round's mean update reversed ×10."""
+    """Contributes honestly; when it aggregates, hands out the round's mean update
+    reversed ×10 and keeps the honest mean for itself (so its next contributions
+    stay honest: only the aggregator's lever is measured)."""
 
     def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
-        result = super().aggregate(round, contributions)
+        result = self._honest = super().aggregate(round, contributions)
         if result is None:
             return None
         mean, why = unpack_if_packed(result.tensors, result.meta)
@@ -132,3 +134,8 @@ class LyingAggregator(_Attacker):
         tensors, meta = pack_if_many(lied, {k: v for k, v in result.meta.items()
                                             if k != "pack"})
         return Payload(kind=result.kind, tensors=tensors, meta=meta)
+
+    def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
+        if set(received) == {self.ctx.peer_id} and getattr(self, "_honest", None) is not None:
+            received = {self.ctx.peer_id: self._honest}  # its own lie is for the others
+        return super().absorb(round, received)
