@@ -280,6 +280,14 @@ def mean(xs: Sequence[float]) -> float:
     return statistics.fmean(xs) if xs else math.nan
 
 
+def pct_pm(values: Sequence[float], digits: int = 1) -> str:
+    """Fractions as "mean ± std" in percent (std 0 for one value; "-" for none)."""
+    if not values:
+        return "-"
+    s = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.mean(values):5.{digits}f} ± {100 * s:3.{digits}f}"
+
+
 def ratio(a: float, b: float) -> float:
     if a is None or b is None or b == 0 or math.isnan(a) or math.isnan(b):
         return math.nan

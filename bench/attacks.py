@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import OUT_DIR, ROOT, out_path, parser, write_json  # noqa: E402
+from _common import pct_pm as pm  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "quickstart.yaml"
 PLUGINS = ROOT / "examples" / "plugins" / "attackers.py"
@@ -116,13 +117,6 @@ def run_one(job: Job) -> dict | None:
     print(f"  {attack:<24} {defense:<22} f={f} {aggregate_at:<10} seed {seed}: final "
           f"{out['final']:.4f} worst {out['worst']:.4f} ({wall:.1f} s)", flush=True)
     return out
-
-
-def pm(values: list[float]) -> str:
-    if not values:
-        return "-"
-    s = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.mean(values):5.1f} ± {100 * s:3.1f}"
 
 
 def main() -> None:

@@ -105,9 +105,9 @@ def test_hfl_peer_check_names_the_security_field(tmp_path, capsys):
 # =========================================================================== attacks (in-memory)
 
 
-def run_attack(tmp_path, attack, n=4, rounds=3, prepare=None):
+def run_attack(tmp_path, attack, n=4, rounds=3, prepare=None, **cfg):
     """Run a fedavg cohort p0..p{n-1} while ``attack(hub, nodes, watch)`` runs beside it."""
-    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds)
+    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds, **cfg)
     watch = RoundWatch(c.node.id for c in cfgs)
     hub = MemoryHub()
     nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
@@ -327,34 +327,23 @@ def test_a_lying_aggregator_sets_the_model_only_when_one_is_elected(tmp_path, ag
     # liar's result was absorbed by all. With aggregate_at: every_peer nobody aggregates
     # for anyone else: the liar's result (and any forged one it sends) is never absorbed.
     n, rounds = 4, 4
-    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": aggregate_at})
-    watch = RoundWatch(c.node.id for c in cfgs)
-    hub = MemoryHub()
-    nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
-    _lying_aggregator(nodes[2])
 
-    async def main():
-        async def forge():  # p2 also sends its lie as round 2's result, as if elected
-            member = InMemoryTransport("p2", "mem://p2-second-socket", hub)
-            await member.start()
-            await watch.all_finished(1)
-            zeros = {k: np.zeros_like(v.detach().cpu().numpy())
-                     for k, v in nodes[0].alg.model.state_dict().items()}
-            forged = encode(AggregateResult(sender="p2", incarnation=0, round=2, epoch=0, kind="weights",
-                                            contributors=[c.node.id for c in cfgs], meta={"round": 2},
-                                            tensors=zeros))
-            for victim in (nodes[0], nodes[1], nodes[3]):
-                await member.send(victim.transport.address, forged, 1.0)
-            await member.close()
+    async def forge(hub, nodes, watch):  # p2 also sends its lie as round 2's result, as if elected
+        member = InMemoryTransport("p2", "mem://p2-second-socket", hub)
+        await member.start()
+        await watch.all_finished(1)
+        zeros = {k: np.zeros_like(v.detach().cpu().numpy())
+                 for k, v in nodes[0].alg.model.state_dict().items()}
+        forged = encode(AggregateResult(sender="p2", incarnation=0, round=2, epoch=0, kind="weights",
+                                        contributors=[nd.id for nd in nodes], meta={"round": 2},
+                                        tensors=zeros))
+        for victim in (nodes[0], nodes[1], nodes[3]):
+            await member.send(victim.transport.address, forged, 1.0)
+        await member.close()
 
-        attacker = asyncio.create_task(forge())
-        try:
-            return await asyncio.gather(*(nd.run() for nd in nodes))
-        finally:
-            await asyncio.wait_for(attacker, WAIT_S)
-
-    results = dict(zip([c.node.id for c in cfgs], asyncio.run(main()), strict=True))
-    assert_completed(results, rounds)
+    _, results = run_attack(tmp_path, forge, n=n, rounds=rounds,
+                            prepare=lambda nodes: _lying_aggregator(nodes[2]),
+                            cohort={"aggregate_at": aggregate_at})
     honest = ("p0", "p1", "p3")
     recs = by_round(results)
     if aggregate_at == "aggregator":  # today's default for full weights: the liar's rounds are zeros
