@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 import time
@@ -66,6 +67,8 @@ class NodeResult:
     last_round: int
     metrics: list[dict[str, Any]] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
+    #: round -> peers whose heartbeat said they absorbed another aggregate for it
+    disagreements: dict[int, list[str]] = field(default_factory=dict)
 
 
 class Node:
@@ -119,6 +122,8 @@ class Node:
         self.buffer = RoundBuffer(lookahead=timing.lookahead_rounds, round=start_round)
         self.dropped: Counter[str] = Counter()
         self.epoch = 0
+        self._absorbed: tuple[int, str, str] = (0, "", "")  # (round, digest, from whom)
+        self.disagreements: dict[int, set[str]] = {}
         self.membership: Membership | None = None
         self._wakeup = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
@@ -171,6 +176,7 @@ class Node:
             last_round=self.round - 1,
             metrics=self._metrics,
             dropped=dict(self.dropped),
+            disagreements={r: sorted(peers) for r, peers in sorted(self.disagreements.items())},
         )
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
@@ -305,6 +311,8 @@ class Node:
         # shares for the round it is in).
         round_ = msg.round if isinstance(msg, (Heartbeat, Welcome, Knowledge)) else None
         epoch_ = msg.epoch if isinstance(msg, Heartbeat) else None
+        if isinstance(msg, Heartbeat):
+            self._compare_absorbed(msg)
         if isinstance(msg, Leave):
             change = mem.left(msg.sender, msg.incarnation)
             address = mem.address_of(msg.sender)
@@ -357,6 +365,24 @@ class Node:
             log.warning("%s: %s reports %s: %s", self.id, msg.sender, clip(msg.code),
                         clip(msg.reason, 300))
         self._wakeup.set()
+
+    def _compare_absorbed(self, msg: Heartbeat) -> None:
+        """Say so, once per round and peer, when ``msg.sender`` absorbed another aggregate
+        than ours for the same round: with an aggregator, it gave peers different results;
+        with every peer aggregating, the peers received different contributions (a member
+        sent different knowledge to different peers, or one was lost or late)."""
+        r, digest, source = self._absorbed
+        if r == 0 or msg.absorbed_round != r or not msg.absorbed_digest or msg.absorbed_digest == digest:
+            return
+        seen = self.disagreements.setdefault(r, set())
+        if msg.sender in seen:
+            return
+        seen.add(msg.sender)
+        why = ("the peers aggregated different contributions: a member sent different knowledge "
+               "to different peers, or a contribution was lost or late" if self.everywhere
+               else f"we took the result of {source}: an aggregator gave peers different results")
+        log.warning("%s: round %d: %s absorbed another aggregate than this peer (%s vs ours %s): %s",
+                    self.id, r, msg.sender, clip(msg.absorbed_digest, 16), digest, why)
 
     def _aggregators_for(self, r: int, epoch: int) -> set[str]:
         """Who may send the result of (r, epoch): the rotation's candidate, computed
@@ -531,8 +557,9 @@ class Node:
             sends += self._request_seeds()
         targets = mem.gossip_targets()
         if targets:
-            sends.append(self._broadcast(targets, Heartbeat(**self._envelope(), round=self.round,
-                                                            epoch=self.epoch), 0.05))
+            sends.append(self._broadcast(targets, Heartbeat(
+                **self._envelope(), round=self.round, epoch=self.epoch,
+                absorbed_round=self._absorbed[0], absorbed_digest=self._absorbed[1]), 0.05))
             if tick % 2 == 0:
                 fanout = self.rng.sample(targets, min(self.timing.gossip_fanout, len(targets)))
                 sends.append(self._broadcast(fanout, Gossip(**self._envelope(),
@@ -637,6 +664,9 @@ class Node:
             info.setdefault("learned_from", 0)  # no other peer's knowledge this round
         if received:
             metrics.update(await work(self.alg.absorb, r, received))
+            if self.alg.mode == "aggregator":
+                (source, result), = received.items()
+                self._absorbed = (r, payload_digest(result), source)
         metrics.update(await work(self.alg.evaluate))
         stats = self.transport.stats
         record = {
@@ -647,6 +677,8 @@ class Node:
             "bytes_sent": stats.bytes_sent - sent0, "bytes_received": stats.bytes_received - recv0,
             "total_bytes_sent": stats.bytes_sent, "total_bytes_received": stats.bytes_received,
             "dropped": sum(self.dropped.values()), "incarnation": self.incarnation,
+            # (round, peer) pairs seen so far whose aggregate differed from ours
+            "aggregate_disagreements": sum(len(p) for p in self.disagreements.values()),
         }
         self._metrics.append(record)
         if self.on_checkpoint is not None:
@@ -890,6 +922,17 @@ class Node:
         if targets:  # best effort and brief: a peer that already closed must not delay our exit
             await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
                                                  round=self.round), timeout_s=0.2)
+
+
+def payload_digest(payload: Payload) -> str:
+    """First 16 hex digits of the SHA-256 of a payload's arrays (names and bytes, by name)."""
+    h = hashlib.sha256()
+    for name in sorted(payload.tensors):
+        arr = payload.tensors[name]
+        h.update(name.encode())
+        h.update(str(arr.dtype).encode() + str(arr.shape).encode())
+        h.update(memoryview(arr).cast("B") if arr.flags.c_contiguous else arr.tobytes())
+    return h.hexdigest()[:16]
 
 
 def clip(text: Any, limit: int = 120) -> str:

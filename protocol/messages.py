@@ -84,6 +84,10 @@ class Heartbeat(Message):
     TYPE: ClassVar[str] = "heartbeat"
     round: int
     epoch: int = 0
+    # The last aggregate the sender absorbed: its round (0: none yet) and a digest of
+    # its arrays, so peers that absorbed different aggregates for one round notice.
+    absorbed_round: int = 0
+    absorbed_digest: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

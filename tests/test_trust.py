@@ -393,6 +393,53 @@ def test_a_poisoning_member_is_outvoted_by_a_robust_rule_over_the_runtime(tmp_pa
         assert min(accs) > 0.6  # the clean cohort of these tests reaches about 0.7-0.9
 
 
+@pytest.mark.parametrize("aggregate_at", ["aggregator", "every_peer"])
+def test_peers_that_absorbed_different_aggregates_for_a_round_name_each_other(tmp_path, aggregate_at):
+    # Equivocation: p3 shows p0 another version of what it shows the others (its knowledge
+    # with every_peer; its result, when elected, with an aggregator). Heartbeats carry a
+    # digest of the last absorbed aggregate, so the peers that disagree are named.
+    n, rounds = 4, 4
+    message = Knowledge if aggregate_at == "every_peer" else AggregateResult
+
+    def prepare(nodes):
+        liar = nodes[3]
+        broadcast = liar._broadcast
+
+        async def equivocate(peer_ids, msg, timeout_s=None):
+            if isinstance(msg, message) and "p0" in peer_ids:
+                doubled = {k: v * 2 for k, v in msg.tensors.items()}
+                await broadcast(["p0"], dataclasses.replace(msg, tensors=doubled), timeout_s)
+                peer_ids = [p for p in peer_ids if p != "p0"]
+            return await broadcast(peer_ids, msg, timeout_s)
+
+        liar._broadcast = equivocate
+
+    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": aggregate_at})
+    watch = RoundWatch(c.node.id for c in cfgs)
+    hub = MemoryHub()
+    nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
+    prepare(nodes)
+    gate = TrainingGate([rounds])  # round 3's digests are compared while round 4 waits
+    for nd in nodes:
+        gate.install(nd)
+
+    async def conduct():
+        await watch.all_finished(rounds - 1)
+        await until(lambda: {"p1", "p2"} <= nodes[0].disagreements.get(rounds - 1, set())
+                    and all("p0" in nd.disagreements.get(rounds - 1, set()) for nd in nodes[1:3]),
+                    "p0, p1 and p2 naming each other for round 3")
+        gate.release(rounds)
+
+    results = run_conducted(nodes, gate, conduct)
+    assert_completed(results, rounds)
+    seen = {p: {peer for peers in res.disagreements.values() for peer in peers}
+            for p, res in results.items()}
+    assert {"p1", "p2"} <= seen["p0"], seen  # p0 was shown the other version
+    assert "p0" in seen["p1"] and "p0" in seen["p2"]
+    assert "p2" not in seen["p1"] and "p1" not in seen["p2"]  # those shown the same agree
+    assert max(rec["aggregate_disagreements"] for rec in results["p0"].metrics) >= 2
+
+
 def test_contributors_list_only_what_went_into_the_aggregate(tmp_path):
     def prepare(nodes):
         share = nodes[3].alg.share
@@ -537,24 +584,35 @@ def test_every_kind_of_refused_handshake_is_logged(tmp_path, caplog):
         keys, (a, b) = await _curve_pair(tmp_path)
         ctx = zmq.asyncio.Context()
         socks = []
+        # A plaintext (security: none) client's ZMTP 3.0 greeting, sent over a raw socket
+        # that then waits: with a libzmq client both ends see the mechanism mismatch and
+        # whichever closes first decides which side can report it.
+        host, port = b.address.removeprefix("tcp://").rsplit(":", 1)
+        _, plain = await asyncio.open_connection(host, int(port))
+        plain.write(b"\xff" + b"\x00" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\x00")
+                    + b"\x00" * 32)
+        await plain.drain()
         try:
-            plain = ctx.socket(zmq.DEALER)  # security: none on the other side
             wrong = ctx.socket(zmq.DEALER)  # a member that has another key for b
             wrong.curve_publickey, wrong.curve_secretkey = load_secret_key(keys["a"]["key_file"])
             wrong.curve_serverkey = zmq.curve_keypair()[0]
             outsider = ctx.socket(zmq.DEALER)
             outsider.curve_publickey, outsider.curve_secretkey = zmq.curve_keypair()
             outsider.curve_serverkey = b.security.public_key
-            for sock in (plain, wrong, outsider):
+            for sock in (wrong, outsider):
                 sock.linger = 0
                 sock.connect(b.address)
                 socks.append(sock)
                 sock.send_multipart(encode(Gossip(sender="a", incarnation=0)))
-            await until(lambda: set(b.refusals.total) >= {"plaintext_client", "wrong_server_key",
-                                                          "unknown_key"}, "three kinds refused")
+            kinds = {"plaintext_client", "wrong_server_key", "unknown_key"}
+            try:
+                await until(lambda: set(b.refusals.total) >= kinds, "three kinds refused")
+            except AssertionError:
+                raise AssertionError(f"refused so far: {b.refusals.total}") from None
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(b.recv(), 0.2)  # none of them got a message through
         finally:
+            plain.close()
             for sock in socks:
                 sock.close()
             ctx.term()
