@@ -380,7 +380,8 @@ class Node:
         seen.add(msg.sender)
         why = ("the peers aggregated different contributions: a member sent different knowledge "
                "to different peers, or a contribution was lost or late" if self.everywhere
-               else f"we took the result of {source}: an aggregator gave peers different results")
+               else f"we took {source}'s result: an aggregator gave peers different results, or "
+                    "the peers took results of different fail-over epochs")
         log.warning("%s: round %d: %s absorbed another aggregate than this peer (%s vs ours %s): %s",
                     self.id, r, msg.sender, clip(msg.absorbed_digest, 16), digest, why)
 
@@ -931,7 +932,7 @@ def payload_digest(payload: Payload) -> str:
         arr = payload.tensors[name]
         h.update(name.encode())
         h.update(str(arr.dtype).encode() + str(arr.shape).encode())
-        h.update(memoryview(arr).cast("B") if arr.flags.c_contiguous else arr.tobytes())
+        h.update(arr.tobytes())
     return h.hexdigest()[:16]
 
 
