@@ -413,7 +413,9 @@ def test_example_runs_through_hfl_launch(tmp_path):
     for pid in ("p0", "p1", "p2", "p3"):
         rounds = [json.loads(line) for line in (run / pid / "metrics.jsonl").read_text().splitlines()]
         assert [r["round"] for r in rounds] == [1, 2, 3]
-        assert all(r["teachers"] == 3 and r["dropped"] == 0 for r in rounds)
+        assert all(r["teachers"] == 3 and r["dropped"] == 0 for r in rounds), (
+            pid, [(r["round"], r["teachers"], r["dropped"]) for r in rounds],
+            (run / pid / "peer.log").read_text()[-3000:])
         assert 0.05 < rounds[-1]["label_noise_rate"] < 0.4
         assert rounds[-1]["confidence_weighted"] == 1.0
 

@@ -422,7 +422,7 @@ def test_a_cohort_resumed_peer_by_peer_meets_again_instead_of_splitting(tmp_path
     # Both peers stopped after round 1; p0 comes back first, p1 only once p0 has
     # declared it dead. p0 holds its first round until it hears p1, then they share.
     cfgs, _ = finished_cohort(tmp_path)
-    rewind_checkpoint(Path(cfgs[0].run_dir), 1)
+    rewind_checkpoint(Path(cfgs[0].run_dir), 1, members=[c.node.id for c in cfgs])  # remembers p1
     restarted = [config_from_dict(cfg_dict(
         Path(c.run_dir), c.node.id, algorithm="fedavg", rounds=3, n=2, index=i,
         bootstrap=() if i == 0 else ("mem://p0",), resume=True, checkpoint=True,
