@@ -681,3 +681,26 @@ def test_a_peer_whose_model_dp_sgd_cannot_train_is_a_config_error_naming_the_lay
     plan = expand(exp, gpus=[], ports=list(range(42000, 42000 + exp.peers)))[0]
     with pytest.raises(ConfigError, match=r"^algorithm: dp_sgd: .*features\.extractor\.bn1 \(BatchNorm2d\)"):
         build_algorithm(plan.config)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_a_release_sent_before_a_crash_is_counted_after_the_restart(tmp_path):
+    """The real launcher and peers: p1 dies in round 2 right after sending its noisy
+    release (before its checkpoint) and is restarted from its round-1 checkpoint. The
+    release it sent still counts: the ledger was on disk before it left. (Before, the
+    restarted peer's accountant forgot it and re-ran with the same noise.)"""
+    sets = ["defaults.cohort.rounds=6", "defaults.train.local_epochs=15",  # slow enough to rejoin
+            "defaults.algorithm.noise_multiplier=1.0",
+            "faults=[{peer: p1, at_round: 2, phase: wait, restart_at_round: 4}]", f"run_dir={tmp_path / 'run'}"]
+    proc = subprocess.run([sys.executable, "-m", "hfl.launch.cli", str(ROOT / "examples" / "fedhp_digits.yaml"),
+                           "--quiet", *[a for s in sets for a in ("--set", s)]],
+                          capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    p1 = tmp_path / "run" / "p1"
+    assert "injected crash in round 2 (wait)" in (p1 / "peer.log").read_text()
+    rows = [json.loads(line) for line in (p1 / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["round"] == 1 and rows[1]["incarnation"] == 1  # round 2 never finished in life 0
+    ledger = json.loads((p1 / "privacy_ledger.json").read_text())
+    assert ledger["releases"] == len(rows) + 1  # every finished round's release and the crashed one
+    assert rows[-1]["dp_releases"] == ledger["releases"]
