@@ -164,11 +164,6 @@ def _quiet_excluded_orders() -> None:
         absl.addFilter(_ExcludedOrder())
 
 
-def gaussian_epsilon(noise_multiplier: float, releases: int, delta: float, method: str = "rdp") -> float:
-    """Epsilon for ``delta`` after ``releases`` Gaussian mechanisms alone."""
-    return composed_epsilon(float(noise_multiplier), int(releases), float(delta), method)
-
-
 @dataclass(frozen=True)
 class Accountant:
     """Epsilon for ``delta`` after k Gaussian releases with ``noise_multiplier``, composed

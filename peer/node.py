@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from hfl.algorithms.base import Algorithm, Payload, aggregates_everywhere
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import CohortConfig, FaultConfig, TimingConfig
@@ -936,7 +938,7 @@ def payload_digest(payload: Payload) -> str:
         arr = payload.tensors[name]
         h.update(name.encode())
         h.update(str(arr.dtype).encode() + str(arr.shape).encode())
-        h.update(arr.tobytes())
+        h.update(np.ascontiguousarray(arr))  # no copy for the usual contiguous array
     return h.hexdigest()[:16]
 
 

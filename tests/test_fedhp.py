@@ -494,6 +494,15 @@ def test_backbone_from_a_state_dict_file_and_frozen(tmp_path):
         make("fedhp", proto_dim=4, backbone_weights=str(tmp_path / "nothing.pth"))
 
 
+def launch_example(tmp_path, sets: list[str]) -> None:
+    """``hfl-launch examples/fedhp_digits.yaml --set ...`` into tmp_path/run; it must succeed."""
+    sets = [*sets, f"run_dir={tmp_path / 'run'}"]
+    proc = subprocess.run([sys.executable, "-m", "hfl.launch.cli", str(ROOT / "examples" / "fedhp_digits.yaml"),
+                           "--quiet", *[a for s in sets for a in ("--set", s)]],
+                          capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_example_through_hfl_launch_paillier_secure_sum_survives_n_minus_t_dead_peers(tmp_path):
@@ -502,16 +511,12 @@ def test_example_through_hfl_launch_paillier_secure_sum_survives_n_minus_t_dead_
     keys = tmp_path / "keys"
     subprocess.run([sys.executable, "-m", "hfl.peer.he_keys", "--peers", "5", "--threshold", "3",
                     "--bits", "512", "--out", str(keys)], check=True, capture_output=True)
-    sets = ["defaults.cohort.rounds=4", "defaults.train.lr=0.05", "defaults.train.max_batches=3",
-            "defaults.algorithm.secure_sum=paillier", f"defaults.algorithm.key_dir={keys}",
-            "defaults.algorithm.noise_multiplier=1.0", "defaults.algorithm.noise_split=3",
-            "defaults.algorithm.min_contributors=3", "defaults.timing.round_timeout_s=20",
-            "defaults.algorithm.dp_sgd=true",
-            "faults=[{peer: p3, at_round: 2}, {peer: p4, at_round: 2}]", f"run_dir={tmp_path / 'run'}"]
-    proc = subprocess.run([sys.executable, "-m", "hfl.launch.cli", str(ROOT / "examples" / "fedhp_digits.yaml"),
-                           "--quiet", *[a for s in sets for a in ("--set", s)]],
-                          capture_output=True, text=True, timeout=220)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    launch_example(tmp_path, [
+        "defaults.cohort.rounds=4", "defaults.train.max_batches=3",
+        "defaults.algorithm.secure_sum=paillier", f"defaults.algorithm.key_dir={keys}",
+        "defaults.algorithm.noise_multiplier=1.0", "defaults.algorithm.noise_split=3",
+        "defaults.algorithm.min_contributors=3", "defaults.timing.round_timeout_s=20",
+        "defaults.algorithm.dp_sgd=true", "faults=[{peer: p3, at_round: 2}, {peer: p4, at_round: 2}]"])
     for i in range(3):
         rows = [json.loads(line) for line in (tmp_path / "run" / f"p{i}" / "metrics.jsonl").read_text().splitlines()]
         assert [r["round"] for r in rows] == [1, 2, 3, 4]
@@ -690,13 +695,9 @@ def test_a_release_sent_before_a_crash_is_counted_after_the_restart(tmp_path):
     release (before its checkpoint) and is restarted from its round-1 checkpoint. The
     release it sent still counts: the ledger was on disk before it left. (Before, the
     restarted peer's accountant forgot it and re-ran with the same noise.)"""
-    sets = ["defaults.cohort.rounds=6", "defaults.train.local_epochs=15",  # slow enough to rejoin
-            "defaults.algorithm.noise_multiplier=1.0",
-            "faults=[{peer: p1, at_round: 2, phase: wait, restart_at_round: 4}]", f"run_dir={tmp_path / 'run'}"]
-    proc = subprocess.run([sys.executable, "-m", "hfl.launch.cli", str(ROOT / "examples" / "fedhp_digits.yaml"),
-                           "--quiet", *[a for s in sets for a in ("--set", s)]],
-                          capture_output=True, text=True, timeout=220)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    launch_example(tmp_path, ["defaults.cohort.rounds=6", "defaults.train.local_epochs=15",  # slow: rejoins
+                              "defaults.algorithm.noise_multiplier=1.0",
+                              "faults=[{peer: p1, at_round: 2, phase: wait, restart_at_round: 4}]"])
     p1 = tmp_path / "run" / "p1"
     assert "injected crash in round 2 (wait)" in (p1 / "peer.log").read_text()
     rows = [json.loads(line) for line in (p1 / "metrics.jsonl").read_text().splitlines()]
