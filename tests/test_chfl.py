@@ -5,6 +5,7 @@ eq. 5 loss, hostile contributions, checkpoints; plus the random MLP zoo entry.""
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ def dataset(seed: int, n: int, features: int) -> ArrayDataset:
 
 def make(name: str, peer: str = "p0", features: int = 5, hidden=(16,), n: int = 40,
          rounds: int = 10, **cfg):
-    torch.manual_seed(hash(peer) % 1000)
+    torch.manual_seed(zlib.crc32(peer.encode()) % 1000)  # str hash() is salted per process
     model = build_model("mlp", (features,), C, E, hidden=list(hidden))
     ctx = AlgorithmContext(peer_id=peer, model=model, train=dataset(1 + len(peer) + n, n, features),
                            test=dataset(99, 30, features), num_classes=C,
@@ -67,12 +68,15 @@ def test_aggregate_is_the_sample_weighted_mean_of_the_heads():
     for name in ("weight", "bias"):
         stack = np.stack([contributions[p].tensors[name] for p in sorted(peers)]).astype(np.float64)
         expected = np.tensordot(n / n.sum(), stack, axes=1)  # independent: sum_k n_k w_k / sum n
-        np.testing.assert_allclose(result.tensors[name], expected, rtol=1e-6)
+        # The aggregate is float32: allow float32 rounding relative to the inputs'
+        # scale (an entry that nearly cancels to 0 has no meaningful relative error).
+        np.testing.assert_allclose(result.tensors[name], expected, rtol=1e-6,
+                                   atol=1e-6 * np.abs(stack).max())
     plain = get_algorithm("avg")(peers["p0"].ctx, get_algorithm("avg").Config(weighted=False))
     assert plain.share(1).meta == {}  # an unweighted mean needs no sample count: none is sent
-    np.testing.assert_allclose(plain.aggregate(1, contributions).tensors["bias"],
-                               np.mean([c.tensors["bias"] for c in contributions.values()], axis=0),
-                               rtol=1e-6)
+    biases = np.stack([c.tensors["bias"] for c in contributions.values()]).astype(np.float64)
+    np.testing.assert_allclose(plain.aggregate(1, contributions).tensors["bias"], biases.mean(axis=0),
+                               rtol=1e-6, atol=1e-6 * np.abs(biases).max())
 
 
 def test_avg_loads_the_mean_head_and_chfl_keeps_it_as_a_teacher_only():
