@@ -221,14 +221,7 @@ class FedH2L(Algorithm):
         params = self._params()
         self.model.train()
         self.global_opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for seeds, idx, probs, acc in teachers:
-            x = torch.from_numpy(seeds.x[idx]).to(device)
-            y = torch.from_numpy(seeds.y[idx]).to(device) if self.cfg.ce_on_public else None
-            teacher = torch.tensor(probs, device=device)  # decoded frames are read-only: copy
-            loss = mimicry_loss(self.model(x), teacher, y, acc, self.cfg.kl)
-            (loss / len(teachers)).backward()
-            total += float(loss.detach()) / len(teachers)
+        total = self._mimicry_backward(teachers)
         g_pub = flat_grads(params)
         if g_loc is None:  # no local step since the last global one: nothing to protect
             g_loc = torch.zeros_like(g_pub)
@@ -243,6 +236,35 @@ class FedH2L(Algorithm):
         self._global_step()
         metrics.update(mimicry_loss=total, cos_pub_loc=cos, projected=float(projected))
         return metrics
+
+    def _mimicry_backward(self, teachers: list) -> float:
+        """Backpropagate (1/T) sum_j mimicry_loss_j over the T teachers; return its value.
+
+        Where no layer couples the samples of a batch in training (no batch norm),
+        the teachers' batches go through the model as one batch: the same loss and
+        gradient as one pass per teacher, with a T-th of the per-call overhead."""
+        device = self.ctx.device
+        xs = [torch.from_numpy(seeds.x[idx]) for seeds, idx, _, _ in teachers]
+        fused = (len(teachers) > 1 and len({x.shape[1:] for x in xs}) == 1
+                 and not any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                             for m in self.model.modules()))
+        if fused:
+            logits = self.model(torch.cat(xs).to(device)).split([len(x) for x in xs])
+        total = 0.0
+        losses = []
+        for j, (seeds, idx, probs, acc) in enumerate(teachers):
+            y = torch.from_numpy(seeds.y[idx]).to(device) if self.cfg.ce_on_public else None
+            teacher = torch.tensor(probs, device=device)  # decoded frames are read-only: copy
+            student = logits[j] if fused else self.model(xs[j].to(device))
+            loss = mimicry_loss(student, teacher, y, acc, self.cfg.kl) / len(teachers)
+            if fused:
+                losses.append(loss)
+            else:
+                loss.backward()
+            total += float(loss.detach())
+        if fused:
+            torch.stack(losses).sum().backward()
+        return total
 
     def _global_step(self) -> None:
         """theta <- theta - eta * g~ (Algorithm 1's last line) with the global optimizer;

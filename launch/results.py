@@ -70,13 +70,15 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
     return {
         "peer": peer_id,
         "arch": arch,
-        "rounds": len(by_round),
+        # a line covers `span` rounds when the peer evaluates every few (node.evaluate_every)
+        "rounds": sum(int(r.get("span", 1)) for r in by_round.values()),
         "last_round": max(by_round, default=0),
         "test_acc": last.get("test_acc", math.nan),
         "global_acc": last.get("global_acc", math.nan),
         "best_global_acc": max(global_accs, default=math.nan),
         "wall_s": running_time_s(records),
-        "mean_round_s": (sum(r["round_time_s"] for r in records) / len(records)) if records else math.nan,
+        "mean_round_s": (sum(r["round_time_s"] for r in records)
+                         / sum(int(r.get("span", 1)) for r in records)) if records else math.nan,
         "sent_mb": sum(r.get("bytes_sent", 0) for r in records) / 1e6,
         "recv_mb": sum(r.get("bytes_received", 0) for r in records) / 1e6,
         "restarts": max((r.get("incarnation", 0) for r in records), default=0),

@@ -22,10 +22,10 @@ DEVICE_PATTERN = r"cpu|auto|cuda|cuda:\d+|mps"
 # Built-in names (hfl.data.builtin); the torchvision ones read a local root given
 # as options: {root: /data/mnist}; hfl never downloads.
 BUILTIN_DATASETS = (
-    "digits", "breast_cancer", "wine", "rotated_digits", "digits_rgb",
+    "digits", "breast_cancer", "wine", "rotated_digits", "rotated_mnist", "digits_rgb", "mnist5k",
     "mnist", "fashion_mnist", "cifar10", "svhn", "usps",
 )
-DOMAIN_DATASETS = ("rotated_digits",)  # one domain per peer with partition: domain
+DOMAIN_DATASETS = ("rotated_digits", "rotated_mnist")  # one domain per peer with partition: domain
 FILE_DATASETS = ("npz", "csv", "image_folder")  # read from data.path
 TABULAR_DATASETS = ("breast_cancer", "wine", "csv")  # with named columns (a schema)
 
@@ -53,6 +53,12 @@ class NodeConfig:
     seed: int = field(default=0, metadata={"help": "this peer's own randomness (batch order, dropout)"})
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     checkpoint: bool = True
+    evaluate_every: int = field(
+        default=1,
+        metadata={"min": 1, "help": "evaluate (and select a model), write a metrics line and "
+                                    "checkpoint every N rounds and after the last; a line sums "
+                                    "bytes and times over the rounds it covers (span)"},
+    )
     resume: bool = field(default=True, metadata={"help": "resume from run_dir's checkpoint if present"})
     min_peers: int = field(default=1, metadata={"min": 1, "help": "cohort size to wait for before round 1"})
     allow_solo: bool = field(

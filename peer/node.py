@@ -36,7 +36,7 @@ from hfl.algorithms.base import Algorithm, Payload, aggregates_everywhere
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import CohortConfig, FaultConfig, TimingConfig
 from hfl.peer.membership import Membership, elect
-from hfl.peer.rounds import RoundBuffer
+from hfl.peer.rounds import RoundBuffer, fold_rounds
 from hfl.peer.security import split_bootstrap
 from hfl.peer.seeds import SeedStore
 from hfl.peer.transport import Transport
@@ -99,6 +99,7 @@ class Node:
         shared: dict[str, int] | None = None,  # more values peers must agree on (data split)
         allowed_peers: frozenset[str] | None = None,
         quorum: int | None = None,
+        evaluate_every: int = 1,
     ):
         self.id = peer_id
         self.transport = transport
@@ -133,7 +134,13 @@ class Node:
         self.everywhere = aggregates_everywhere(getattr(cohort, "aggregate_at", "auto"), algorithm)
         self._handshake_info = {**algorithm.handshake_info(), **(shared or {}),
                                 **({"aggregate_everywhere": 1} if self.everywhere else {})}
-        self._metrics: list[dict[str, Any]] = []
+        self._metrics: list[dict[str, Any]] = []  # one line per evaluated round
+        # Evaluate, record and checkpoint every N rounds (and after the last): the
+        # rounds between are folded into the next line (fold_rounds).
+        self.evaluate_every = evaluate_every
+        self._window: list[dict[str, Any]] = []
+        self._window_keys: set[str] = set()  # what training and absorbing reported
+        self._rounds_run = 0
         self._stopping = False
         self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
         self._round_began = 0.0  # clock time the current round started
@@ -174,7 +181,7 @@ class Node:
             await asyncio.gather(*background, *self._tasks, return_exceptions=True)
             await self.transport.close()
         return NodeResult(
-            rounds_completed=len(self._metrics),
+            rounds_completed=self._rounds_run,
             last_round=self.round - 1,
             metrics=self._metrics,
             dropped=dict(self.dropped),
@@ -674,7 +681,11 @@ class Node:
             if self.alg.mode == "aggregator":
                 (source, result), = received.items()
                 self._absorbed = (r, payload_digest(result), source)
-        metrics.update(await work(self.alg.evaluate))
+        self._rounds_run += 1
+        evaluated = r % self.evaluate_every == 0 or r >= self.cohort.rounds
+        if evaluated:
+            self._window_keys.update(metrics)
+            metrics.update(await work(self.alg.evaluate))
         stats = self.transport.stats
         record = {
             "peer": self.id, "round": r, "time": wall_start,
@@ -687,6 +698,13 @@ class Node:
             # (round, peer) pairs seen so far whose aggregate differed from ours
             "aggregate_disagreements": sum(len(p) for p in self.disagreements.values()),
         }
+        if not evaluated:  # no line, no checkpoint: folded into the next evaluated round's
+            self._window_keys.update(metrics)
+            self._window.append(record)
+            return
+        if self.evaluate_every > 1:
+            record = fold_rounds([*self._window, record], self._window_keys)
+            self._window, self._window_keys = [], set()
         self._metrics.append(record)
         if self.on_checkpoint is not None:
             await asyncio.to_thread(self.on_checkpoint, r, self)

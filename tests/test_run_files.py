@@ -468,3 +468,64 @@ def test_hfl_peer_exits_3_with_one_line_when_its_cohort_is_gone(tmp_path, capsys
     assert cli.main(["--config", str(config)]) == 3
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("hfl-peer: p1: resumed after round 1, but the cohort")
+
+
+# ------------------------------------------------------------------ evaluation cadence
+
+
+def test_fold_rounds_sums_costs_averages_training_and_keeps_the_evaluated_round():
+    from hfl.peer.rounds import fold_rounds
+
+    rows = [
+        {"round": 4, "time": 10.0, "round_time_s": 0.5, "compute_s": 0.25, "bytes_sent": 100,
+         "bytes_received": 7, "train_loss": 2.0, "live_peers": 3, "learned_from": 0},
+        {"round": 5, "time": 11.0, "round_time_s": 0.75, "compute_s": 0.5, "bytes_sent": 50,
+         "bytes_received": 3, "train_loss": 1.0, "live_peers": 2, "learned_from": 2},
+        {"round": 6, "time": 12.0, "round_time_s": 1.0, "compute_s": 0.75, "bytes_sent": 25,
+         "bytes_received": 1, "train_loss": 0.0, "live_peers": 2, "learned_from": 0,
+         "test_acc": 0.9, "total_bytes_sent": 999},
+    ]
+    line = fold_rounds(rows, {"train_loss"})
+    assert line == {"round": 6, "span": 3, "time": 10.0, "round_time_s": 2.25, "compute_s": 1.5,
+                    "bytes_sent": 175, "bytes_received": 11, "train_loss": 1.0, "live_peers": 3,
+                    "learned_from": 0, "isolated_rounds": 2, "test_acc": 0.9,
+                    "total_bytes_sent": 999}
+    with pytest.raises(ValueError, match="at least the evaluated round"):
+        fold_rounds([], set())
+
+
+def test_evaluate_every_writes_a_line_and_a_checkpoint_every_n_rounds_and_after_the_last(
+        tmp_path, monkeypatch):
+    """A 10-round pair evaluating every 4 rounds: lines (and checkpoints) at rounds
+    4, 8 and 10 covering 4, 4 and 2 rounds; their bytes add up to what the peer sent
+    in rounds; the results table counts rounds, not lines; a resume starts after the
+    last evaluated round."""
+    from hfl.launch.results import peer_row
+    from hfl.peer import runner
+
+    saved, save = [], runner._save
+    monkeypatch.setattr(runner, "_save", lambda d, r, node: (saved.append((d.name, r)), save(d, r, node)))
+    cfgs = [config_from_dict(cfg_dict(tmp_path / f"p{i}", f"p{i}", algorithm="fedavg", rounds=10,
+                                      n=2, index=i, bootstrap=() if i == 0 else ("mem://p0",),
+                                      evaluate_every=4))
+            for i in range(2)]
+    hub = MemoryHub()
+
+    async def main():
+        return await asyncio.gather(*(run_peer(c, hub=hub) for c in cfgs))
+
+    results = asyncio.run(main())
+    for cfg, res in zip(cfgs, results, strict=True):
+        run_dir = Path(cfg.node.run_dir)
+        lines = rows(run_dir)
+        assert [(r["round"], r["span"]) for r in lines] == [(4, 4), (8, 4), (10, 2)]
+        assert res.rounds_completed == 10 and res.last_round == 10
+        assert all("test_acc" in r for r in lines)  # evaluated
+        assert all(r["learned_from"] == 1 and r["isolated_rounds"] == 0 for r in lines)
+        assert sum(r["bytes_sent"] for r in lines) <= lines[-1]["total_bytes_sent"]
+        assert sum(r["bytes_sent"] for r in lines) > 0
+        row = peer_row(cfg.node.id, "mlp", run_dir)
+        assert row["rounds"] == 10 and row["last_round"] == 10
+        assert row["mean_round_s"] == pytest.approx(sum(r["round_time_s"] for r in lines) / 10)
+        assert load_checkpoint(run_dir)["round"] == 10
+        assert [r for name, r in saved if name == cfg.node.id] == [4, 8, 10]

@@ -1,0 +1,156 @@
+"""FedH2L's protocol as one plain loop in one process, beside the same run through hfl.
+
+    python bench/fedh2l_loop.py [--rounds 10000] [--seeds 0 1 2] [--set KEY=VALUE ...] [--loop-only]
+
+The experiment (``examples/rotated_mnist.yaml`` by default, ``--experiment``) is
+expanded into its peers' configs exactly as ``hfl-launch`` does, and each peer's
+algorithm is built exactly as ``hfl-peer`` builds it (``build_algorithm``: same
+data, splits, LeNet, optimizer and seeds). The loop then runs the same protocol
+with no runtime at all: every peer exchanges its public seed set once, then per
+round every peer takes its local step, every peer teaches (posteriors on a
+public batch), every peer absorbs the others' teaching (the mimicry step with
+the projection), and every ``node.evaluate_every`` rounds (and after the last)
+every peer evaluates and keeps its best-validation model. One process, torch
+using every core. No sockets, no event loop, no checkpoints, no metrics file.
+
+Beside it (unless ``--loop-only``), ``hfl-launch`` runs the same experiment:
+4 processes, 1 torch thread each, real ZeroMQ with CURVE, checkpoints and a
+metrics line at every evaluation. Printed side by side for each seed: the wall
+time of the rounds (first round's start to last round's end; the launch's from
+its peers' metrics lines), the wall time of the whole command (the loop's
+including its build, the launch's including process start and the handshake),
+the ratio loop / hfl (> 1: the federated run is faster), and both runs'
+selected ACC / BWT / FWT (they differ only by scheduling: the loop's peers see
+each other's round-r teaching in round r, as hfl's do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import OUT_DIR, ROOT, launch, out_path, parser, read_jsonl, write_json  # noqa: E402
+
+EXPERIMENT = ROOT / "examples" / "rotated_mnist.yaml"
+SELECTED = ("sel_acc", "sel_bwt", "sel_fwt")
+
+
+def run_loop(experiment: Path, overrides: list[str], threads: int) -> dict:
+    """The protocol in one process: returns wall times and the peers' selected metrics."""
+    t_start = time.perf_counter()
+    import torch
+
+    from hfl.launch.experiment import expand, load_experiment
+    from hfl.peer.factory import build_algorithm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exp = load_experiment(str(experiment), [*overrides, "defaults.security.mode=none",
+                                                f"run_dir={tmp}"])
+        plans = expand(exp, gpus=[], ports=list(range(20000, 20000 + exp.peers)))
+    cfgs = [p.config for p in plans]
+    algs = {}
+    for cfg in cfgs:
+        algs[cfg.node.id], _ = build_algorithm(cfg)
+    torch.set_num_threads(threads)
+    for owner, alg in algs.items():  # the public seed exchange at join
+        for other in algs.values():
+            if other is not alg:
+                other.add_peer_seeds(owner, alg.ctx.public.x, alg.ctx.public.y)
+    rounds = cfgs[0].cohort.rounds
+    every = cfgs[0].node.evaluate_every
+    t_rounds = time.perf_counter()
+    last: dict[str, dict] = {}
+    for r in range(1, rounds + 1):
+        for alg in algs.values():
+            alg.local_update(r)
+        shared = {pid: alg.share(r) for pid, alg in algs.items()}
+        for pid, alg in algs.items():
+            alg.absorb(r, {o: p for o, p in shared.items() if o != pid})
+        if r % every == 0 or r == rounds:
+            last = {pid: alg.evaluate() for pid, alg in algs.items()}
+    t_end = time.perf_counter()
+    return {
+        "rounds": rounds,
+        "rounds_s": t_end - t_rounds,
+        "total_s": t_end - t_start,
+        **{k: statistics.fmean(m[k] for m in last.values()) for k in SELECTED},
+    }
+
+
+def run_hfl(experiment: Path, overrides: list[str], run_dir: Path, label: str) -> dict | None:
+    rc, wall, _ = launch(experiment, run_dir, overrides, timeout_s=7200, log_name=label)
+    if rc != 0:
+        return None
+    results = json.loads((run_dir / "results.json").read_text())
+    peers = [r["peer"] for r in results["peers"] if r["peer"] != "mean"]
+    lines = {p: read_jsonl(run_dir / p / "metrics.jsonl") for p in peers}
+    start = min(ls[0]["time"] for ls in lines.values())
+    end = max(ls[-1]["time"] + ls[-1]["round_time_s"] for ls in lines.values())
+    return {
+        "rounds": results["peers"][0]["rounds"],
+        "rounds_s": end - start,
+        "total_s": wall,
+        **{k: statistics.fmean(ls[-1][k] for ls in lines.values()) for k in SELECTED},
+        "sent_per_round_per_peer_b": statistics.fmean(
+            sum(x["bytes_sent"] for x in ls) / sum(x.get("span", 1) for x in ls)
+            for ls in lines.values()),
+    }
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--experiment", type=Path, default=EXPERIMENT)
+    ap.add_argument("--rounds", type=int, default=None, help="default: the experiment's")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="torch threads of the loop (default: every core)")
+    ap.add_argument("--loop-only", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds = args.rounds or 300
+    rows = []
+    for seed in args.seeds:
+        sets = [*args.sets, f"defaults.data.seed={seed}", f"defaults.cohort.seed={seed}",
+                f"defaults.node.seed={seed}"]
+        if args.rounds:
+            sets.append(f"defaults.cohort.rounds={args.rounds}")
+        print(f"seed {seed}: single-process loop", flush=True)
+        loop = run_loop(args.experiment, sets, args.threads)
+        fed = None
+        if not args.loop_only:
+            print(f"seed {seed}: hfl-launch", flush=True)
+            fed = run_hfl(args.experiment, sets, OUT_DIR / "fedh2l_loop" / f"s{seed}",
+                          f"fedh2l_loop_s{seed}")
+            if fed is None:
+                sys.exit(f"hfl-launch failed for seed {seed}: see {OUT_DIR / 'logs'}")
+        rows.append({"seed": seed, "loop": loop, "hfl": fed})
+        _print_row(rows[-1])
+    write_json(out_path("fedh2l_loop", args.out),
+               {"experiment": str(args.experiment), "sets": args.sets, "threads": args.threads,
+                "rows": rows})
+
+
+def _print_row(row: dict) -> None:
+    loop, fed = row["loop"], row["hfl"]
+    print(f"  loop ({loop['rounds']} rounds): rounds {loop['rounds_s']:.1f} s, "
+          f"command {loop['total_s']:.1f} s, ACC/BWT/FWT "
+          + "/".join(f"{loop[k]:.4f}" for k in SELECTED))
+    if fed is not None:
+        print(f"  hfl  ({fed['rounds']} rounds): rounds {fed['rounds_s']:.1f} s, "
+              f"command {fed['total_s']:.1f} s, ACC/BWT/FWT "
+              + "/".join(f"{fed[k]:.4f}" for k in SELECTED)
+              + f", {fed['sent_per_round_per_peer_b'] / 1e3:.1f} kB sent per round per peer")
+        print(f"  loop / hfl: rounds {loop['rounds_s'] / fed['rounds_s']:.2f}x, "
+              f"command {loop['total_s'] / fed['total_s']:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
