@@ -195,7 +195,6 @@ class FedH2L(Algorithm):
     def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
         if round % self.cfg.global_every:
             return {}
-        device = self.ctx.device
         teachers = []
         for owner, payload in sorted(received.items()):
             seeds = self.peer_seeds.get(owner)
