@@ -1,6 +1,6 @@
 """``hfl-launch``: run a whole cohort on this machine.
 
-    hfl-launch examples/quickstart.yaml [--set defaults.cohort.rounds=5] [--dry-run]
+    hfl-launch examples/quickstart.yaml [--set defaults.cohort.rounds=5] [--dry-run] [--seeds 0 1 2]
 
 Spawns one ``hfl-peer`` process per peer, spreads them over the GPUs it finds,
 shows live progress, injects the experiment's faults and ends with a results
@@ -49,7 +49,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run every peer in this process over the in-memory transport (the same "
                         "peer code; for 50-200 peers on one machine; no process faults)")
     p.add_argument("--quiet", action="store_true", help="no live progress, only the results table")
-    return p.parse_args(argv)
+    p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+                   help="run the experiment once per seed (data split, initialisation and the peers' "
+                        "own randomness: defaults.data/cohort/node.seed), each in <run dir>/seed<S>, "
+                        "and end with a table of every seed and their mean ± std")
+    args = p.parse_args(argv)
+    if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
+        p.error(f"--seeds: each seed once, got {' '.join(map(str, args.seeds))}")
+    return args
 
 
 def _out(text: str = "", err: bool = False) -> None:
@@ -67,6 +74,62 @@ def _out(text: str = "", err: bool = False) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.seeds is None:
+        return launch_once(args, list(args.overrides))
+    return launch_seeds(args)
+
+
+def launch_seeds(args: argparse.Namespace) -> int:
+    """``--seeds``: one launch per seed under ``<run dir>/seed<S>``, then the seeds' table."""
+    import json
+    import math
+
+    from hfl.launch.experiment import load_experiment
+    from hfl.launch.report import peer_dirs
+    from hfl.launch.results import cohort_row, render_seeds_table, seed_dir, seeds_summary
+    from hfl.peer.configtools import ConfigError
+
+    base_sets = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
+    try:
+        exp = load_experiment(args.experiment, base_sets)
+    except ConfigError as err:
+        _out(f"hfl-launch: invalid experiment: {err}", err=True)
+        return 2
+    base = exp.resolved_run_dir
+    worst, per_seed = 0, {}
+    for i, seed in enumerate(args.seeds):
+        _out(f"hfl-launch: seed {seed} ({i + 1} of {len(args.seeds)})")
+        sets = [*args.overrides, f"defaults.data.seed={seed}", f"defaults.cohort.seed={seed}",
+                f"defaults.node.seed={seed}", f"run_dir={seed_dir(base, seed)}"]
+        rc = launch_once(args, sets)
+        if rc in (2, 130):  # a refused experiment or run directory, or Ctrl-C: stop here
+            return rc
+        worst = max(worst, rc)
+        if not args.dry_run and peer_dirs(seed_dir(base, seed)):
+            per_seed[seed] = cohort_row(seed_dir(base, seed), peer_dirs(seed_dir(base, seed)))
+    if args.dry_run or not per_seed:
+        return worst
+    table = render_seeds_table(per_seed)
+    summary = seeds_summary(per_seed)
+    (base / "results.md").write_text(table + "\n")
+    clean = lambda v: None if isinstance(v, float) and math.isnan(v) else v  # noqa: E731  (JSON has no NaN)
+    (base / "results.json").write_text(json.dumps({
+        "experiment": exp.name, "seeds": args.seeds, "ok": worst == 0,
+        "per_seed": {str(k): {c: clean(v) for c, v in row.items()} for k, row in per_seed.items()},
+        "mean": {k: clean(v) for k, v in summary["mean"].items()},
+        "std": {k: clean(v) for k, v in summary["std"].items()},
+    }, indent=2, default=str))
+    _out(f"\n{exp.name} over {len(per_seed)} seed(s): the peers' mean per seed, then mean ± std "
+         "over seeds")
+    _out(table)
+    missing = [s for s in args.seeds if s not in per_seed]
+    if missing:
+        _out(f"no results for seed(s) {', '.join(map(str, missing))}", err=True)
+    _out(f"\nresults in {base}/results.md")
+    return worst
+
+
+def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     from hfl.launch.experiment import expand, load_experiment
     from hfl.launch.rundir import (
         Decision,
@@ -78,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from hfl.peer.configtools import ConfigError, to_dict
 
-    overrides = list(args.overrides)
-    if args.run_dir:
+    if args.run_dir and args.seeds is None:
         overrides.append(f"run_dir={args.run_dir}")
     if args.allow_solo:
         overrides.append("defaults.node.allow_solo=true")

@@ -8,8 +8,9 @@ Per run: the algorithm, peers, rounds, the peers' mean final test and global
 accuracy, the best round's mean test accuracy, the mean running time, traffic,
 and how many peers shared with fewer peers than expected. The plots draw each
 run's cohort mean over rounds (``<out>_global_acc.png``, ``<out>_test_acc.png``,
-``<out>_train_loss.png``). Only the metrics files are read: runs can be compared
-while they run, and from another machine's copy.
+``<out>_train_loss.png``). A run of ``hfl-launch --seeds`` (its ``seed<S>``
+folders) is one row of mean ± std over its seeds. Only the metrics files are
+read: runs can be compared while they run, and from another machine's copy.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hfl.launch.results import _fmt, best_mean, mean_row, peer_row, read_metrics
+from hfl.launch.results import _fmt, cohort_row, mean_std, read_metrics, seed_dirs
 
 COLUMNS = [
     ("run", "run", "{}"),
     ("algorithm", "algorithm", "{}"),
     ("peers", "peers", "{}"),
     ("rounds", "rounds", "{:g}"),
+    ("sel_acc", "ACC", "{:.4f}"),  # multi-domain runs (FedH2L's protocol) only
+    ("sel_bwt", "BWT", "{:.4f}"),
+    ("sel_fwt", "FWT", "{:.4f}"),
     ("test_acc", "test acc", "{:.4f}"),
     ("global_acc", "global acc", "{:.4f}"),
     ("best_mean", "best mean test acc", "{:.4f}"),
@@ -34,6 +38,9 @@ COLUMNS = [
     ("sent_mb", "sent MB", "{:.2f}"),
     ("short", "short peers", "{}"),
 ]
+DOMAIN_KEYS = ("sel_acc", "sel_bwt", "sel_fwt")
+# Averaged over seeds (shown as mean ± std) in a run of hfl-launch --seeds.
+SEED_AVERAGED = ("rounds", *DOMAIN_KEYS, "test_acc", "global_acc", "best_mean", "wall_s", "sent_mb")
 
 
 def peer_dirs(run_dir: Path) -> list[tuple[str, Path]]:
@@ -45,7 +52,7 @@ def peer_dirs(run_dir: Path) -> list[tuple[str, Path]]:
 def _algorithm(run_dir: Path, peers: list[tuple[str, Path]]) -> str:
     import yaml
 
-    candidates = [run_dir / "peers" / f"{pid}.yaml" for pid, _ in peers]
+    candidates = [d.parent / "peers" / f"{pid}.yaml" for pid, d in peers]
     candidates += [run_dir.parent / "peers" / f"{run_dir.name}.yaml"]  # one peer of a launch
     for path in candidates:
         try:
@@ -56,26 +63,42 @@ def _algorithm(run_dir: Path, peers: list[tuple[str, Path]]) -> str:
 
 
 def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
-    peers = peer_dirs(run_dir)
-    rows = [peer_row(pid, "", d) for pid, d in peers]
-    mean = mean_row(rows) if rows else {}
-    return {
-        "run": label or str(run_dir),
-        "algorithm": _algorithm(run_dir, peers),
-        "peers": len(peers),
-        "rounds": mean.get("rounds", math.nan) if rows else math.nan,
-        "test_acc": mean.get("test_acc", math.nan),
-        "global_acc": mean.get("global_acc", math.nan),
-        "best_mean": best_mean([d for _, d in peers]) if peers else math.nan,
-        "wall_s": mean.get("wall_s", math.nan),
-        "sent_mb": mean.get("sent_mb", math.nan),
-        "short": sum(1 for r in rows if r.get("short")),
-    }
+    """The peers' means of one run; of a ``hfl-launch --seeds`` run, (mean, std) over
+    its seeds for the SEED_AVERAGED columns and ``seeds`` = how many."""
+    seeds = seed_dirs(run_dir)
+    runs = [d for _, d in seeds if peer_dirs(d)] or [run_dir]
+    per_run = [cohort_row(d, peer_dirs(d)) for d in runs]
+    peers = peer_dirs(runs[0])
+    row: dict[str, Any] = {"run": label or str(run_dir), "algorithm": _algorithm(runs[0], peers),
+                           "peers": len(peers), "short": sum(r.get("short", 0) for r in per_run)}
+    for key in SEED_AVERAGED:
+        values = [r.get(key, math.nan) for r in per_run]
+        row[key] = mean_std(values) if seeds else values[0]
+    if seeds:
+        row["seeds"] = len(runs)
+    return row
+
+
+def _cell(value: Any, spec: str) -> str:
+    if isinstance(value, tuple):  # (mean, std) over seeds
+        if math.isnan(value[0]):
+            return "-"
+        return f"{_fmt(value[0], spec)} ± {_fmt(value[1], spec)}"
+    return _fmt(value, spec)
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    header = [t for _, t, _ in COLUMNS]
-    body = [[_fmt(r.get(k), spec) for k, _, spec in COLUMNS] for r in rows]
+    def shown(key: str) -> bool:
+        return key not in DOMAIN_KEYS or any(
+            not math.isnan(r[key][0] if isinstance(r.get(key), tuple) else r.get(key, math.nan))
+            for r in rows)
+
+    columns = [c for c in COLUMNS if shown(c[0])]
+    header = [t for _, t, _ in columns]
+    body = [[_cell(r.get(k), spec) for k, _, spec in columns] for r in rows]
+    for r, b in zip(rows, body, strict=True):
+        if r.get("seeds"):
+            b[0] += f" ({r['seeds']} seeds)"
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
 
     def line(cells):
@@ -104,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"hfl-report: no such run directory: {', '.join(missing)}", file=sys.stderr)
         return 2
-    empty = [str(d) for d in run_dirs if not peer_dirs(d)]
+    empty = [str(d) for d in run_dirs
+             if not peer_dirs(d) and not any(peer_dirs(sd) for _, sd in seed_dirs(d))]
     if empty:
         print(f"hfl-report: no metrics.jsonl in {', '.join(empty)} (or its sub-folders): "
               "not a run directory, or no round finished yet", file=sys.stderr)
@@ -121,8 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         from hfl.launch.plots import plot_compare
 
         out = Path(args.out) if args.out else run_dirs[0].resolve().parent / "compare"
-        runs = {name: {pid: read_metrics(d) for pid, d in peer_dirs(rd)}
-                for rd, name in zip(run_dirs, names, strict=True)}
+        runs = {}
+        for rd, name in zip(run_dirs, names, strict=True):
+            seeds = [(s, sd) for s, sd in seed_dirs(rd) if peer_dirs(sd)]
+            if seeds:  # every seed's peers: the plotted mean is over seeds and peers
+                runs[name] = {f"{pid}@seed{s}": read_metrics(d)
+                              for s, sd in seeds for pid, d in peer_dirs(sd)}
+            else:
+                runs[name] = {pid: read_metrics(d) for pid, d in peer_dirs(rd)}
         for path in plot_compare(runs, out):
             print(f"plot: {path}")
     return 0

@@ -155,3 +155,72 @@ def write_results(run_dir: Path, rows: list[dict[str, Any]], extra: dict[str, An
     (run_dir / "results.md").write_text(table + "\n")
     (run_dir / "results.json").write_text(json.dumps({"peers": rows, **extra}, indent=2, default=str))
     return table
+
+
+# ------------------------------------------------------------------ several seeds
+
+SEED_DIR_PREFIX = "seed"
+# What a multi-seed table shows per seed and as mean ± std: the peers' means.
+SEED_COLUMNS = [("sel_acc", "ACC"), ("sel_bwt", "BWT"), ("sel_fwt", "FWT"), ("acc", "final ACC"),
+                ("test_acc", "test acc"), ("global_acc", "global acc"), ("best_mean", "best mean test acc"),
+                ("rounds", "rounds"), ("wall_s", "wall s"), ("sent_mb", "sent MB")]
+
+
+def seed_dir(run_dir: Path, seed: int) -> Path:
+    return run_dir / f"{SEED_DIR_PREFIX}{seed}"
+
+
+def seed_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """The per-seed run directories of a ``hfl-launch --seeds`` run, by seed."""
+    out = []
+    for d in run_dir.iterdir() if run_dir.is_dir() else ():
+        tail = d.name[len(SEED_DIR_PREFIX):]
+        if d.is_dir() and d.name.startswith(SEED_DIR_PREFIX) and tail.lstrip("-").isdigit():
+            out.append((int(tail), d))
+    return sorted(out)
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value) of the non-NaN values."""
+    vals = [float(v) for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
+    if not vals:
+        return math.nan, math.nan
+    m = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return m, sd
+
+
+def seeds_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """``{"mean": {...}, "std": {...}}`` over seeds of every SEED_COLUMNS value."""
+    out: dict[str, dict[str, float]] = {"mean": {}, "std": {}}
+    for key, _ in SEED_COLUMNS:
+        m, sd = mean_std([row.get(key, math.nan) for row in per_seed.values()])
+        out["mean"][key], out["std"][key] = m, sd
+    return out
+
+
+def render_seeds_table(per_seed: dict[int, dict[str, Any]]) -> str:
+    """One row per seed (the peers' means) and a ``mean ± std`` row; only the columns
+    some seed reports."""
+    summary = seeds_summary(per_seed)
+    cols = [(k, t) for k, t in SEED_COLUMNS if not math.isnan(summary["mean"][k])]
+    spec = {"rounds": "{:.0f}", "wall_s": "{:.1f}", "sent_mb": "{:.2f}"}
+    header = ["seed", *(t for _, t in cols)]
+    body = [[str(seed), *(_fmt(row.get(k, math.nan), spec.get(k, "{:.4f}")) for k, _ in cols)]
+            for seed, row in sorted(per_seed.items())]
+    body.append([f"mean ± std ({len(per_seed)})", *(
+        f"{_fmt(summary['mean'][k], spec.get(k, '{:.4f}'))} ± {_fmt(summary['std'][k], spec.get(k, '{:.4f}'))}"
+        for k, _ in cols)])
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep, *(line(b) for b in body)])
+
+
+def cohort_row(run_dir: Path, peers: list[tuple[str, Path]]) -> dict[str, Any]:
+    """The peers' mean row of one run, with the best round's mean test accuracy."""
+    rows = [peer_row(pid, "", d) for pid, d in peers]
+    out = mean_row(rows) if rows else {}
+    out["best_mean"] = best_mean([d for _, d in peers]) if peers else math.nan
+    out["short"] = sum(1 for r in rows if r.get("short"))
+    return out

@@ -468,3 +468,47 @@ def test_a_finished_peer_run_is_not_rerun_and_keeps_its_summary(tmp_path):
     assert first.rounds_completed == 1 and again.rounds_completed == 0 and again.last_round == 1
     assert (tmp_path / "a" / "summary.json").read_bytes() == summary  # was overwritten empty
     assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_seeds_run_once_per_seed_and_report_mean_and_std(tmp_path, capsys):
+    """hfl-launch --seeds 0 1 2: one run per seed (its own data split and models), a
+    table and results.json whose mean ± std are those of the seeds' rows, and
+    hfl-report shows the run as one row of mean ± std."""
+    import statistics
+
+    from hfl.launch.cli import main
+    from hfl.launch.report import main as report
+
+    exp = {"name": "seeds", "peers": 2, "run_dir": str(tmp_path / "run"),
+           "defaults": {"cohort": {"algorithm": "fedavg", "rounds": 2},
+                        "data": {"dataset": "digits", "partition": "iid"},
+                        "model": {"arch": "mlp", "options": {"hidden": [16]}},
+                        "train": {"max_batches": 2},
+                        "timing": {"heartbeat_interval_s": 0.1, "suspect_after_s": 0.5,
+                                   "dead_after_s": 1.0, "join_timeout_s": 30}}}
+    path = tmp_path / "seeds.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    assert main([str(path), "--in-process", "--quiet", "--seeds", "0", "1", "2"]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    run = tmp_path / "run"
+    per_seed = {}
+    for s in (0, 1, 2):
+        peers = json.loads((run / f"seed{s}" / "results.json").read_text())["peers"]
+        per_seed[s] = next(p for p in peers if p["peer"] == "mean")
+        conf = yaml.safe_load((run / f"seed{s}" / "peers" / "p0.yaml").read_text())
+        assert conf["data"]["seed"] == conf["cohort"]["seed"] == conf["node"]["seed"] == s
+    accs = [per_seed[s]["test_acc"] for s in (0, 1, 2)]
+    assert len(set(accs)) > 1  # different seeds, different runs
+    summary = json.loads((run / "results.json").read_text())
+    assert summary["seeds"] == [0, 1, 2] and summary["ok"] is True
+    assert summary["mean"]["test_acc"] == pytest.approx(statistics.mean(accs))
+    assert summary["std"]["test_acc"] == pytest.approx(statistics.stdev(accs))
+    mean_line = next(line for line in out.splitlines() if line.startswith("| mean ± std (3)"))
+    assert f"{statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f}" in mean_line
+    assert (run / "results.md").read_text().startswith("| seed")
+    assert report([str(run), "--no-plot"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "(3 seeds)" in line)
+    assert "fedavg" in row
+    assert f"{statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f}" in row
+    with pytest.raises(SystemExit):  # each seed once
+        main([str(path), "--seeds", "1", "1"])
