@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -406,18 +407,25 @@ def test_peers_that_partition_differently_refuse_each_other_and_end_short(tmp_pa
         assert summary["max_live_peers"] == 1 and "trained alone" in summary["cohort_shortfall"]
 
 
-def test_many_peers_in_one_process_run_the_same_rounds_and_write_the_same_table(tmp_path, capsys):
-    from hfl.launch.cli import main
-
-    exp = {"name": "many", "peers": 12, "run_dir": str(tmp_path / "run"),
+def small_fedavg_experiment(tmp_path, name: str, peers: int, max_batches: int) -> tuple[dict, Path]:
+    """A 2-round FedAvg experiment on digits with small MLPs and quick timing, written
+    to ``<tmp_path>/<name>.yaml`` (run directory ``<tmp_path>/run``)."""
+    exp = {"name": name, "peers": peers, "run_dir": str(tmp_path / "run"),
            "defaults": {"cohort": {"algorithm": "fedavg", "rounds": 2},
                         "data": {"dataset": "digits", "partition": "iid"},
                         "model": {"arch": "mlp", "options": {"hidden": [16]}},
-                        "train": {"max_batches": 1},
+                        "train": {"max_batches": max_batches},
                         "timing": {"heartbeat_interval_s": 0.1, "suspect_after_s": 0.5,
                                    "dead_after_s": 1.0, "join_timeout_s": 30}}}
-    path = tmp_path / "many.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(exp))
+    return exp, path
+
+
+def test_many_peers_in_one_process_run_the_same_rounds_and_write_the_same_table(tmp_path, capsys):
+    from hfl.launch.cli import main
+
+    exp, path = small_fedavg_experiment(tmp_path, "many", peers=12, max_batches=1)
     assert main([str(path), "--in-process", "--quiet"]) == 0, capsys.readouterr()
     rows = {r["peer"]: r for r in json.loads((tmp_path / "run" / "results.json").read_text())["peers"]}
     peers = [f"p{i:02d}" for i in range(12)]
@@ -479,15 +487,7 @@ def test_seeds_run_once_per_seed_and_report_mean_and_std(tmp_path, capsys):
     from hfl.launch.cli import main
     from hfl.launch.report import main as report
 
-    exp = {"name": "seeds", "peers": 2, "run_dir": str(tmp_path / "run"),
-           "defaults": {"cohort": {"algorithm": "fedavg", "rounds": 2},
-                        "data": {"dataset": "digits", "partition": "iid"},
-                        "model": {"arch": "mlp", "options": {"hidden": [16]}},
-                        "train": {"max_batches": 2},
-                        "timing": {"heartbeat_interval_s": 0.1, "suspect_after_s": 0.5,
-                                   "dead_after_s": 1.0, "join_timeout_s": 30}}}
-    path = tmp_path / "seeds.yaml"
-    path.write_text(yaml.safe_dump(exp))
+    _, path = small_fedavg_experiment(tmp_path, "seeds", peers=2, max_batches=2)
     assert main([str(path), "--in-process", "--quiet", "--seeds", "0", "1", "2"]) == 0, capsys.readouterr()
     out = capsys.readouterr().out
     run = tmp_path / "run"
