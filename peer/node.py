@@ -565,11 +565,12 @@ class Node:
         sends = []
         if self.seeds is not None and tick % 4 == 1:
             sends += self._request_seeds()
-        # Only peers that know us: one that has not answered our hello (nor spoken to us)
-        # may not have it yet (a hello to a socket still in its CURVE handshake is
+        # Only peers that know us: those that answered our hello (greeted). One that has
+        # not may not have it yet (a hello to a socket still in its CURVE handshake is
         # dropped, while a later heartbeat gets through) and would drop ours as unknown.
-        targets = [p for p in mem.gossip_targets()
-                   if mem.members[p].greeted or mem.members[p].confirmed]
+        # A peer that only said hello to us does not know us either until our welcome
+        # reaches it, and that travels on another connection than our heartbeats.
+        targets = [p for p in mem.gossip_targets() if mem.members[p].greeted]
         if targets:
             sends.append(self._broadcast(targets, Heartbeat(
                 **self._envelope(), round=self.round, epoch=self.epoch,
