@@ -626,8 +626,12 @@ class Node:
         if need > 1:
             deadline = self.clock.now() + self.timing.join_timeout_s
             if not await self._wait_until(joined, deadline):
-                log.warning("%s: only %d of %d peers joined within %.0fs; starting anyway",
-                            self.id, len(mem.live_view()), need, self.timing.join_timeout_s)
+                causes = sorted({c for c in (self.transport.dial_failure(a) for a in
+                                             [a for _, a in self.bootstrap]
+                                             + [m.address for m in mem.members.values()]) if c})
+                log.warning("%s: only %d of %d peers joined within %.0fs; starting anyway%s",
+                            self.id, len(mem.live_view()), need, self.timing.join_timeout_s,
+                            "".join(f"; {c}" for c in causes))
         log.info("%s: cohort %s", self.id, ", ".join(mem.live_view()))
 
     # ================================================================ rounds

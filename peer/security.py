@@ -212,8 +212,10 @@ class RefusalLog:
     handler runs in a thread of its own. ``clock`` is injectable for tests.
     """
 
-    def __init__(self, peer_id: str, window_s: float = 60.0, clock=time.monotonic):
+    def __init__(self, peer_id: str, window_s: float = 60.0, clock=time.monotonic,
+                 outgoing: bool = False):
         self.peer_id = peer_id
+        self.outgoing = outgoing  # refusals of our own connections: "X refused our connection"
         self.window_s = window_s
         self.clock = clock
         self._lock = threading.Lock()
@@ -230,8 +232,12 @@ class RefusalLog:
                 entry[1] += 1
                 return
             self._open[(kind, source)] = [now, 0]
-        log.warning("%s: refused a connection from %s: %s (more from there are counted and "
-                    "reported once a minute)", self.peer_id, source, detail)
+        if self.outgoing:
+            log.warning("%s: %s refused our connection: %s (further refusals are counted and "
+                        "reported once a minute)", self.peer_id, source, detail)
+        else:
+            log.warning("%s: refused a connection from %s: %s (more from there are counted and "
+                        "reported once a minute)", self.peer_id, source, detail)
 
     def flush(self, now: float | None = None) -> None:
         now = self.clock() if now is None else now
@@ -241,19 +247,68 @@ class RefusalLog:
             for key, _ in closed:
                 del self._open[key]
         for (kind, source), more in closed:
-            if more:
+            if more and self.outgoing:
+                log.warning("%s: %s refused %d more of our connection(s) in the last %.0f s (%s)",
+                            self.peer_id, source, more, self.window_s, kind.replace("_", " "))
+            elif more:
                 log.warning("%s: refused %d more connection(s) from %s in the last %.0f s (%s)",
                             self.peer_id, more, source, self.window_s, kind.replace("_", " "))
 
 
-#: What a failed CURVE handshake on our ROUTER means (libzmq's protocol error codes).
-HANDSHAKE_REFUSALS = {
-    0x11000002: ("plaintext_client", "a client without CURVE (security: none) tried to connect; "
-                                     "both sides need security.mode: curve"),
-    0x11000001: ("wrong_server_key", "a CURVE client dialled with another public key than this "
-                                     "peer's (check its allow-list line for this peer: "
-                                     "hfl-keys show on this side)"),
-}
+# libzmq's handshake protocol errors (zmq.h, ZMQ_PROTOCOL_ERROR_ZMTP_*)
+_CRYPTOGRAPHIC = 0x11000001
+_MECHANISM_MISMATCH = 0x11000002
+_SAME_MODE = "both sides need the same security.mode"
+
+
+def handshake_refusal(value: int, curve: bool) -> tuple[str, str]:
+    """(kind, what to check) for a handshake that failed on our ROUTER with libzmq
+    protocol error ``value``; ``curve``: whether this peer runs CURVE."""
+    if value == _MECHANISM_MISMATCH and curve:
+        return "plaintext_client", ("a client without CURVE (security: none) tried to connect; "
+                                    f"this peer runs security.mode: curve: {_SAME_MODE}")
+    if value == _MECHANISM_MISMATCH:
+        return "curve_client", ("a CURVE client (security.mode: curve) tried to connect; this "
+                                f"peer runs security: none: {_SAME_MODE}")
+    if value == _CRYPTOGRAPHIC and curve:
+        return "wrong_server_key", ("a CURVE client dialled with another public key than this "
+                                    "peer's (check its allow-list line for this peer: "
+                                    "hfl-keys show on this side)")
+    return "handshake_failed", f"handshake failed (libzmq protocol error {value:#x})"
+
+
+def dial_refusal(event: int, value: int, curve: bool, our_id: str,
+                 our_public_key: str | None) -> tuple[str, str, bool]:
+    """(kind, what to check, final) for a handshake that failed on one of our outgoing
+    links, from its monitor ``event`` and ``value``. ``final``: libzmq gave the link up
+    (it does after a refused or mismatched handshake) rather than retrying it."""
+    import zmq
+
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        if value == 400 and our_public_key:
+            return "key_refused", (
+                f"our public key {our_public_key} is not on its allow-list (ZAP status 400): "
+                f"its allow-list needs the line '{our_id} {our_public_key}' (hfl-keys show on "
+                "this side prints it); check that both sides use the same peer ids"), True
+        return "auth_refused", f"its authenticator refused us (ZAP status {value})", True
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == _MECHANISM_MISMATCH:
+        if curve:
+            return "plaintext_server", ("it runs without CURVE (security: none) and this peer "
+                                        f"runs security.mode: curve: {_SAME_MODE}"), True
+        return "curve_server", ("it runs CURVE (security.mode: curve) and this peer runs "
+                                f"security: none: {_SAME_MODE}, with each other's public "
+                                "keys on their allow-lists (hfl-keys show)"), True
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return "handshake_failed", f"handshake failed (libzmq protocol error {value:#x})", True
+    if curve:  # EVENT_HANDSHAKE_FAILED_NO_DETAIL: it hung up mid-handshake; libzmq retries
+        return "handshake_broken", (
+            "it hangs up during the CURVE handshake: either the public key this peer's "
+            "allow-list holds for it is not its key (did it run hfl-keys new again? compare "
+            "that line with hfl-keys show on its side), or it runs security: none (both sides "
+            "need the same security.mode)"), False
+    return "handshake_broken", (f"it hangs up during the handshake (errno {value}): most "
+                                f"often it runs security.mode: curve and this peer security: "
+                                f"none: {_SAME_MODE}"), False
 
 
 def make_authenticator(context, identity: CurveIdentity, refusals: RefusalLog | None = None):
@@ -288,9 +343,11 @@ def make_authenticator(context, identity: CurveIdentity, refusals: RefusalLog | 
             if peer is None:
                 shown = key[:8].decode(errors="replace")
                 refusals.refused("unknown_key", f"{auth.zap_address} (key {shown}...)",
-                                 f"public key {shown}... is not on the allow-list; if it is a "
-                                 "member, add its line ('<id> <public key>', from hfl-keys show "
-                                 "on its side) to this peer's allow-list")
+                                 f"public key {key.decode(errors='replace')} is not on the "
+                                 "allow-list; if it is a member, add the line '<its peer id> "
+                                 f"{key.decode(errors='replace')}' to this peer's allow-list "
+                                 "(hfl-keys show on its side prints it), or, if it is an old "
+                                 "key of a member, that member must use the key listed here")
             return peer is not None
 
     auth.start()

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hfl.peer.security import split_bootstrap
+
 log = logging.getLogger("hfl.peer")
 
 EVENTS_NAME = "events.jsonl"
@@ -158,6 +160,9 @@ async def watch_join(node, bootstrap: tuple[str, ...], need: int, join_timeout_s
             return  # past the first round: the metrics speak from here on
         waited = time.monotonic() - started
         refused = node.dropped.get("refused", 0) > 0  # an answer, logged with its reason
+        # A refused handshake was logged with its cause the moment it happened.
+        refused = refused or any(node.transport.dial_failure(split_bootstrap(b)[1])
+                                 for b in bootstrap)
         if (bootstrap and joined == 1 and not refused and not warned_bootstrap
                 and waited >= BOOTSTRAP_WARN_S):
             warned_bootstrap = True

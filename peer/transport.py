@@ -84,6 +84,11 @@ class Transport(ABC):
     async def forget(self, address: str) -> None:  # noqa: B027 - optional hook
         """Drop any connection state kept for ``address`` (a peer that left)."""
 
+    def dial_failure(self, address: str) -> str | None:
+        """Why our last attempt to connect to ``address`` was refused (the cause as
+        logged, e.g. our key is not on its allow-list), or None if nothing refused it."""
+        return None
+
     def housekeeping(self) -> None:  # noqa: B027 - optional hook
         """Periodic chores (the node calls it every heartbeat): e.g. report the
         refused connections counted over the last minute."""
@@ -125,7 +130,12 @@ class ZmqTransport(Transport):
         self._ctx = None
         self._router = None
         self._monitor_task: asyncio.Task | None = None
-        self.refusals = None  # hfl.peer.security.RefusalLog, with security
+        self.refusals = None  # hfl.peer.security.RefusalLog: handshakes we refused
+        self.dial_refusals = None  # ... and handshakes refused to our own links
+        self._dial_failures: dict[str, str] = {}  # address -> why it refused us (last cause)
+        self._monitors: list = []  # every monitor socket: a task cancelled before it ever
+        # ran never reaches its finally, and one socket left open blocks the context's term
+        self._dial_monitors: dict[tuple[str, str | None], asyncio.Task] = {}
         # One DEALER per (address, peer it must authenticate as): a member that claims
         # another's address gets a link of its own, never replaces the real one.
         self._dealers: dict[tuple[str, str | None], object] = {}  # -> asyncio DEALER
@@ -166,31 +176,79 @@ class ZmqTransport(Transport):
         # A port of 0 asks the OS for a free one; report the real endpoint.
         self.address = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._router = router
-        if self.security is not None:  # handshakes refused before ZAP is asked: log them too
-            monitor = router.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-            self._monitor_task = asyncio.get_running_loop().create_task(
-                self._watch_handshakes(monitor), name=f"{self.peer_id}:handshake-monitor")
+        # Handshakes that fail before ZAP is asked (a client with the other security
+        # mode, a wrong server key) are only seen by a monitor: log them too.
+        from hfl.peer.security import RefusalLog
+
+        if self.refusals is None:
+            self.refusals = RefusalLog(self.peer_id)
+        self.dial_refusals = RefusalLog(self.peer_id, outgoing=True)
+        monitor = router.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        self._monitors.append(monitor)
+        self._monitor_task = asyncio.get_running_loop().create_task(
+            self._watch_handshakes(monitor), name=f"{self.peer_id}:handshake-monitor")
 
     async def _watch_handshakes(self, monitor) -> None:
-        """Failed CURVE handshakes on our ROUTER (a plaintext client, a wrong server key)
+        """Failed handshakes on our ROUTER (the other security mode, a wrong server key)
         go to the refusal log; the address is our endpoint (libzmq names no remote)."""
         from zmq.utils.monitor import parse_monitor_message
 
-        from hfl.peer.security import HANDSHAKE_REFUSALS
+        from hfl.peer.security import handshake_refusal
 
         try:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
-                kind, detail = HANDSHAKE_REFUSALS.get(
-                    event["value"], ("handshake_failed", f"CURVE handshake failed (libzmq protocol "
-                                                          f"error {event['value']:#x})"))
+                kind, detail = handshake_refusal(event["value"], curve=self.security is not None)
                 self.refusals.refused(kind, f"a client of {self.address}", detail)
         finally:
             monitor.close(linger=0)
 
+    async def _watch_dial(self, key: tuple[str, str | None], sock, monitor, target: str) -> None:
+        """Watch one outgoing link's handshakes until one succeeds, so that the connecting
+        side learns at once why it is refused (a ZAP refusal of our key, the other
+        security mode, a wrong server key) instead of hearing nothing until its join
+        timeout. libzmq gives up on a link after a refused handshake: the link is
+        closed so that the next send dials afresh (the other side may have fixed its
+        allow-list meanwhile)."""
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        from hfl.peer.security import dial_refusal
+
+        address = key[0]
+        our_key = self.security.public_key.decode() if self.security is not None else None
+        broken = 0  # handshakes broken off in a row: one can be a peer dying mid-handshake
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._dial_failures.pop(address, None)
+                    return
+                kind, detail, final = dial_refusal(event["event"], event["value"],
+                                                   curve=self.security is not None,
+                                                   our_id=self.peer_id, our_public_key=our_key)
+                broken = 0 if final else broken + 1
+                if 0 < broken < 3 or (broken and address in self._dial_failures):
+                    continue  # keep the cause a refusal named, not its echo on a retry
+                self._dial_failures[address] = f"{target} refused our connection: {detail}"
+                self.dial_refusals.refused(kind, target, detail)
+                if final and self._dealers.get(key) is sock:
+                    self._close_dealer(key, watch=False)
+                    return
+        finally:
+            if self._dial_monitors.get(key) is asyncio.current_task():
+                del self._dial_monitors[key]
+            if not sock.closed:
+                sock.disable_monitor()
+            monitor.close(linger=0)
+
+    def dial_failure(self, address: str) -> str | None:
+        return self._dial_failures.get(address)
+
     def housekeeping(self) -> None:
-        if self.refusals is not None:
-            self.refusals.flush()
+        for refusals in (self.refusals, self.dial_refusals):
+            if refusals is not None:
+                refusals.flush()
 
     def _dealer(self, address: str, peer_id: str | None):
         import zmq
@@ -225,6 +283,13 @@ class ZmqTransport(Transport):
                 raise
             self._dealers[key] = sock
             self._senders[key] = zmq.Socket.shadow(sock.underlying)
+            monitor = sock.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            self._monitors = [m for m in self._monitors if not m.closed] + [monitor]
+            target = f"{peer_id}@{address}" if peer_id else address
+            self._dial_monitors[key] = asyncio.get_running_loop().create_task(
+                self._watch_dial(key, sock, monitor, target), name=f"{self.peer_id}:dial:{target}")
         return sock, self._senders[key]
 
     async def send(self, address: str, frames: Frames, timeout_s: float,
@@ -287,20 +352,32 @@ class ZmqTransport(Transport):
     def _close_dealers(self, address: str | None = None) -> None:
         """Close the links to ``address`` (every link when None)."""
         for key in [k for k in self._dealers if address is None or k[0] == address]:
-            self._senders.pop(key, None)
-            self._dealers.pop(key).close(linger=0)
+            self._close_dealer(key)
+
+    def _close_dealer(self, key: tuple[str, str | None], watch: bool = True) -> None:
+        watcher = self._dial_monitors.pop(key, None)
+        if watch and watcher is not None:
+            watcher.cancel()  # it closes the monitor socket as it ends
+        self._senders.pop(key, None)
+        self._dealers.pop(key).close(linger=0)
 
     async def forget(self, address: str) -> None:
         self._close_dealers(address)
 
     async def close(self) -> None:
+        watchers = list(self._dial_monitors.values())
         self._close_dealers()
+        await asyncio.gather(*watchers, return_exceptions=True)
         if self._monitor_task is not None:
             self._monitor_task.cancel()
             await asyncio.gather(self._monitor_task, return_exceptions=True)
             self._monitor_task = None
-        if self.refusals is not None:
-            self.refusals.flush(float("inf"))  # what was counted but not yet reported
+        for monitor in self._monitors:
+            monitor.close(linger=0)
+        self._monitors = []
+        for refusals in (self.refusals, self.dial_refusals):
+            if refusals is not None:
+                refusals.flush(float("inf"))  # what was counted but not yet reported
         if self._router is not None:
             self._router.close(linger=0)
             self._router = None
@@ -503,6 +580,9 @@ class FaultyTransport(Transport):
 
     def housekeeping(self) -> None:
         self.inner.housekeeping()
+
+    def dial_failure(self, address: str) -> str | None:
+        return self.inner.dial_failure(address)
 
     async def close(self) -> None:
         for task in list(self._delayed):
