@@ -100,6 +100,7 @@ class Algorithm:
         self._with_public: tuple[tuple[str, ...], Any] | None = None  # cache of private_and_public()
         self.best_val = -1.0
         self.selected: dict[str, float] = {}  # test metrics of the best-validation model
+        self.selected_model: dict[str, torch.Tensor] | None = None  # its weights, on the CPU
         self._selection_set = None  # cache of selection_set() for pooled splits
 
     # ------------------------------------------------------------------ hooks
@@ -179,6 +180,9 @@ class Algorithm:
                 self.best_val = metrics["val_acc"]
                 self.selected = {k: v for k, v in metrics.items()
                                  if k in ("acc", "bwt", "fwt", "test_acc", "global_acc")}
+                self.selected_model = {k: v.detach().to("cpu", copy=True)
+                                       for k, v in self.model.state_dict().items()}
+                metrics["newly_selected"] = 1.0  # this round's model is the selected one (hfl-export)
             metrics.update({f"sel_{k}": v for k, v in self.selected.items()})
         return metrics
 
@@ -223,6 +227,7 @@ class Algorithm:
             "generator": self.generator.get_state(),
             "best_val": self.best_val,
             "selected": dict(self.selected),
+            "selected_model": self.selected_model,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -231,6 +236,7 @@ class Algorithm:
         self.generator.set_state(state["generator"])
         self.best_val = float(state.get("best_val", -1.0))
         self.selected = dict(state.get("selected", {}))
+        self.selected_model = state.get("selected_model")
 
 
 # ---------------------------------------------------------------------- helpers

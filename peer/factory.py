@@ -273,6 +273,14 @@ def model_options(cfg: PeerConfig) -> dict[str, Any]:
     return options
 
 
+def model_spec(cfg: PeerConfig, input_shape: tuple[int, ...], num_classes: int) -> dict[str, Any]:
+    """What rebuilds this peer's model: ``hfl.models.build_model(arch, input_shape,
+    num_classes, embedding_dim, **options)`` (checkpoints carry it for hfl-export)."""
+    return {"arch": cfg.model.arch, "input_shape": [int(d) for d in input_shape],
+            "num_classes": int(num_classes), "embedding_dim": cfg.model.embedding_dim,
+            "options": model_options(cfg)}
+
+
 def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     """Data, model and algorithm instance for this peer."""
     import torch

@@ -64,11 +64,12 @@ class MetricsWriter:
                  self.rounds, shown, record["round_time_s"], record["bytes_sent"])
 
 
-def _save(run_dir: Path, r: int, node: Node) -> None:
+def _save(run_dir: Path, r: int, node: Node, model: dict[str, Any] | None) -> None:
     import torch
 
     save_checkpoint(run_dir, {
         "round": r,
+        "model": model,  # how to rebuild the model (hfl.peer.factory.model_spec), for hfl-export
         "incarnation": node.incarnation,
         "algorithm": node.alg.state_dict(),
         "torch_rng": torch.get_rng_state(),
@@ -96,8 +97,9 @@ class RoundRecorder:
     without a result (unless ``node.allow_solo``)."""
 
     def __init__(self, run_dir: Path, cfg: PeerConfig, mode: str, resumed_after: int | None,
-                 checkpoints: bool, remembered: int = 0):
+                 checkpoints: bool, remembered: int = 0, model: dict[str, Any] | None = None):
         self.run_dir = run_dir
+        self.model = model
         self.write_metrics = MetricsWriter(run_dir / METRICS_NAME, cfg.cohort.rounds)
         self.checkpoints = checkpoints
         self.watch_alone = (resumed_after is not None and mode != "local"
@@ -169,7 +171,7 @@ class RoundRecorder:
         if record is not None:
             self._record(record)
         if self.checkpoints:
-            _save(self.run_dir, r, node)
+            _save(self.run_dir, r, node, self.model)
 
     def round(self, record: dict[str, Any]) -> None:
         self._record(record)
@@ -226,7 +228,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     import torch
 
     from hfl.algorithms.registry import get_algorithm
-    from hfl.peer.factory import build_algorithm
+    from hfl.peer.factory import build_algorithm, model_spec
 
     identity = cfg.identity()  # keys before anything slow: a bad key file fails at once
 
@@ -299,7 +301,8 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
                  "differently are refused", cfg.node.id, shared["data_split"],
                  cfg.data.partition, cfg.data.num_partitions, cfg.data.seed)
     recorder = RoundRecorder(run_dir, cfg, algorithm.mode, resumed_after, cfg.node.checkpoint,
-                             remembered=len([p for p, _ in members if p != cfg.node.id]))
+                             remembered=len([p for p, _ in members if p != cfg.node.id]),
+                             model=model_spec(cfg, algorithm.model.input_shape, num_classes))
     node = Node(
         peer_id=cfg.node.id, transport=transport, algorithm=algorithm, cohort=cfg.cohort,
         num_classes=num_classes, timing=cfg.timing, bootstrap=cfg.node.bootstrap,

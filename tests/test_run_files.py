@@ -504,7 +504,8 @@ def test_evaluate_every_writes_a_line_and_a_checkpoint_every_n_rounds_and_after_
     from hfl.peer import runner
 
     saved, save = [], runner._save
-    monkeypatch.setattr(runner, "_save", lambda d, r, node: (saved.append((d.name, r)), save(d, r, node)))
+    monkeypatch.setattr(runner, "_save",
+                        lambda d, r, *rest: (saved.append((d.name, r)), save(d, r, *rest)))
     cfgs = [config_from_dict(cfg_dict(tmp_path / f"p{i}", f"p{i}", algorithm="fedavg", rounds=10,
                                       n=2, index=i, bootstrap=() if i == 0 else ("mem://p0",),
                                       evaluate_every=4))

@@ -1,0 +1,261 @@
+"""``hfl-export``: a real run's models, loaded with plain ``torch.load(weights_only=True)``
+and rebuilt with the public ``hfl.models.build_model``, give the test accuracy the run
+recorded for them; the docs' loading snippet runs; bad requests are one line each."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from hfl.launch.export import main
+from hfl.peer.checkpoint import load_checkpoint, read_jsonl, save_checkpoint
+from tests.test_users import small_fedavg_experiment
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "runs.md"
+ROUNDS = 4
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Path:
+    """A finished 2-peer FedAvg run of hfl-launch (in one process) with a validation
+    split, so that each peer selects a model; lr 0.5 makes validation accuracy swing."""
+    from hfl.launch.cli import main as launch
+
+    tmp = tmp_path_factory.mktemp("launched")
+    _, path = small_fedavg_experiment(tmp, "export", peers=2, max_batches=2)
+    assert launch([str(path), "--in-process", "--quiet", "--set", f"defaults.cohort.rounds={ROUNDS}",
+                   "--set", "defaults.data.val_fraction=0.2", "--set", "defaults.train.lr=0.5"]) == 0
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def solo(tmp_path_factory) -> Path:
+    """One hfl-peer run directory (solo, 1 round, no validation split: nothing selected)."""
+    from hfl.peer.config import config_from_dict
+    from hfl.peer.runner import run_peer
+    from hfl.peer.transport import MemoryHub
+
+    run_dir = tmp_path_factory.mktemp("solo") / "a"
+    cfg = config_from_dict({
+        "security": {"mode": "none"},
+        "node": {"id": "a", "listen": "mem://a", "run_dir": str(run_dir)},
+        "cohort": {"algorithm": "solo", "rounds": 1},
+        "model": {"arch": "mlp", "options": {"hidden": [8]}}, "train": {"max_batches": 1},
+    })
+    asyncio.run(run_peer(cfg, hub=MemoryHub()))
+    return run_dir
+
+
+def copy_run(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / run.name))
+
+
+def peer_test_split(run: Path, peer: str):
+    """The peer's own test split, as its config builds it."""
+    from hfl.peer.config import load_config
+    from hfl.peer.factory import load_peer_data
+
+    return load_peer_data(load_config(str(run / "peers" / f"{peer}.yaml")).data).test
+
+
+def rebuilt(path: Path) -> tuple[torch.nn.Module, dict]:
+    """The exported model, through plain torch.load and the public builder only."""
+    from hfl.models import build_model
+
+    ckpt = torch.load(path, weights_only=True)
+    m = ckpt["model"]
+    model = build_model(m["arch"], m["input_shape"], m["num_classes"], m["embedding_dim"],
+                        **m["options"])
+    model.load_state_dict(ckpt["state_dict"], strict=True)
+    return model.eval(), ckpt
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, ds) -> float:
+    pred = model(torch.as_tensor(ds.x)).argmax(dim=1)  # (N,)
+    return float((pred == torch.as_tensor(ds.y)).double().mean())
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("hfl-export: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+# ---------------------------------------------------------------- exports
+
+
+def test_final_and_selected_models_reproduce_the_accuracy_the_run_recorded(launched, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([str(launched), "--all", "--out", str(out)]) == 0
+    assert main([str(launched), "--which", "selected", "--peer", "p0", "--out", str(out)]) == 0
+    assert "p0: selected model of round" in capsys.readouterr().out
+    assert sorted(f.name for f in out.iterdir()) == [
+        "p0.json", "p0.pt", "p0.selected.json", "p0.selected.pt", "p1.json", "p1.pt"]
+
+    for peer in ("p0", "p1"):
+        rows = {r["round"]: r for r in read_jsonl(launched / peer / "metrics.jsonl")}
+        test = peer_test_split(launched, peer)
+        model, ckpt = rebuilt(out / f"{peer}.pt")
+        assert ckpt["peer"] == peer and ckpt["which"] == "final" and ckpt["round"] == ROUNDS
+        assert accuracy(model, test) == rows[ROUNDS]["test_acc"] == ckpt["metrics"]["test_acc"]
+        # The same weights as hfl's own checkpoint reader restores (an independent path).
+        internal = load_checkpoint(launched / peer)["algorithm"]["model"]
+        assert all(torch.equal(internal[k], v) for k, v in ckpt["state_dict"].items())
+        # The JSON is the same metadata without the tensors.
+        meta = json.loads((out / f"{peer}.json").read_text())
+        assert meta == {k: v for k, v in ckpt.items() if k != "state_dict"}
+        assert meta["model"] == {"arch": "mlp", "input_shape": [1, 8, 8], "num_classes": 10,
+                                 "embedding_dim": 64, "options": {"hidden": [16]}}
+
+    rows = {r["round"]: r for r in read_jsonl(launched / "p0" / "metrics.jsonl")}
+    chosen = max(r for r, row in rows.items() if row.get("newly_selected"))
+    model, ckpt = rebuilt(out / "p0.selected.pt")
+    assert ckpt["which"] == "selected" and ckpt["round"] == chosen
+    assert ckpt["metrics"]["val_acc"] == max(row["val_acc"] for row in rows.values())
+    if chosen < ROUNDS:  # (lr 0.5: validation accuracy peaks before the last round)
+        final = torch.load(out / "p0.pt", weights_only=True)["state_dict"]
+        assert any(not torch.equal(final[k], v) for k, v in ckpt["state_dict"].items())
+    acc = accuracy(model, peer_test_split(launched, "p0"))
+    assert acc == rows[chosen]["test_acc"] == rows[ROUNDS]["sel_test_acc"] == ckpt["metrics"]["test_acc"]
+
+
+def test_the_loading_snippet_in_the_docs_runs(launched, tmp_path, monkeypatch):
+    section = DOCS.read_text().split("## Getting a trained model out", 1)[1]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert main([str(launched), "--peer", "p0", "--out", str(tmp_path / "export")]) == 0
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(snippet.replace("runs/quickstart/export/p0.pt", "export/p0.pt"), namespace)
+    model = namespace["model"]
+    assert not model.training and model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+    assert accuracy(model, peer_test_split(launched, "p0")) == namespace["ckpt"]["metrics"]["test_acc"]
+
+
+def test_one_hfl_peer_run_directory_exports_under_its_peer_id(solo, capsys):
+    assert main([str(solo), "--out", str(solo.parent / "out")]) == 0
+    model, ckpt = rebuilt(solo.parent / "out" / "a.pt")
+    assert ckpt["peer"] == "a" and ckpt["round"] == 1 and ckpt["model"]["options"] == {"hidden": [8]}
+
+
+def test_a_checkpoint_without_a_model_description_is_described_from_the_peer_config(launched, tmp_path):
+    run = copy_run(launched, tmp_path)
+    state = load_checkpoint(run / "p1")
+    expected = state.pop("model")
+    save_checkpoint(run / "p1", state)  # as an hfl before checkpoints carried it
+    assert main([str(run), "--peer", "p1"]) == 0
+    _, ckpt = rebuilt(run / "export" / "p1.pt")
+    assert ckpt["model"] == expected
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("safetensors") is None,
+                    reason="safetensors is not installed")
+def test_safetensors_holds_the_same_weights_and_the_metadata(launched, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    assert main([str(launched), "--peer", "p0", "--format", "safetensors", "--out", str(tmp_path)]) == 0
+    weights = load_file(tmp_path / "p0.safetensors")
+    internal = load_checkpoint(launched / "p0")["algorithm"]["model"]
+    assert weights.keys() == internal.keys()
+    assert all(torch.equal(internal[k], v) for k, v in weights.items())
+    with safe_open(tmp_path / "p0.safetensors", "pt") as f:
+        assert json.loads(f.metadata()["hfl"]) == json.loads((tmp_path / "p0.json").read_text())
+
+
+def test_the_algorithm_keeps_the_selected_weights_in_its_checkpoint_state():
+    import numpy as np
+
+    from hfl.algorithms.base import Algorithm, AlgorithmContext
+    from hfl.data import ArrayDataset
+
+    def ds(labels):
+        return ArrayDataset(np.zeros((len(labels), 1), np.float32), np.array(labels), 2)
+
+    def constant(cls: int) -> dict:  # a linear model that always predicts ``cls``
+        return {"weight": torch.zeros(2, 1), "bias": torch.eye(2)[cls]}
+
+    model = torch.nn.Linear(1, 2)
+    model.load_state_dict(constant(0))
+    ctx = AlgorithmContext(peer_id="p0", model=model, train=ds([1, 1]), test=ds([0, 0, 0, 1]),
+                           num_classes=2, device=torch.device("cpu"), seed=0, val=ds([0, 1]))
+    alg = Algorithm(ctx)
+    assert alg.evaluate()["newly_selected"] == 1.0  # val 1/2: the first model is selected
+    alg.model.load_state_dict(constant(1))
+    assert "newly_selected" not in alg.evaluate()  # tied on val: the earliest is kept
+    state = alg.state_dict()
+    assert all(torch.equal(state["selected_model"][k], v) for k, v in constant(0).items())
+    restored = Algorithm(ctx)
+    restored.load_state_dict(state)
+    assert all(torch.equal(restored.selected_model[k], v) for k, v in constant(0).items())
+
+
+# ---------------------------------------------------------------- bad requests
+
+
+def test_a_folder_that_is_no_run_directory_is_refused(tmp_path, capsys):
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert "no such run directory" in one_line_error(capsys)
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty")]) == 2
+    assert "is not a run directory" in one_line_error(capsys)
+    (tmp_path / "seeds" / "seed0" / "p0").mkdir(parents=True)  # hfl-launch --seeds
+    (tmp_path / "seeds" / "seed0" / "p0" / "metrics.jsonl").touch()
+    assert main([str(tmp_path / "seeds")]) == 2
+    assert "--seeds" in one_line_error(capsys)
+
+
+def test_an_unknown_peer_is_refused_listing_the_peers(launched, capsys):
+    assert main([str(launched), "--peer", "p7"]) == 2
+    err = one_line_error(capsys)
+    assert "no peer p7" in err and "p0, p1" in err
+
+
+def test_a_peer_without_a_checkpoint_yet_is_refused(launched, tmp_path, capsys):
+    run = copy_run(launched, tmp_path)
+    (run / "p1" / "checkpoint.pt").unlink()
+    assert main([str(run), "--out", str(tmp_path / "out")]) == 2
+    assert "p1: no checkpoint yet" in one_line_error(capsys)
+    assert not (tmp_path / "out").exists()  # nothing written, not even p0's
+
+
+def test_a_selected_model_is_refused_where_none_was_selected(solo, capsys):
+    assert main([str(solo), "--which", "selected", "--out", str(solo.parent / "sel")]) == 2
+    err = one_line_error(capsys)
+    assert "no selected model" in err and "val_fraction" in err and "--which final" in err
+
+
+def test_existing_files_are_kept_unless_forced(launched, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([str(launched), "--peer", "p0", "--out", str(out)]) == 0
+    (out / "p0.pt").write_bytes(b"mine")
+    assert main([str(launched), "--peer", "p0", "--out", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert "p0.pt exists already" in err and "--force" in err
+    assert (out / "p0.pt").read_bytes() == b"mine"
+    assert main([str(launched), "--peer", "p0", "--out", str(out), "--force"]) == 0
+    assert rebuilt(out / "p0.pt")[1]["peer"] == "p0"
+
+
+def test_safetensors_without_the_package_names_the_install(launched, tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # as if not installed
+    assert main([str(launched), "--format", "safetensors", "--out", str(tmp_path)]) == 2
+    assert "pip install safetensors" in one_line_error(capsys)
+
+
+def test_a_corrupt_checkpoint_is_one_line_naming_the_file(launched, tmp_path, capsys):
+    run = copy_run(launched, tmp_path)
+    data = bytearray((run / "p0" / "checkpoint.pt").read_bytes())
+    data[-10] ^= 0xFF
+    (run / "p0" / "checkpoint.pt").write_bytes(bytes(data))
+    assert main([str(run), "--peer", "p0"]) == 1
+    err = one_line_error(capsys)
+    assert str(run / "p0" / "checkpoint.pt") in err and "corrupt" in err
