@@ -365,8 +365,8 @@ class PeerConfig:
             if not getattr(self.security, name):
                 raise ConfigError(
                     f"security.{name}", "required with mode 'curve' over tcp:// or ipc:// (make "
-                    "keys with 'hfl-keys new <id>'; hfl-launch makes them itself), or set "
-                    "security.mode: none for plaintext"
+                    f"keys with 'hfl-keys new {self.node.id}'; hfl-launch makes them itself), or "
+                    "set security.mode: none for plaintext"
                 )
         try:
             identity = load_identity(self.node.id, self.security.key_file, self.security.allow_list)

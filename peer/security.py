@@ -22,7 +22,8 @@ The ZeroMQ transport (``hfl.peer.transport.ZmqTransport``) turns that into:
 
 Key files use ZeroMQ's certificate format (``zmq.auth.load_certificate`` reads
 them): ``<name>.key`` holds the public key, ``<name>.key_secret`` both keys and
-is created with mode 0600. Secret keys are never logged.
+is created with mode 0600, in a folder made 0700 (:func:`key_directory`). Secret
+keys are never logged.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import stat
 import threading
 import time
@@ -88,6 +90,37 @@ def _certificate(public: bytes, secret: bytes | None, peer_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+_KEY_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\.key(_secret)?$")
+
+
+def key_directory(directory: str | Path) -> Path:
+    """``directory``, ready for secret keys: created with mode 0700, or made 0700 when
+    it holds nothing but key files and an allow-list. Any other existing folder (``.``,
+    a home folder, a repository) is left as it is: :func:`key_directory_warning`."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        if not directory.is_dir():
+            raise SecurityError(f"{directory} exists and is not a folder") from None
+        names = [p.name for p in directory.iterdir()]
+        if all(n == ALLOW_LIST_NAME or _KEY_FILE_NAME.match(n) for n in names):
+            try:
+                directory.chmod(0o700)
+            except OSError:  # not ours: key_directory_warning names it
+                pass
+    return directory
+
+
+def key_directory_warning(directory: str | Path) -> str | None:
+    """What to do when the folder holding secret keys is open to other users, or None."""
+    mode = stat.S_IMODE(Path(directory).stat().st_mode)
+    if not mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return None
+    return (f"{directory} holds secret keys and is open to other users (mode {mode:o}): "
+            f"chmod 700 {shlex.quote(str(directory))}, or keep keys in a folder of their own")
+
+
 def create_key_pair(directory: str | Path, peer_id: str, *, overwrite: bool = False) -> tuple[Path, Path]:
     """Write ``<peer_id>.key`` (public) and ``<peer_id>.key_secret`` (0600) in ``directory``.
 
@@ -98,8 +131,7 @@ def create_key_pair(directory: str | Path, peer_id: str, *, overwrite: bool = Fa
 
     if not _ID.match(peer_id):
         raise SecurityError(f"peer id {peer_id!r} is not a valid id (letters, digits, _ . -)")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = key_directory(directory)
     public_path, secret_path = directory / f"{peer_id}.key", directory / f"{peer_id}.key_secret"
     if secret_path.exists() and not overwrite:
         raise SecurityError(f"{secret_path} exists; refusing to replace a peer's key")
@@ -114,14 +146,21 @@ def create_key_pair(directory: str | Path, peer_id: str, *, overwrite: bool = Fa
     return public_path, secret_path
 
 
-def load_secret_key(path: str | Path) -> tuple[bytes, bytes]:
-    """(public, secret) Z85 keys from a ``.key_secret`` file; checks its permissions."""
+def load_secret_key(path: str | Path, peer_id: str | None = None) -> tuple[bytes, bytes]:
+    """(public, secret) Z85 keys from a ``.key_secret`` file; checks its permissions.
+
+    A missing file is named with the ``hfl-keys new`` command that makes it for
+    ``peer_id`` (by default the id in the file name).
+    """
     import zmq
     import zmq.auth
 
     path = Path(path)
     try:
         mode = path.stat().st_mode
+    except FileNotFoundError as exc:
+        hint = _new_key_hint(path, peer_id)
+        raise SecurityError(f"cannot read {path}: {exc.strerror}; {hint}") from None
     except OSError as exc:
         raise SecurityError(f"cannot read {path}: {exc.strerror}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -138,6 +177,15 @@ def load_secret_key(path: str | Path) -> tuple[bytes, bytes]:
     if zmq.curve_public(secret) != public:
         raise SecurityError(f"{path}: its public key does not belong to its secret key")
     return public, secret
+
+
+def _new_key_hint(path: Path, peer_id: str | None) -> str:
+    peer_id = peer_id or path.name.removesuffix(".key_secret")
+    command = f"hfl-keys new {shlex.quote(peer_id)} --dir {shlex.quote(str(path.parent))}"
+    if path.name == f"{peer_id}.key_secret":
+        return f"create it on this machine with: {command}"
+    return (f"create a key pair on this machine with: {command}, and set security.key_file "
+            f"to {path.parent / (peer_id + '.key_secret')}")
 
 
 def load_public_key(path: str | Path) -> bytes:
@@ -183,9 +231,16 @@ def write_allow_list(path: str | Path, allowed: dict[str, bytes]) -> None:
 
 def load_identity(peer_id: str, key_file: str | Path, allow_list: str | Path) -> CurveIdentity:
     """Our keys plus the cohort's allow-list, checked against each other."""
-    public, secret = load_secret_key(key_file)
+    public, secret = load_secret_key(key_file, peer_id)
     try:
         allowed = parse_allow_list(Path(allow_list).read_text(), str(allow_list))
+    except FileNotFoundError as exc:
+        raise SecurityError(
+            f"cannot read {allow_list}: {exc.strerror}; it lists every member as '<peer id> "
+            "<public key>': collect the line each party's 'hfl-keys new' printed (or "
+            "'hfl-keys show <its .key file>' prints) into this one file, or make the whole "
+            f"cohort's keys on one trusted box with: hfl-keys cohort {peer_id} <other ids> "
+            f"--dir {shlex.quote(str(Path(allow_list).parent))}", "allow_list") from None
     except OSError as exc:
         raise SecurityError(f"cannot read {allow_list}: {exc.strerror}", "allow_list") from None
     except SecurityError as exc:
@@ -374,9 +429,7 @@ def cohort_keys(directory: str | Path, peer_ids: list[str]) -> dict[str, dict[st
     run keeps its identities); the allow-list is rewritten from the public keys,
     so it always names exactly ``peer_ids``.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    directory.chmod(0o700)
+    directory = key_directory(directory)
     allowed = {}
     for pid in peer_ids:
         if not (directory / f"{pid}.key_secret").exists():
