@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hfl.launch.experiment import ExperimentConfig, PeerPlan
-from hfl.launch.supervisor import LaunchOutcome
+from hfl.launch.supervisor import LaunchOutcome, eta_text
 from hfl.peer.configtools import ConfigError, build, to_dict
 
 log = logging.getLogger("hfl.launch")
@@ -53,7 +53,11 @@ def _progress(plans: list[PeerPlan], t0: float, rounds: int) -> str:
     accs = [recs[-1].get("global_acc", recs[-1].get("test_acc")) for recs in last if recs]
     accs = [a for a in accs if isinstance(a, (int, float))]
     mean = f" | mean acc {sum(accs) / len(accs):.3f} over {len(accs)}" if accs else ""
-    return f"[{time.monotonic() - t0:6.1f}s] round {done}/{rounds} | {len(plans)} peers in one process{mean}"
+    timed = [r for recs in last for r in recs if isinstance(r.get("round_time_s"), (int, float))]
+    spans = sum(int(r.get("span", 1)) for r in timed)
+    eta = eta_text(sum(r["round_time_s"] for r in timed) / spans if spans else None, rounds - done)
+    return (f"[{time.monotonic() - t0:6.1f}s] round {done}/{rounds}{eta} | {len(plans)} peers in "
+            f"one process{mean}")
 
 
 def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progress: bool = True,

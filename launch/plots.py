@@ -2,7 +2,10 @@
 
 :func:`plot_run` draws one run: a line per peer and the cohort mean (thick), for
 each metric the peers report (accuracy on the shared global test set, on each
-peer's own test split, and the training loss), into ``<run_dir>/plots/``.
+peer's own test split, and the training loss), into ``<run_dir>/plots/``. When
+the peers' architectures differ, the legend names each one's (``p0 (resnet18)``).
+More than :data:`MANY_PEERS` peers are drawn as their mean and a min-max band
+(and each architecture's mean), not a line each.
 :func:`plot_compare` draws several runs' cohort means in one figure (``hfl-report``).
 Optional TensorBoard scalars: :func:`write_tensorboard` when ``tensorboard`` (or
 torch's ``SummaryWriter``) is importable.
@@ -13,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hfl.launch.results import read_metrics
+from hfl.launch.results import read_metrics, read_summary
 
 # (metrics key, axis label, file stem), in the order drawn
 METRICS = [
@@ -21,6 +24,7 @@ METRICS = [
     ("test_acc", "accuracy on the peer's own test split", "test_acc"),
     ("train_loss", "training loss", "train_loss"),
 ]
+MANY_PEERS = 8  # more peers than this: their mean and min-max band, not a line each
 
 
 def per_round(records: list[dict[str, Any]], key: str) -> dict[int, float]:
@@ -48,9 +52,35 @@ def _pyplot():
     return plt
 
 
+def draw_cohort(ax, series: dict[str, dict[int, float]], archs: dict[str, str]) -> None:
+    """Each peer's ``series`` (round -> value) and the cohort mean on ``ax``. ``archs``
+    (peer -> architecture, given when they differ) names each peer's in the legend.
+    Over MANY_PEERS peers: the mean, the band from the lowest to the highest peer in
+    each round, and with ``archs`` each architecture's mean (up to MANY_PEERS of them)."""
+    mean = cohort_mean(list(series.values()))
+    if len(series) <= MANY_PEERS:
+        for pid, s in series.items():
+            label = f"{pid} ({archs[pid]})" if pid in archs else pid
+            ax.plot(list(s), list(s.values()), lw=1, alpha=0.6, label=label)
+    else:
+        rounds = list(mean)
+        lo = [min(s[r] for s in series.values() if r in s) for r in rounds]
+        hi = [max(s[r] for s in series.values() if r in s) for r in rounds]
+        ax.fill_between(rounds, lo, hi, color="grey", alpha=0.3, lw=0,
+                        label=f"min-max of {len(series)} peers")
+        kinds = sorted({archs[pid] for pid in series if pid in archs})
+        for arch in kinds if len(kinds) <= MANY_PEERS else []:  # not a line per random_mlp
+            group = [s for pid, s in series.items() if archs.get(pid) == arch]
+            m = cohort_mean(group)
+            ax.plot(list(m), list(m.values()), lw=1.5, label=f"{arch} mean ({len(group)} peers)")
+    ax.plot(list(mean), list(mean.values()), lw=2.5, color="black", label="cohort mean")
+
+
 def plot_run(run_dir: Path, peers: list[tuple[str, Path]]) -> list[Path]:
     """One PNG per metric some peer reports; returns the files written."""
     records = {pid: read_metrics(d) for pid, d in peers}
+    archs = {pid: str(a) for pid, d in peers if (a := read_summary(d).get("arch"))}
+    archs = archs if len(set(archs.values())) > 1 else {}  # named only where they differ
     out_dir = Path(run_dir) / "plots"
     written = []
     for key, label, stem in METRICS:
@@ -60,10 +90,7 @@ def plot_run(run_dir: Path, peers: list[tuple[str, Path]]) -> list[Path]:
             continue
         plt = _pyplot()
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        for pid, s in series.items():
-            ax.plot(list(s), list(s.values()), lw=1, alpha=0.6, label=pid if len(series) <= 12 else None)
-        mean = cohort_mean(list(series.values()))
-        ax.plot(list(mean), list(mean.values()), lw=2.5, color="black", label="cohort mean")
+        draw_cohort(ax, series, archs)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("round")
         ax.set_ylabel(label)
@@ -117,6 +144,8 @@ def write_tensorboard(run_dir: Path, records: dict[str, list[dict[str, Any]]]) -
     except Exception:  # tensorboard is optional
         return False
     for pid, recs in records.items():
+        if not recs:
+            continue
         writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard" / pid))
         for key, _, _ in METRICS:
             for r, v in sorted(per_round(recs, key).items()):

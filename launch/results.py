@@ -54,14 +54,20 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return read_jsonl(run_dir / "metrics.jsonl")
 
 
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """A peer's ``summary.json`` (written at its end: its algorithm, the model it built,
+    why it ended short), or {} while it runs."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
 def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
     records = read_metrics(run_dir)
-    summary: dict[str, Any] = {}
-    try:  # the model the peer built (a random_mlp says which widths it drew)
-        summary = json.loads((run_dir / "summary.json").read_text())
-        arch = summary.get("arch", arch)
-    except (OSError, ValueError):
-        pass
+    summary = read_summary(run_dir)
+    arch = summary.get("arch", arch)  # the model the peer built (a random_mlp: its widths)
     by_round = {r["round"]: r for r in records}  # a restarted peer may repeat a round
     last = records[-1] if records else {}
     global_accs = [r["global_acc"] for r in records if "global_acc" in r]

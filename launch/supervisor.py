@@ -40,6 +40,8 @@ class PeerProc:
     joined: tuple[int, int] | None = None  # (peers greeted incl. itself, peers needed)
     last_round: int = 0  # last round with a metrics line
     last: dict[str, Any] = field(default_factory=dict)
+    round_s: float = 0.0  # its metrics lines' round_time_s, summed
+    rounds_timed: int = 0  # the rounds those lines cover
     starts: int = 0
     killed_on_purpose: bool = False
     exit_codes: list[int] = field(default_factory=list)
@@ -121,7 +123,8 @@ class Supervisor:
         else:
             env = {**os.environ, **pp.plan.env, "PYTHONUNBUFFERED": "1"}
             pp.proc = subprocess.Popen(
-                [sys.executable, "-m", "hfl.peer.cli", "--config", str(pp.plan.config_path)],
+                [sys.executable, "-m", "hfl.peer.cli", "--config", str(pp.plan.config_path),
+                 "--no-plot"],  # the launcher plots the whole run
                 stdout=pp.log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the peers
             )
@@ -181,6 +184,9 @@ class Supervisor:
                 continue
             pp.last_round = max(pp.last_round, int(rec.get("round", 0)))
             pp.last = rec
+            if isinstance(rec.get("round_time_s"), (int, float)):
+                pp.round_s += rec["round_time_s"]
+                pp.rounds_timed += int(rec.get("span", 1))
 
     def _read_events(self, pp: PeerProc) -> None:
         """Status events the peer wrote (warnings, errors, join progress): problems reach
@@ -258,9 +264,9 @@ class Supervisor:
             self._last_line = content
 
     def _progress_line(self) -> str:
-        """``round 3/20 | p0 r3 acc 0.912 | p1 joining 2/4 | ...``: each peer's last
-        finished round and its accuracy on the shared (global) test set, or on its own
-        test split when there is none."""
+        """``round 3/20, ETA 1m25s | p0 r3 acc 0.912 | p1 joining 2/4 | ...``: each peer's
+        last finished round and its accuracy on the shared (global) test set, or on its
+        own test split when there is none."""
         parts = []
         for pid, pp in self.peers.items():
             state = "" if pp.running or pp.last_round >= self.rounds else " (down)"
@@ -274,7 +280,10 @@ class Supervisor:
             acc_s = f" {label} {acc:.3f}" if isinstance(acc, (int, float)) else ""
             parts.append(f"{pid} r{pp.last_round}{acc_s}{state}")
         done = min(pp.last_round for pp in self.peers.values())
-        return f"[{time.monotonic() - self._t0:6.1f}s] round {done}/{self.rounds} | " + " | ".join(parts)
+        timed = sum(pp.rounds_timed for pp in self.peers.values())
+        mean_s = sum(pp.round_s for pp in self.peers.values()) / timed if timed else None
+        return (f"[{time.monotonic() - self._t0:6.1f}s] round {done}/{self.rounds}"
+                f"{eta_text(mean_s, self.rounds - done)} | " + " | ".join(parts))
 
     # ----------------------------------------------------------------- faults
 
@@ -377,6 +386,16 @@ class Supervisor:
                     # others would only wait out their join timeout. Stop them now.
                     self._say(f"hfl-launch: {pid} failed at start-up; stopping the cohort")
                     self.stop_all()
+
+
+def eta_text(mean_round_s: float | None, rounds_left: int) -> str:
+    """``, ETA 1m25s``: the rounds left at the mean round time so far ("" before the
+    first round ends and after the last)."""
+    if mean_round_s is None or rounds_left <= 0:
+        return ""
+    s = round(mean_round_s * rounds_left)
+    h, m = divmod(s // 60, 60)
+    return f", ETA {h}h{m:02d}m" if h else f", ETA {m}m{s % 60:02d}s" if m else f", ETA {s}s"
 
 
 def _raise_interrupt(signum, frame) -> None:

@@ -105,7 +105,7 @@ def _peer_main(config_path: str, env: dict[str, str], log_path: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     from hfl.peer.cli import main
 
-    sys.exit(main(["--config", config_path]))
+    sys.exit(main(["--config", config_path, "--no-plot"]))  # the launcher plots the whole run
 
 
 class ForkedPeer:

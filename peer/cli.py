@@ -3,11 +3,13 @@
     hfl-peer --config node0.yaml [--set cohort.rounds=50 --set node.device=cuda:0]
 
 Exit status: 0 when the cohort's last round is done, 2 for a bad config, 3 when
-a sharing method ended with fewer than max(2, node.min_peers) peers, or a resumed
-peer found its cohort finished or gone (unless --allow-solo / node.allow_solo),
+a sharing method ended with fewer than max(2, node.min_peers) peers, nobody answered
+at its bootstrap addresses within timing.join_timeout_s, or a resumed peer found
+its cohort finished or gone (unless --allow-solo / node.allow_solo),
 1 for anything else (a port in use, a full or read-only disk, a corrupt
 checkpoint: one ``hfl-peer: <file>: ...`` line). SIGTERM / Ctrl-C stop the peer cleanly (it tells the others it
 is leaving); a checkpoint from the last finished round lets it resume later.
+At the end it draws its metrics into ``<run_dir>/plots/`` as ``hfl-launch`` does.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--allow-solo", action="store_true",
                    help="exit 0 even if this peer ends up sharing with fewer peers than expected "
                         "(same as --set node.allow_solo=true)")
+    p.add_argument("--no-plot", action="store_true",
+                   help="write no plots at the end (hfl-launch plots the whole run itself)")
     return p.parse_args(argv)
 
 
@@ -79,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except CohortTooSmall as err:
         print(f"hfl-peer: {cfg.node.id}: {err}", file=sys.stderr)
+        _plot(cfg, args.no_plot)
         _print_summary(cfg, None)
         return 3
     except RunFileError as err:  # a full or read-only disk, a corrupt checkpoint: one line
@@ -96,14 +101,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hfl-peer: {err.filename}: {os_error_text(err)}", file=sys.stderr)
             return 1
         raise
-    if result is None:  # stopped by a signal
+    if result is None:  # stopped by a signal: the rounds it ran, drawn as the launcher does
+        _plot(cfg, args.no_plot)
         return 130
     if result.rounds_completed == 0 and result.last_round >= cfg.cohort.rounds:
         print(f"hfl-peer: {cfg.node.id}: nothing to run: {cfg.run_dir} already finished round "
               f"{result.last_round}/{cfg.cohort.rounds} (--set node.resume=false starts over); "
               "its results as before:", flush=True)
+    _plot(cfg, args.no_plot)
     _print_summary(cfg, result)
     return 0
+
+
+def _plot(cfg, skip: bool) -> None:
+    """This peer's plots in ``<run_dir>/plots/``, drawn by hfl-launch's code (the CLI is
+    the outermost layer, as the launcher is); a plot never costs the exit status."""
+    if skip:
+        return
+    from pathlib import Path
+
+    try:
+        from hfl.launch.plots import plot_run
+
+        plot_run(Path(cfg.run_dir), [(cfg.node.id, Path(cfg.run_dir))])
+    except Exception as exc:
+        print(f"hfl-peer: no plots ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
 def _print_summary(cfg, result) -> None:
@@ -116,12 +138,17 @@ def _print_summary(cfg, result) -> None:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return
+    if not summary.get("last_round"):  # stopped before round 1 (nobody joined)
+        print(f"hfl-peer: {cfg.node.id} stopped before round 1 of {summary.get('rounds')}; "
+              f"summary in {run_dir / 'summary.json'}", flush=True)
+        return
     final = summary.get("final", {})
     shown = ", ".join(f"{k.replace('_', ' ')} {final[k]:.4f}"
                       for k in ("test_acc", "global_acc", "train_loss") if k in final)
     print(f"hfl-peer: {cfg.node.id} done: round {summary.get('last_round')}/{summary.get('rounds')}"
           f"{', ' + shown if shown else ''}; cohort of up to {summary.get('max_live_peers')} peers; "
-          f"metrics in {run_dir / 'metrics.jsonl'}, summary in {run_dir / 'summary.json'}", flush=True)
+          f"metrics in {run_dir / 'metrics.jsonl'}, summary in {run_dir / 'summary.json'}"
+          f"{', plots in ' + str(run_dir / 'plots') if (run_dir / 'plots').is_dir() else ''}", flush=True)
 
 
 async def _main(cfg) -> None:

@@ -39,6 +39,7 @@ from hfl.peer.membership import Membership, elect
 from hfl.peer.rounds import RoundBuffer, fold_rounds
 from hfl.peer.security import split_bootstrap
 from hfl.peer.seeds import SeedStore
+from hfl.peer.status import nobody_joined
 from hfl.peer.transport import Transport
 from hfl.protocol import (
     PROTOCOL_VERSION,
@@ -71,6 +72,8 @@ class NodeResult:
     dropped: dict[str, int] = field(default_factory=dict)
     #: round -> peers whose heartbeat said they absorbed another aggregate for it
     disagreements: dict[int, list[str]] = field(default_factory=dict)
+    #: why the node stopped before its first round (``stop_if_alone``: nobody joined)
+    stopped_alone: str | None = None
 
 
 class Node:
@@ -100,6 +103,7 @@ class Node:
         allowed_peers: frozenset[str] | None = None,
         quorum: int | None = None,
         evaluate_every: int = 1,
+        stop_if_alone: bool = False,
     ):
         self.id = peer_id
         self.transport = transport
@@ -114,6 +118,10 @@ class Node:
         # Contributors a round's result needs (None: a majority of the members we know).
         self.quorum = quorum
         self.min_peers = min_peers
+        # Wait for one other peer at least (whatever min_peers says) and, if none joined
+        # within timing.join_timeout_s, stop before round 1 instead of training alone.
+        self.stop_if_alone = stop_if_alone
+        self.stopped_alone: str | None = None
         self.incarnation = incarnation
         self.round = start_round
         self.known_members = known_members or []
@@ -186,6 +194,7 @@ class Node:
             metrics=self._metrics,
             dropped=dict(self.dropped),
             disagreements={r: sorted(peers) for r, peers in sorted(self.disagreements.items())},
+            stopped_alone=self.stopped_alone,
         )
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
@@ -603,18 +612,27 @@ class Node:
         """Wait until ``min_peers`` members (ourselves included) completed a handshake.
 
         A peer resuming mid-run needs just one of its old cohort, and stops
-        waiting as soon as everyone it remembers is known to be dead.
+        waiting as soon as everyone it remembers is known to be dead. With
+        ``stop_if_alone``, a first start needs one other peer at least, and
+        sets ``stopped_alone`` (no round runs) when none joined in time.
         """
         mem = self.membership
         resumed = self.round > 1
         need = min(self.min_peers, 2) if resumed else self.min_peers
+        alone_stops = self.stop_if_alone and not resumed
+        if alone_stops:
+            need = max(need, 2)
 
-        def joined() -> bool:
+        def others() -> tuple[list[str], int]:
             greeted = [m.peer_id for m in mem.members.values() if m.status == "alive" and m.greeted]
             # A peer that already said goodbye was in the cohort (fast solo peers
             # can finish before a slow one has greeted them): nothing to wait for.
             departed = sum(1 for m in mem.members.values() if m.status == "left")
             departed += len(mem.reported_left - set(mem.members))
+            return greeted, departed
+
+        def joined() -> bool:
+            greeted, departed = others()
             if 1 + len(greeted) + departed >= need:
                 # Methods that learn on peers' public samples start once they hold them.
                 return self.seeds is None or self.seeds.has_all(greeted)
@@ -629,6 +647,12 @@ class Node:
                 causes = sorted({c for c in (self.transport.dial_failure(a) for a in
                                              [a for _, a in self.bootstrap]
                                              + [m.address for m in mem.members.values()]) if c})
+                greeted, departed = others()
+                if alone_stops and not greeted and not departed:
+                    self.stopped_alone = nobody_joined(
+                        self.cohort.algorithm, [a for _, a in self.bootstrap],
+                        self.timing.join_timeout_s, causes, refused=self.dropped["refused"] > 0)
+                    return
                 log.warning("%s: only %d of %d peers joined within %.0fs; starting anyway%s",
                             self.id, len(mem.live_view()), need, self.timing.join_timeout_s,
                             "".join(f"; {c}" for c in causes))
@@ -638,6 +662,8 @@ class Node:
 
     async def _run_rounds(self) -> None:
         await self._join()
+        if self.stopped_alone:
+            return
         while self.round <= self.cohort.rounds:
             target = catch_up_round(self.alg.mode, self.round, self.membership.max_live_round(),
                                     self.cohort.rounds)

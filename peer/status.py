@@ -10,6 +10,9 @@
 * :func:`cohort_shortfall`: a sharing method that ended with fewer peers than it
   was told to expect (``node.min_peers``, at least 2) is an error unless the
   user allowed it (``node.allow_solo`` / ``--allow-solo``).
+* :func:`nobody_joined`: why a sharing peer with bootstrap addresses stopped
+  before its first round (nobody joined within ``timing.join_timeout_s``)
+  instead of training every round alone only to fail at the end.
 """
 
 from __future__ import annotations
@@ -143,9 +146,10 @@ def _greeted(node) -> list[str]:
 
 
 async def watch_join(node, bootstrap: tuple[str, ...], need: int, join_timeout_s: float,
-                     events: Path | None, poll_s: float = 0.25) -> None:
+                     events: Path | None, poll_s: float = 0.25, alone_stops: bool = False) -> None:
     """Until the first round ends: report join progress and warn early when the
-    cohort does not come together. Cancelled by the caller."""
+    cohort does not come together (``alone_stops``: the peer stops at the join
+    timeout if nobody joined). Cancelled by the caller."""
     started = time.monotonic()
     last: tuple[int, int] | None = None
     warned_bootstrap = warned_join = False
@@ -171,10 +175,12 @@ async def watch_join(node, bootstrap: tuple[str, ...], need: int, join_timeout_s
                         node.id, ", ".join(bootstrap), waited, join_timeout_s)
         if 1 < need and joined < need and not warned_join and waited >= JOIN_WARN_S:
             warned_join = True
+            then = ("stopping if nobody joined (--allow-solo trains alone)"
+                    if alone_stops and joined == 1 else "training with whoever is there")
             log.warning("%s: only %d of %d peers joined after %.0fs (%s); waiting until "
-                        "timing.join_timeout_s=%.0fs, then training with whoever is there",
+                        "timing.join_timeout_s=%.0fs, then %s",
                         node.id, joined, need, waited, ", ".join([node.id, *_greeted(node)]),
-                        join_timeout_s)
+                        join_timeout_s, then)
 
 
 def cohort_shortfall(mode: str, min_peers: int, metrics: list[dict[str, Any]]) -> str | None:
@@ -202,3 +208,15 @@ def cohort_shortfall(mode: str, min_peers: int, metrics: list[dict[str, Any]]) -
             f"{'this peer trained alone' if seen == 1 else 'the cohort was incomplete'}; "
             "look for refused handshakes or unreachable addresses above, or allow it with "
             "node.allow_solo: true (--allow-solo)")
+
+
+def nobody_joined(algorithm: str, bootstrap: list[str], join_timeout_s: float,
+                  causes: list[str], refused: bool = False) -> str:
+    """Why a sharing peer stopped before its first round: no other peer joined."""
+    fix = ("a peer refused our hello (the reason is logged above): make the configs agree"
+           if refused else "check that a peer listens there (address, port, firewall) or give "
+           "it longer (timing.join_timeout_s)")
+    return (f"no other peer joined within timing.join_timeout_s={join_timeout_s:g}s "
+            f"(bootstrap {', '.join(bootstrap)}{''.join(f'; {c}' for c in causes)}); {algorithm} "
+            f"shares with peers, so this peer stops instead of training every round alone: "
+            f"{fix}; to train alone anyway, pass --allow-solo (node.allow_solo: true)")

@@ -102,24 +102,29 @@ def test_an_interrupted_launch_resumes_on_its_ports_as_one_cohort_and_a_rerun_is
     assert changed.returncode == 2 and "defaults.train.lr" in changed.stderr
 
 
-def test_peers_that_refuse_each_other_fail_the_launch_and_say_why(tmp_path):
+def test_peers_that_refuse_each_other_are_refused_by_the_launcher_and_say_why_alone(tmp_path):
     run = tmp_path / "run"
     path = experiment(tmp_path, rounds=2, timing={"join_timeout_s": 3},
                       peer_overrides={"p1": {"cohort": {"num_classes": 12}}})
+    # The launcher sees that p1's hello would be refused: it says so before starting
+    # anyone (issue 18: this cost a full join timeout), naming the field and the peers.
     proc = launch(path)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    # On the console, not only in peer.log: the refusal and its reason ...
-    assert "num_classes differs" in proc.stderr
-    # ... and that both ended without their cohort; the table marks the rows.
-    assert "p0 finished without its cohort" in proc.stderr
-    assert "p1 finished without its cohort" in proc.stderr
-    assert "shared with fewer peers than expected" in (run / "results.md").read_text()
-    rows = {r["peer"]: r for r in json.loads((run / "results.json").read_text())["peers"]}
-    assert rows["p0"]["short"] and rows["p1"]["short"]
-    # The user may opt in: the same run with --allow-solo exits 0, rows still marked.
-    ok = launch(path, "--fresh", "--allow-solo")
-    assert ok.returncode == 0, ok.stderr
-    assert "shared with fewer peers than expected" in ok.stdout
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "cohort.num_classes: peers disagree (p0 10, p1 12)" in proc.stderr
+    assert not (run / "launch.json").exists() and not (run / "p0").exists()
+    # Organisations starting their own peers with these configs: each refusal is named
+    # on the console with its reason, and neither ends as if it had been federated.
+    procs = {pid: subprocess.Popen(
+        [sys.executable, "-m", "hfl.peer.cli", "--config", str(run / "peers" / f"{pid}.yaml"),
+         "--set", "node.min_peers=2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for pid in ("p0", "p1")}
+    out = {pid: p.communicate(timeout=120) for pid, p in procs.items()}
+    codes = {pid: p.returncode for pid, p in procs.items()}
+    assert codes == {"p0": 3, "p1": 3}, out
+    assert "num_classes differs" in out["p1"][1]  # p0's reply to p1's hello, on p1's console
+    assert "hello from p1: num_classes differs" in out["p0"][1]
+    summary = json.loads((run / "p1" / "summary.json").read_text())
+    assert summary["cohort_shortfall"]
 
 
 @pytest.mark.parametrize("start", ["forkserver", "process"])
@@ -170,17 +175,19 @@ def test_hfl_peer_on_a_port_in_use_says_so_in_one_line(tmp_path):
 
 
 def test_hfl_peer_with_nobody_at_the_bootstrap_address_warns_early_and_fails(tmp_path):
+    # The default min_peers (1): before issue 18 it trained every round alone, then exited 3.
     nowhere = f"tcp://127.0.0.1:{free_tcp_port()}"  # a port nobody listens on
     proc = subprocess.run(
         [sys.executable, "-m", "hfl.peer.cli", "--config",
-         str(peer_config(tmp_path, bootstrap=[nowhere], min_peers=2))],
+         str(peer_config(tmp_path, bootstrap=[nowhere]))],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr
     assert f"no answer from {nowhere} after 5s" in proc.stderr
-    assert "only 1 of 2 peers joined" in proc.stderr
-    assert "this peer trained alone" in proc.stderr
-    # Its summary and where the results are, on stdout.
-    assert f"metrics in {tmp_path / 'a' / 'metrics.jsonl'}" in proc.stdout
+    assert f"no other peer joined within timing.join_timeout_s=6s (bootstrap {nowhere}" in proc.stderr
+    assert "--allow-solo" in proc.stderr
+    assert not (tmp_path / "a" / "metrics.jsonl").exists()  # it stopped before round 1
+    # Its summary and where it is, on stdout.
+    assert f"summary in {tmp_path / 'a' / 'summary.json'}" in proc.stdout
 
 
 def test_a_forked_peer_writes_its_log_and_returns_its_exit_status(tmp_path):

@@ -530,3 +530,41 @@ def test_evaluate_every_writes_a_line_and_a_checkpoint_every_n_rounds_and_after_
         assert row["mean_round_s"] == pytest.approx(sum(r["round_time_s"] for r in lines) / 10)
         assert load_checkpoint(run_dir)["round"] == 10
         assert [r for name, r in saved if name == cfg.node.id] == [4, 8, 10]
+
+
+def test_hfl_peer_writes_its_plots_and_hfl_report_names_its_algorithm(tmp_path, capsys, monkeypatch):
+    """Issue 18.9: hfl-peer wrote no plots, and hfl-report on run directories of
+    hfl-peer (three organisations each sending theirs) showed `algorithm ?`."""
+    import shutil
+    import sys
+
+    from hfl.launch.report import main as report
+
+    config, run_dir = write_config(tmp_path, rounds=2)
+    assert cli.main(["--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    plots = run_dir / "plots"
+    assert sorted(p.name for p in plots.iterdir()) == ["global_acc.png", "test_acc.png", "train_loss.png"]
+    assert f"plots in {plots}" in out
+    assert json.loads((run_dir / "summary.json").read_text())["algorithm"] == "solo"
+
+    orgs = [tmp_path / "org-a", tmp_path / "org-b", tmp_path / "org-c"]
+    for org in orgs:
+        shutil.copytree(run_dir, org)
+    assert report([*map(str, orgs), "--no-plot"]) == 0
+    table = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:]]
+    data = json.loads((run_dir / "summary.json").read_text())["data"]
+    assert data.startswith("digits, ")  # the data and its split, for like-for-like tables
+    assert [tuple(c[i].strip() for i in range(5)) for c in table] == [
+        (org.name, "solo", data, "1", "2") for org in orgs]
+    assert all("?" not in "".join(c) and " - " not in "|".join(c) for c in table)
+
+    # Without matplotlib: a line saying so, as hfl-launch does; the run still succeeds.
+    shutil.rmtree(plots)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert cli.main(["--config", str(config), "--set", "cohort.rounds=3"]) == 0
+    assert "hfl-peer: no plots (" in capsys.readouterr().err and not plots.exists()
+    monkeypatch.undo()
+    # hfl-launch plots the whole run itself: its peers are started with --no-plot.
+    assert cli.main(["--config", str(config), "--set", "cohort.rounds=4", "--no-plot"]) == 0
+    assert not plots.exists()
