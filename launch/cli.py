@@ -167,7 +167,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                     "(is that run still stopping, or another program on them?); retry shortly, or "
                     "--fresh to start over on new ports"
                 )
-        plans = expand(exp, ports=decision.ports)
+        plans = expand(exp, ports=decision.ports, resume=decision.action == "resume")
         if args.in_process and exp.faults:
             raise ConfigError("faults", "process faults need a process per peer; drop "
                                         "--in-process or the faults")
@@ -244,15 +244,17 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
 def check_plans(plans, deep: bool) -> None:
     """Every peer's algorithm options, architecture and data files (``deep``: also open
     its data and build its model, as the peer will). Raises ConfigError naming the peer."""
-    from hfl.peer.check import check_options, check_peer
+    from hfl.peer.check import check_options, check_peer, disagreement, handshake_terms
 
     seen: set[str] = set()
+    terms: dict[str, dict] = {}
     for p in plans:
         cfg = p.config
         try:
             if deep:
-                check_peer(cfg)
+                check_peer(cfg, terms.setdefault(p.id, {}))
             else:
+                terms[p.id] = handshake_terms(cfg)
                 key = repr((cfg.cohort, cfg.algorithm, cfg.model.arch, cfg.data.dataset, cfg.data.path))
                 if key not in seen:
                     seen.add(key)
@@ -263,6 +265,27 @@ def check_plans(plans, deep: bool) -> None:
             if isinstance(err, ConfigError):
                 raise err.with_source(f"peer {p.id}") from None
             raise
+    _resolve_num_classes(plans, terms)
+    problem = disagreement(terms)  # what every peer's hello would refuse, at once
+    if problem is not None:
+        raise problem
+
+
+def _resolve_num_classes(plans, terms: dict[str, dict]) -> None:
+    """Where some peers set cohort.num_classes and others take it from their data, read
+    the data of the others (once per data config) so a mismatch is found now."""
+    field = "cohort.num_classes"
+    if all(t.get(field) is None for t in terms.values()) or all(t.get(field) for t in terms.values()):
+        return
+    from hfl.peer.factory import load_peer_data
+
+    known: dict[str, int] = {}
+    for p in plans:
+        if terms[p.id].get(field) is None:
+            key = repr(p.config.data)
+            if key not in known:
+                known[key] = load_peer_data(p.config.data).num_classes
+            terms[p.id][field] = known[key]
 
 
 if __name__ == "__main__":

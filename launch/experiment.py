@@ -30,7 +30,14 @@ from typing import Any, Literal
 import yaml
 
 from hfl.peer.config import ID_PATTERN, PeerConfig
-from hfl.peer.configtools import ConfigError, apply_overrides, build, load_yaml, to_dict
+from hfl.peer.configtools import (
+    ConfigError,
+    apply_overrides,
+    build,
+    config_differences,
+    load_yaml,
+    to_dict,
+)
 
 
 @dataclass(frozen=True)
@@ -172,8 +179,31 @@ class PeerPlan:
     env: dict[str, str]
 
 
-def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int] | None = None) -> list[PeerPlan]:
-    """Per-peer configs, validated, written under ``<run_dir>/peers/``."""
+#: What rebuilds a peer's model from its config: a resumed peer's checkpoint holds
+#: weights of that shape, so none of these may change on resume.
+MODEL_FIELDS = ("model", "cohort.num_classes", "data.dataset", "data.features")
+
+
+def model_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``field: old -> new`` for each of :data:`MODEL_FIELDS` that differs."""
+    def pick(cfg: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for dotted in MODEL_FIELDS:
+            section, _, key = dotted.partition(".")
+            value = cfg.get(section, {})
+            out[dotted] = value.get(key, "<unset>") if key else value
+        return out
+
+    return config_differences(pick(old), pick(new))
+
+
+def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int] | None = None,
+           resume: bool = False) -> list[PeerPlan]:
+    """Per-peer configs, validated, written under ``<run_dir>/peers/``.
+
+    With ``resume``, a peer whose model would change (:data:`MODEL_FIELDS`) against the
+    config it was launched with is refused before any file is written: its checkpoint
+    holds the old model's weights."""
     ids = exp.peer_ids()
     run_dir = exp.resolved_run_dir
     gpus = detect_gpus(exp.devices) if gpus is None else gpus
@@ -222,10 +252,27 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
             cfg = build(PeerConfig, data)
         except ConfigError as err:  # defaults + this peer's overrides, as expanded
             raise err.with_source(f"peer {pid}") from None
-        path = run_dir / "peers" / f"{pid}.yaml"
-        path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        plans.append(PeerPlan(pid, i, cfg, path, env))
+        plans.append(PeerPlan(pid, i, cfg, run_dir / "peers" / f"{pid}.yaml", env))
+    if resume:
+        _refuse_model_changes(plans)
+    for plan in plans:
+        plan.config_path.write_text(yaml.safe_dump(to_dict(plan.config), sort_keys=False))
     return plans
+
+
+def _refuse_model_changes(plans: list[PeerPlan]) -> None:
+    for plan in plans:
+        try:
+            old = yaml.safe_load(plan.config_path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue  # no record of the old config: the peer itself checks its checkpoint
+        changed = model_changes(old, to_dict(plan.config))
+        if changed:
+            raise ConfigError(
+                changed[0].split(":")[0],
+                f"peer {plan.id}'s checkpoint holds the model it was launched with, and resuming "
+                f"would change it ({'; '.join(changed)}); a model cannot change on --resume: "
+                "use --fresh or another --run-dir")
 
 
 def aggregator_of(ids: list[str], round: int) -> str:

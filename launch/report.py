@@ -9,8 +9,9 @@ accuracy, the best round's mean test accuracy, the mean running time, traffic,
 and how many peers shared with fewer peers than expected. The plots draw each
 run's cohort mean over rounds (``<out>_global_acc.png``, ``<out>_test_acc.png``,
 ``<out>_train_loss.png``). A run of ``hfl-launch --seeds`` (its ``seed<S>``
-folders) is one row of mean ± std over its seeds. Only the metrics files are
-read: runs can be compared while they run, and from another machine's copy.
+folders) is one row of mean ± std over its seeds. Only the peers' files are
+read (metrics; the algorithm from their summaries, or the configs hfl-launch
+wrote): runs can be compared while they run, and from another machine's copy.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hfl.launch.results import _fmt, cohort_row, mean_std, read_metrics, seed_dirs
+from hfl.launch.results import _fmt, cohort_row, mean_std, read_metrics, read_summary, seed_dirs
 
 COLUMNS = [
     ("run", "run", "{}"),
     ("algorithm", "algorithm", "{}"),
+    ("data", "data", "{}"),
     ("peers", "peers", "{}"),
     ("rounds", "rounds", "{:g}"),
     ("sel_acc", "ACC", "{:.4f}"),  # multi-domain runs (FedH2L's protocol) only
@@ -49,17 +51,35 @@ def peer_dirs(run_dir: Path) -> list[tuple[str, Path]]:
     return [(d.name, d) for d in sorted(run_dir.iterdir()) if (d / "metrics.jsonl").exists()]
 
 
-def _algorithm(run_dir: Path, peers: list[tuple[str, Path]]) -> str:
+def _from_peers(run_dir: Path, peers: list[tuple[str, Path]], key: str, from_config) -> str:
+    """``key`` of the peers' summaries (every peer, ``hfl-peer`` alone too, writes its
+    summary at its end), else ``from_config`` of the configs ``hfl-launch`` wrote."""
     import yaml
 
+    found = sorted({str(s[key]) for s in (read_summary(d) for _, d in peers) if s.get(key)})
+    if found:
+        return "; ".join(found)
     candidates = [d.parent / "peers" / f"{pid}.yaml" for pid, d in peers]
     candidates += [run_dir.parent / "peers" / f"{run_dir.name}.yaml"]  # one peer of a launch
     for path in candidates:
         try:
-            return yaml.safe_load(path.read_text())["cohort"]["algorithm"]
-        except (OSError, KeyError, TypeError, ValueError):
+            return from_config(yaml.safe_load(path.read_text()))
+        except (OSError, KeyError, TypeError, ValueError, AttributeError):
             continue
     return "?"
+
+
+def _algorithm(run_dir: Path, peers: list[tuple[str, Path]]) -> str:
+    return _from_peers(run_dir, peers, "algorithm", lambda cfg: cfg["cohort"]["algorithm"])
+
+
+def _data(run_dir: Path, peers: list[tuple[str, Path]]) -> str:
+    from hfl.peer.config import PeerConfig
+    from hfl.peer.configtools import build
+    from hfl.peer.runner import data_description
+
+    return _from_peers(run_dir, peers, "data",
+                       lambda cfg: data_description(build(PeerConfig, cfg).data))
 
 
 def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
@@ -70,6 +90,7 @@ def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
     per_run = [cohort_row(d, peer_dirs(d)) for d in runs]
     peers = peer_dirs(runs[0])
     row: dict[str, Any] = {"run": label or str(run_dir), "algorithm": _algorithm(runs[0], peers),
+                           "data": _data(runs[0], peers),
                            "peers": len(peers), "short": sum(r.get("short", 0) for r in per_run)}
     for key in SEED_AVERAGED:
         values = [r.get(key, math.nan) for r in per_run]
@@ -108,6 +129,17 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join([line(header), sep, *(line(b) for b in body)])
 
 
+def unlike_runs(rows: list[dict[str, Any]]) -> str | None:
+    """What differs between the compared runs besides the method (data, split, cohort
+    size), so that a table of unlike runs says so; None when they compare like for like."""
+    differ = [what for what in ("data", "peers") if len({str(r.get(what)) for r in rows}) > 1]
+    if not differ:
+        return None
+    each = "; ".join(r["run"] + ": " + ", ".join(str(r.get(w)) for w in differ) for r in rows)
+    return (f"these runs differ in {' and '.join(differ)} ({each}): their accuracies are not "
+            "a like-for-like comparison of the methods")
+
+
 def labels(run_dirs: list[Path]) -> list[str]:
     """Short unique labels: the folder names, or the full paths when two coincide."""
     names = [d.name for d in run_dirs]
@@ -139,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if any(r["short"] for r in rows):
         print("short peers: shared with fewer peers than expected (see hfl-launch --allow-solo)")
+    unlike = unlike_runs(rows)
+    if unlike:
+        print(f"note: {unlike}")
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
     if not args.no_plot:

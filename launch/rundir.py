@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hfl.peer.configtools import config_differences
+
 RECORD_NAME = "launch.json"
 KEPT_LOGS = 3
 # Fields that do not change what the run computes: a new value is not "another experiment".
@@ -79,24 +81,9 @@ def set_state(run_dir: Path, state: str, **extra: Any) -> None:
                         if k not in ("experiment", "ports", "state", "pid", "updated")}, **extra)
 
 
-def differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Dotted keys whose values differ, with both values (NEUTRAL_KEYS ignored at the top)."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        if not prefix and key in NEUTRAL_KEYS:
-            continue
-        a, b = old.get(key, "<unset>"), new.get(key, "<unset>")
-        path = f"{prefix}{key}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, path + ".")
-        elif a != b:
-            out.append(f"{path}: {_short(a)} -> {_short(b)}")
-    return out
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return config_differences(old, new, ignore=NEUTRAL_KEYS)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -67,18 +67,56 @@ def _data_files(cfg: PeerConfig) -> list[tuple[str, str, str]]:
     return out
 
 
-def check_peer(cfg: PeerConfig) -> str:
-    """Build this peer as ``hfl-peer`` would, without the network; a one-line description."""
+def check_peer(cfg: PeerConfig, terms: dict | None = None) -> str:
+    """Build this peer as ``hfl-peer`` would, without the network; a one-line description.
+    ``terms``, if given, receives its :func:`handshake_terms` as built."""
     check_options(cfg)
     from hfl.models import count_parameters
     from hfl.peer.factory import build_algorithm, load_peer_data
 
     data = load_peer_data(cfg.data)
     alg, num_classes = build_algorithm(cfg, data)
+    if terms is not None:
+        terms.update(handshake_terms(cfg, num_classes, alg.handshake_info()))
     return (f"{cfg.node.id}: {cfg.data.dataset} {len(data.train)} training / {len(data.test)} test "
             f"samples of shape {tuple(data.train.input_shape)}, {num_classes} classes; "
             f"{getattr(alg.model, 'arch', cfg.model.arch)} with {count_parameters(alg.model):,} "
             f"parameters; {cfg.cohort.algorithm}")
+
+
+def handshake_terms(cfg: PeerConfig, num_classes: int | None = None,
+                    handshake: dict | None = None) -> dict[str, object]:
+    """What a peer's hello must agree on with every other's (peer.node._incompatibility),
+    by config field, plus the security mode; known without data unless ``num_classes``
+    and ``handshake`` (the algorithm's dimensions) come from a built peer."""
+    from hfl.peer.status import data_split_fingerprint
+
+    terms: dict[str, object] = {
+        "cohort.name": cfg.cohort.name, "cohort.algorithm": cfg.cohort.algorithm,
+        "cohort.rounds": cfg.cohort.rounds, "security.mode": "curve" if cfg.secured else "none",
+        "data (partition, num_partitions, alpha, seed, test split)":
+            data_split_fingerprint(cfg.data).get("data_split"),
+        "cohort.num_classes": num_classes if num_classes is not None else cfg.cohort.num_classes,
+    }
+    for key, value in sorted((handshake or {}).items()):
+        terms[f"model/algorithm dimension {key}"] = value
+    return terms
+
+
+def disagreement(terms: dict[str, dict[str, object]]) -> ConfigError | None:
+    """The first field on which peers (id -> :func:`handshake_terms`) disagree, as the
+    error a launcher raises before anything runs: such peers would refuse each
+    other's hello only after ``timing.join_timeout_s``. Unset values agree with all."""
+    fields = dict.fromkeys(f for t in terms.values() for f in t)
+    for field in fields:
+        values = {pid: t.get(field) for pid, t in terms.items() if t.get(field) is not None}
+        if len(set(map(repr, values.values()))) > 1:
+            shown = ", ".join(f"{pid} {v!r}" for pid, v in list(values.items())[:6])
+            return ConfigError(field.split(" (")[0], (
+                f"peers disagree ({shown}): a peer refuses the hello of one that differs, so "
+                "the cohort would never form; make it equal for every peer (check the peer "
+                "overrides)"))
+    return None
 
 
 def input_scale_warning(x, standardized: bool, dataset: str) -> str | None:

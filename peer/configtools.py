@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import json
 import operator
 import re
 import types
@@ -552,3 +553,26 @@ def _type_name(tp: Any) -> str:
         inner = ", ".join("..." if a is Ellipsis else _type_name(a) for a in args)
         return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
     return getattr(tp, "__name__", repr(tp))
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "",
+                       ignore: tuple[str, ...] = ()) -> list[str]:
+    """``dotted.key: old -> new`` for each value that differs (nested dicts walked;
+    top-level keys in ``ignore`` skipped); values shortened to one line."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if not prefix and key in ignore:
+            continue
+        a, b = old.get(key, "<unset>"), new.get(key, "<unset>")
+        path = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, path + ".")
+        elif a != b:
+            out.append(f"{path}: {_short(a)} -> {_short(b)}")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+

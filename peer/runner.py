@@ -27,6 +27,7 @@ from hfl.peer.checkpoint import (
     write_atomic,
 )
 from hfl.peer.config import PeerConfig
+from hfl.peer.configtools import ConfigError, config_differences
 from hfl.peer.node import Node, NodeResult
 from hfl.peer.seeds import SeedStore
 from hfl.peer.status import (
@@ -62,6 +63,31 @@ class MetricsWriter:
         shown = " ".join(f"{k}={record[k]:.4f}" for k in _SHOWN if k in record)
         log.info("%s round %d/%d %s round_time=%.2fs sent=%dB", record["peer"], record["round"],
                  self.rounds, shown, record["round_time_s"], record["bytes_sent"])
+
+
+def data_description(data) -> str:
+    """``digits, dirichlet α=0.5 over 4`` (a peer's ``data`` section, for tables): what
+    must be equal for two runs' accuracies to compare."""
+    split = data.partition
+    if data.partition == "dirichlet":
+        split += f" α={data.alpha:g}"
+    if data.partition != "none":
+        split += f" over {data.num_partitions}"
+    return f"{data.dataset}, {split}"
+
+
+def _model_changed(cfg: PeerConfig, run_dir: Path, what: str) -> ConfigError:
+    return ConfigError("model", f"the checkpoint in {run_dir} holds another model than this "
+                                f"config builds ({what}); a model cannot change on resume: "
+                                "node.resume: false (hfl-launch --fresh) starts over, or use "
+                                "another node.run_dir")
+
+
+def _check_same_model(cfg: PeerConfig, run_dir: Path, saved: dict[str, Any] | None,
+                      spec: dict[str, Any]) -> None:
+    """Refuse to resume a checkpoint of another model (architecture, sizes, classes)."""
+    if saved is not None and saved != spec:
+        raise _model_changed(cfg, run_dir, "; ".join(config_differences(saved, spec)) or "it differs")
 
 
 def _save(run_dir: Path, r: int, node: Node, model: dict[str, Any] | None) -> None:
@@ -209,8 +235,9 @@ async def run_peer(
     """Build this peer from ``cfg`` and run it to the cohort's last round.
 
     Raises :class:`~hfl.peer.status.CohortTooSmall` (after writing the summary) when
-    a sharing method ended below ``max(2, node.min_peers)`` peers and
-    ``node.allow_solo`` is off."""
+    a sharing method ended below ``max(2, node.min_peers)`` peers, or stopped before
+    its first round because nobody answered at its bootstrap addresses
+    (:func:`~hfl.peer.status.nobody_joined`), and ``node.allow_solo`` is off."""
     run_dir = Path(cfg.run_dir)
     make_run_dir(run_dir)
     started = time.time()
@@ -275,8 +302,14 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
             raise file_error(metrics_path, exc) from exc
 
     algorithm, num_classes = build_algorithm(cfg)
+    spec = model_spec(cfg, algorithm.model.input_shape, num_classes)
     if state is not None:
-        algorithm.load_state_dict(state["algorithm"])
+        _check_same_model(cfg, run_dir, state.get("model"), spec)
+        try:
+            algorithm.load_state_dict(state["algorithm"])
+        except RuntimeError as exc:  # a checkpoint older than its model description
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            raise _model_changed(cfg, run_dir, (lines[1:] or lines or ["?"])[0][:200]) from None
         torch.set_rng_state(state["torch_rng"])
         log.info("%s: resumed from checkpoint after round %d (incarnation %d)",
                  cfg.node.id, resumed_after, incarnation)
@@ -302,7 +335,13 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
                  cfg.data.partition, cfg.data.num_partitions, cfg.data.seed)
     recorder = RoundRecorder(run_dir, cfg, algorithm.mode, resumed_after, cfg.node.checkpoint,
                              remembered=len([p for p, _ in members if p != cfg.node.id]),
-                             model=model_spec(cfg, algorithm.model.input_shape, num_classes))
+                             model=spec)
+    # A sharing peer told where its cohort is (bootstrap) waits for one other peer even
+    # with min_peers 1, and stops (exit 3) if none joined within timing.join_timeout_s,
+    # instead of training every round alone only to fail at the end. The first peer of a
+    # cohort (no bootstrap: the others dial it) and a resumed one (RoundRecorder) do not.
+    stop_if_alone = (algorithm.mode != "local" and not cfg.node.allow_solo
+                     and bool(cfg.node.bootstrap) and resumed_after is None)
     node = Node(
         peer_id=cfg.node.id, transport=transport, algorithm=algorithm, cohort=cfg.cohort,
         num_classes=num_classes, timing=cfg.timing, bootstrap=cfg.node.bootstrap,
@@ -311,11 +350,14 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         clock=clock, seed=cfg.node.seed, fault=cfg.fault, advertise=cfg.node.advertise,
         seeds=seeds, shared=shared, allowed_peers=frozenset(identity.allowed) if identity else None,
         quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
+        stop_if_alone=stop_if_alone,
     )
     recorder.node = node
+    need = cfg.node.min_peers if start_round == 1 else min(cfg.node.min_peers, 2)
     watcher = asyncio.create_task(watch_join(
-        node, cfg.node.bootstrap, cfg.node.min_peers if start_round == 1 else min(cfg.node.min_peers, 2),
-        cfg.timing.join_timeout_s, run_dir / EVENTS_NAME if hub is None else None), name="watch_join")
+        node, cfg.node.bootstrap, max(need, 2) if stop_if_alone else need,
+        cfg.timing.join_timeout_s, run_dir / EVENTS_NAME if hub is None else None,
+        alone_stops=stop_if_alone), name="watch_join")
     try:
         result = await node.run()
     finally:
@@ -325,17 +367,18 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     # Every round this peer recorded, over all its lives: a peer restarted for the last
     # rounds is judged on its whole run, not on the rounds since its restart.
     history = {int(r["round"]): r for r in read_jsonl(run_dir / METRICS_NAME) if "round" in r}
-    shortfall = cohort_shortfall(algorithm.mode, cfg.node.min_peers,
-                                 [history[k] for k in sorted(history)] or result.metrics)
+    shortfall = result.stopped_alone or cohort_shortfall(
+        algorithm.mode, cfg.node.min_peers, [history[k] for k in sorted(history)] or result.metrics)
     last = result.metrics[-1] if result.metrics else {}
     summary = {
-        "peer": cfg.node.id, "arch": getattr(algorithm.model, "arch", cfg.model.arch),
+        "peer": cfg.node.id, "algorithm": cfg.cohort.algorithm, "data": data_description(cfg.data),
+        "arch": getattr(algorithm.model, "arch", cfg.model.arch),
         "incarnation": incarnation, "rounds": cfg.cohort.rounds,
         "last_round": result.last_round, "rounds_completed_this_run": result.rounds_completed,
         "wall_time_s": time.time() - started, "cpu_time_s": time.process_time(),
         "dropped": result.dropped,
         "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
-        "max_live_peers": max((int(r.get("live_peers", 1)) for r in result.metrics), default=None),
+        "max_live_peers": max((int(r.get("live_peers", 1)) for r in result.metrics), default=1),
         "min_peers": cfg.node.min_peers, "cohort_shortfall": shortfall,
     }
     write_atomic(run_dir / SUMMARY_NAME, json.dumps(summary, indent=2, default=float).encode())

@@ -351,6 +351,78 @@ def test_every_run_gets_plots_of_each_peer_and_the_cohort_mean(tmp_path):
                for p in written)
 
 
+def test_plot_legends_name_differing_architectures_and_many_peers_get_a_band(tmp_path, monkeypatch):
+    """Issue 18.10: a heterogeneous cohort's legend says each peer's architecture (from
+    its summary); more than MANY_PEERS peers are their mean and a min-max band (and each
+    architecture's mean) instead of a line each."""
+    from matplotlib.figure import Figure
+
+    from hfl.launch import plots
+
+    drawn = []
+    real = plots.draw_cohort
+    monkeypatch.setattr(plots, "draw_cohort", lambda ax, series, archs: (
+        drawn.append((ax, dict(series), dict(archs))), real(ax, series, archs)))
+
+    def run(n, archs):
+        run_dir = tmp_path / f"run{n}"
+        for i in range(n):
+            d = run_dir / f"p{i}"
+            _write_metrics(d, [{"round": r, "global_acc": 0.1 * i + 0.01 * r} for r in (1, 2)])
+            (d / "summary.json").write_text(json.dumps({"arch": archs[i % len(archs)]}))
+        drawn.clear()
+        plots.plot_run(run_dir, [(f"p{i}", run_dir / f"p{i}") for i in range(n)])
+        return drawn[0]
+
+    def labels(ax):
+        return [a.get_label() for a in (*ax.get_lines(), *ax.collections)]
+
+    # Two architectures: named; one: not (the legend says only the peer).
+    assert run(2, ["resnet18", "mlp"])[2] == {"p0": "resnet18", "p1": "mlp"}
+    ax = Figure().subplots()
+    plots.draw_cohort(ax, {"p0": {1: 0.5}, "p1": {1: 0.7}}, {"p0": "resnet18", "p1": "mlp"})
+    assert labels(ax) == ["p0 (resnet18)", "p1 (mlp)", "cohort mean"]
+    assert run(2, ["mlp"])[2] == {}
+
+    # Twelve peers of two architectures: no line per peer, a band from the lowest to the
+    # highest peer in each round, each architecture's mean and the cohort's.
+    ax, series, archs = run(12, ["resnet18", "mlp"])
+    ax = Figure().subplots()
+    plots.draw_cohort(ax, series, archs)
+    assert labels(ax) == ["mlp mean (6 peers)", "resnet18 mean (6 peers)", "cohort mean",
+                          "min-max of 12 peers"]
+    (band,) = ax.collections
+    ys = {x: {round(y, 6) for x2, y in band.get_paths()[0].vertices if x2 == x} for x in (1, 2)}
+    for r in (1, 2):
+        vals = [s[r] for s in series.values()]
+        assert {round(min(vals), 6), round(max(vals), 6)} <= ys[r]
+    mean = next(line for line in ax.get_lines() if line.get_label() == "cohort mean")
+    assert list(mean.get_ydata()) == pytest.approx([sum(s[r] for s in series.values()) / 12
+                                                    for r in (1, 2)])
+
+
+def test_the_progress_line_shows_an_eta(tmp_path):
+    from hfl.launch.experiment import ExperimentConfig, expand
+    from hfl.launch.inprocess import _progress
+    from hfl.launch.supervisor import Supervisor, eta_text
+    from hfl.peer.configtools import build
+
+    assert eta_text(None, 5) == "" and eta_text(2.0, 0) == ""  # before round 1, after the last
+    assert [eta_text(s, 2) for s in (4.2, 61.0, 1900.0)] == [", ETA 8s", ", ETA 2m02s", ", ETA 1h03m"]
+    exp = build(ExperimentConfig, {"name": "t", "peers": 2, "run_dir": str(tmp_path / "run"),
+                                   "defaults": {"cohort": {"rounds": 10}}})
+    plans = expand(exp, gpus=[], ports=[7000, 7001])
+    sup = Supervisor(exp, plans, out=io.StringIO())
+    assert "round 0/10 |" in sup._progress_line()
+    for pid, times in (("p0", [1.0, 3.0]), ("p1", [2.0, 2.0])):
+        _write_metrics(tmp_path / "run" / pid, [{"round": r + 1, "round_time_s": t, "test_acc": 0.5}
+                                                for r, t in enumerate(times)])
+        sup._read_metrics(sup.peers[pid])
+    # A mean round of 2 s, 8 rounds left.
+    assert "] round 2/10, ETA 16s | p0 r2 acc 0.500 (down) | p1" in sup._progress_line()  # no processes
+    assert "round 2/10, ETA 16s | 2 peers in one process" in _progress(plans, 0.0, 10)
+
+
 def test_hfl_report_compares_runs_in_one_table_and_one_plot_per_metric(tmp_path, capsys):
     from hfl.launch.report import main
 
@@ -364,9 +436,20 @@ def test_hfl_report_compares_runs_in_one_table_and_one_plot_per_metric(tmp_path,
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
             for line in out.splitlines() if line.startswith("| ") and "run" not in line}
-    assert rows["fedavg"][2] == "2" and rows["fedavg"][4] == "0.8500"  # mean of 0.9 and 0.8
-    assert rows["fedavg"][6] == "0.8500"  # best round's mean: round 2 (0.85) over round 1 (0.6)
-    assert rows["solo"][2] == "1" and rows["solo"][4] == "0.6000"
+    assert rows["fedavg"][3] == "2" and rows["fedavg"][5] == "0.8500"  # mean of 0.9 and 0.8
+    assert rows["fedavg"][7] == "0.8500"  # best round's mean: round 2 (0.85) over round 1 (0.6)
+    assert rows["solo"][3] == "1" and rows["solo"][5] == "0.6000"
+    # Issue 18: 8-peer IID FedAvg beside 4-peer Dirichlet solo, without a word. The data
+    # and split are a column (from each peer's summary), and unlike runs get a note.
+    assert "note: these runs differ in peers (fedavg: 2; solo: 1)" in out  # data unknown: "?"
+    for run, data in (("fedavg", "digits, iid over 8"), ("solo", "digits, dirichlet α=0.5 over 4")):
+        for pid in ("p0", "p1") if run == "fedavg" else ("p0",):
+            (tmp_path / run / pid / "summary.json").write_text(json.dumps({"data": data}))
+    assert main([str(tmp_path / "fedavg"), str(tmp_path / "solo"), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "| digits, iid over 8 " in out and "| digits, dirichlet α=0.5 over 4 " in out
+    assert ("note: these runs differ in data and peers (fedavg: digits, iid over 8, 2; solo: "
+            "digits, dirichlet α=0.5 over 4, 1): their accuracies are not a like-for-like") in out
     assert (tmp_path / "cmp_global_acc.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "cmp.md").read_text().startswith("| run")
     assert main([str(tmp_path / "nowhere")]) == 2
@@ -402,9 +485,52 @@ def test_peers_that_partition_differently_refuse_each_other_and_end_short(tmp_pa
 
     results = asyncio.run(both())
     assert all(isinstance(r, CohortTooSmall) for r in results), results
-    for i in (0, 1):
-        summary = json.loads((tmp_path / f"p{i}" / "summary.json").read_text())
-        assert summary["max_live_peers"] == 1 and "trained alone" in summary["cohort_shortfall"]
+    summaries = [json.loads((tmp_path / f"p{i}" / "summary.json").read_text()) for i in (0, 1)]
+    assert all(s["max_live_peers"] == 1 for s in summaries)
+    # p0 (no bootstrap: the one others dial) trained alone; p1, refused at its bootstrap
+    # address, stopped at its join timeout instead.
+    assert "trained alone" in summaries[0]["cohort_shortfall"]
+    assert "no other peer joined" in summaries[1]["cohort_shortfall"]
+
+
+def test_a_sharing_peer_whose_bootstrap_never_answers_stops_at_its_join_timeout(tmp_path):
+    """Issue 18.9: FedAvg, the default min_peers 1 and nobody at the bootstrap address
+    trained every round alone and only then exited 3. Now it waits for one other peer
+    until timing.join_timeout_s and stops before round 1, saying where it looked and
+    how to train alone anyway; --allow-solo, and the first peer of a cohort (no
+    bootstrap: the others dial it), train as before."""
+    import asyncio
+
+    from hfl.peer.config import config_from_dict
+    from hfl.peer.runner import run_peer
+    from hfl.peer.status import CohortTooSmall
+    from hfl.peer.transport import MemoryHub
+
+    def cfg(name, rounds, **node):
+        return config_from_dict({
+            "security": {"mode": "none"},
+            "node": {"id": "p1", "listen": "mem://p1", "run_dir": str(tmp_path / name),
+                     "checkpoint": False, **node},
+            "cohort": {"algorithm": "fedavg", "rounds": rounds},
+            "timing": {"heartbeat_interval_s": 0.05, "join_timeout_s": 0.5},
+            "model": {"arch": "mlp", "options": {"hidden": [8]}}, "train": {"max_batches": 1},
+        })
+
+    with pytest.raises(CohortTooSmall) as err:
+        asyncio.run(run_peer(cfg("dead", 50, bootstrap=["p0@mem://p0"]), hub=MemoryHub()))
+    assert "no other peer joined within timing.join_timeout_s=0.5s (bootstrap mem://p0)" in str(err.value)
+    assert "--allow-solo" in str(err.value)
+    assert not (tmp_path / "dead" / "metrics.jsonl").exists()  # not one round alone
+    summary = json.loads((tmp_path / "dead" / "summary.json").read_text())
+    assert summary["last_round"] == 0 and summary["cohort_shortfall"] == str(err.value)
+    assert peer_row("p1", "mlp", tmp_path / "dead")["short"]  # the results table marks it
+
+    allowed = asyncio.run(run_peer(cfg("solo", 2, bootstrap=["p0@mem://p0"], allow_solo=True),
+                                   hub=MemoryHub()))
+    assert allowed.last_round == 2
+    with pytest.raises(CohortTooSmall, match="this peer trained alone"):  # as before
+        asyncio.run(run_peer(cfg("first", 2), hub=MemoryHub()))
+    assert len((tmp_path / "first" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
 def small_fedavg_experiment(tmp_path, name: str, peers: int, max_batches: int) -> tuple[dict, Path]:
@@ -420,6 +546,71 @@ def small_fedavg_experiment(tmp_path, name: str, peers: int, max_batches: int) -
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(exp))
     return exp, path
+
+
+def test_resume_refuses_another_model_and_leaves_the_run_record_as_it_was(tmp_path, capsys):
+    # Issue 18: --resume with another architecture rewrote launch.json and the peer
+    # configs (nothing left to run), or failed with four raw "size mismatch" tracebacks.
+    from hfl.launch.cli import main
+    from hfl.peer.checkpoint import load_checkpoint, save_checkpoint
+    from hfl.peer.cli import main as peer_main
+
+    exp, path = small_fedavg_experiment(tmp_path, "arch", peers=2, max_batches=1)
+    assert main([str(path), "--in-process", "--quiet"]) == 0, capsys.readouterr()
+    run = tmp_path / "run"
+    record = {f: f.read_bytes() for f in [run / "launch.json", *sorted((run / "peers").iterdir())]}
+    capsys.readouterr()
+    wider = "defaults.model.options.hidden=[32]"
+    for more in ([], ["--set", "defaults.cohort.rounds=3"]):  # nothing left / rounds left
+        for flags in (["--resume"], ["--resume", "--dry-run"]):
+            assert main([str(path), "--in-process", "--quiet", "--set", wider, *more, *flags]) == 2
+            err = capsys.readouterr().err
+            assert "model.options.hidden: [16] -> [32]" in err and "--fresh" in err, err
+            assert "peer p0's checkpoint" in err and "Traceback" not in err
+    assert {f: f.read_bytes() for f in record} == record  # the run's record does not lie
+    assert main([str(path), "--in-process", "--quiet", "--resume",
+                 "--set", "defaults.cohort.rounds=3"]) == 0  # the same model: resumed
+
+    # hfl-peer alone, with the peer's own config edited: refused by its checkpoint's
+    # model description; for a checkpoint without one, by the weights that do not fit.
+    cfg = yaml.safe_load((run / "peers" / "p0.yaml").read_text())
+    cfg["model"]["options"]["hidden"] = [32]
+    cfg["cohort"]["rounds"] = 5
+    edited = tmp_path / "p0.yaml"
+    edited.write_text(yaml.safe_dump(cfg))
+    capsys.readouterr()
+    assert peer_main(["--config", str(edited)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid config: model: the checkpoint in" in err and "[16] -> [32]" in err, err
+    state = load_checkpoint(run / "p0")
+    del state["model"]  # as written by an older hfl
+    save_checkpoint(run / "p0", state)
+    assert peer_main(["--config", str(edited)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid config: model: the checkpoint in" in err and "size mismatch" in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("override, field", [
+    ({"cohort": {"num_classes": 12}}, "cohort.num_classes: peers disagree (p0 10, p1 10, p2 12)"),
+    ({"cohort": {"rounds": 3}}, "cohort.rounds: peers disagree (p0 2, p1 2, p2 3)"),
+    ({"security": {"mode": "none"}}, "security.mode: peers disagree (p0 'curve', p1 'curve', p2 'none')"),
+    ({"data": {"seed": 7}}, "data: peers disagree"),
+])
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "launch"])
+def test_peers_that_would_refuse_each_others_hello_are_refused_before_anything_runs(
+        tmp_path, capsys, override, field, dry_run):
+    # Issue 18: a peer override with another num_classes passed --dry-run and cost a
+    # full join timeout (120 s) before every peer failed.
+    from hfl.launch.cli import main
+
+    exp, path = small_fedavg_experiment(tmp_path, "mm", peers=3, max_batches=1)
+    exp["peer_overrides"] = {"p2": override}
+    path.write_text(yaml.safe_dump(exp))
+    assert main([str(path), "--quiet", *(["--dry-run"] if dry_run else [])]) == 2
+    err = capsys.readouterr().err
+    assert f"invalid experiment: {field}" in err and "check the peer overrides" in err, err
+    assert not (tmp_path / "run" / "launch.json").exists()  # nothing was started
 
 
 def test_many_peers_in_one_process_run_the_same_rounds_and_write_the_same_table(tmp_path, capsys):
