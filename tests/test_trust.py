@@ -579,6 +579,17 @@ def test_refusals_are_logged_once_per_source_and_kind_then_counted_per_minute(ca
     assert len(caplog.records) == 1
 
 
+async def _zmtp_greeting(address: str, mechanism: bytes) -> asyncio.StreamWriter:
+    """A raw TCP connection to ``address`` that sent a ZMTP 3.0 greeting for ``mechanism``
+    (as a client) and then waits: deterministic, unlike a libzmq client (see below)."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"\xff" + b"\x00" * 8 + b"\x7f" + bytes([3, 0]) + mechanism.ljust(20, b"\x00")
+                 + b"\x00" * 32)
+    await writer.drain()
+    return writer
+
+
 def test_every_kind_of_refused_handshake_is_logged(tmp_path, caplog):
     # A plaintext client and a client dialling with the wrong server key never reach the
     # ZAP handler: they were refused silently, although docs/security.md said otherwise.
@@ -592,11 +603,7 @@ def test_every_kind_of_refused_handshake_is_logged(tmp_path, caplog):
         # A plaintext (security: none) client's ZMTP 3.0 greeting, sent over a raw socket
         # that then waits: with a libzmq client both ends see the mechanism mismatch and
         # whichever closes first decides which side can report it.
-        host, port = b.address.removeprefix("tcp://").rsplit(":", 1)
-        _, plain = await asyncio.open_connection(host, int(port))
-        plain.write(b"\xff" + b"\x00" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\x00")
-                    + b"\x00" * 32)
-        await plain.drain()
+        plain = await _zmtp_greeting(b.address, b"NULL")
         try:
             wrong.curve_publickey, wrong.curve_secretkey = load_secret_key(keys["a"]["key_file"])
             wrong.curve_serverkey = zmq.curve_keypair()[0]
@@ -639,7 +646,7 @@ def _identity(keys, pid, allowed=None, directory=None):
     return load_identity(pid, keys[pid]["key_file"], path)
 
 
-async def _dial_until_refused(a, b, peer_id, what):
+async def _dial_until_refused(a, b, peer_id):
     async def dial():
         while not a.dial_failure(b.address):
             await a.send(b.address, encode(Gossip(sender=a.peer_id, incarnation=0)), 0.05,
@@ -647,6 +654,22 @@ async def _dial_until_refused(a, b, peer_id, what):
 
     await asyncio.wait_for(dial(), 5.0)  # not a join timeout: within a second or so
     return a.dial_failure(b.address)
+
+
+def _refusal(security_a, security_b) -> str:
+    """Why b refuses a's connection, as a's transport names it."""
+    async def main():
+        a = ZmqTransport("a", "tcp://127.0.0.1:0", security=security_a)
+        b = ZmqTransport("b", "tcp://127.0.0.1:0", security=security_b)
+        await a.start()
+        await b.start()
+        try:
+            return await _dial_until_refused(a, b, "b")
+        finally:
+            await a.close()
+            await b.close()
+
+    return asyncio.run(main())
 
 
 def test_a_refused_key_is_named_on_the_connecting_side_and_a_fixed_allow_list_lets_it_in(
@@ -659,7 +682,7 @@ def test_a_refused_key_is_named_on_the_connecting_side_and_a_fixed_allow_list_le
         await a.start()
         await b.start()
         try:
-            cause = await _dial_until_refused(a, b, "b", "b refuses a's key")
+            cause = await _dial_until_refused(a, b, "b")
             fixed = ZmqTransport("b", b.address, security=_identity(keys, "b"))
         finally:
             await b.close()
@@ -694,22 +717,9 @@ def test_a_refused_key_is_named_on_the_connecting_side_and_a_fixed_allow_list_le
 @pytest.mark.parametrize("dialler_curve", [True, False], ids=["curve-to-plain", "plain-to-curve"])
 def test_a_security_mode_mismatch_is_named_on_the_connecting_side(tmp_path, caplog, dialler_curve):
     keys = cohort_keys(tmp_path / "keys", ["a", "b"])
-
-    async def main():
-        a = ZmqTransport("a", "tcp://127.0.0.1:0",
-                         security=_identity(keys, "a") if dialler_curve else None)
-        b = ZmqTransport("b", "tcp://127.0.0.1:0",
-                         security=None if dialler_curve else _identity(keys, "b"))
-        await a.start()
-        await b.start()
-        try:
-            return await _dial_until_refused(a, b, "b", "a mode mismatch")
-        finally:
-            await a.close()
-            await b.close()
-
     with caplog.at_level(logging.WARNING, logger="hfl.peer.security"):
-        cause = asyncio.run(main())
+        cause = _refusal(_identity(keys, "a") if dialler_curve else None,
+                         None if dialler_curve else _identity(keys, "b"))
     # libzmq reports the mismatch, or (when b closes first) only a hang-up: both name the
     # other security mode and what to make equal.
     assert "security: none" in cause and "both sides need the same security.mode" in cause
@@ -723,11 +733,7 @@ def test_a_plaintext_peer_names_a_curve_client(tmp_path, caplog):
     async def main():
         p = ZmqTransport("p", "tcp://127.0.0.1:0")
         await p.start()
-        host, port = p.address.removeprefix("tcp://").rsplit(":", 1)
-        _, curve = await asyncio.open_connection(host, int(port))
-        curve.write(b"\xff" + b"\x00" * 8 + b"\x7f" + bytes([3, 0]) + b"CURVE".ljust(20, b"\x00")
-                    + b"\x00" * 32)
-        await curve.drain()
+        curve = await _zmtp_greeting(p.address, b"CURVE")
         try:
             await until(lambda: p.refusals.total.get("curve_client"), "the CURVE client named")
         finally:
@@ -744,19 +750,7 @@ def test_a_stale_server_key_is_named_on_the_connecting_side(tmp_path):
     # b ran hfl-keys new again: a's allow-list still holds b's old key.
     keys = cohort_keys(tmp_path / "keys", ["a", "b"])
     renewed = cohort_keys(tmp_path / "renewed", ["a", "b"])
-
-    async def main():
-        a = ZmqTransport("a", "tcp://127.0.0.1:0", security=_identity(keys, "a"))
-        b = ZmqTransport("b", "tcp://127.0.0.1:0", security=_identity(renewed, "b"))
-        await a.start()
-        await b.start()
-        try:
-            return await _dial_until_refused(a, b, "b", "a stale key for b")
-        finally:
-            await a.close()
-            await b.close()
-
-    cause = asyncio.run(main())
+    cause = _refusal(_identity(keys, "a"), _identity(renewed, "b"))
     assert "hangs up during the CURVE handshake" in cause and "hfl-keys show on its side" in cause
 
 
