@@ -48,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--in-process", action="store_true",
                    help="run every peer in this process over the in-memory transport (the same "
                         "peer code; for 50-200 peers on one machine; no process faults)")
+    p.add_argument("--on", choices=("local", "slurm"), default="local",
+                   help="local: peers on this machine; slurm: one batch job on the SLURM cluster "
+                        "(the experiment's slurm section; the run dir must be on a shared filesystem)")
     p.add_argument("--quiet", action="store_true", help="no live progress, only the results table")
     p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
                    help="run the experiment once per seed (data split, initialisation and the peers' "
@@ -159,7 +162,11 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                                     else f"--fresh: would delete {run_dir} and start anew")
         else:
             decision = decide(run_dir, exp_dict, fresh=args.fresh, resume=args.resume)
-        if decision.ports and not args.dry_run:
+        slurm = args.on == "slurm"
+        if slurm and (args.in_process or exp.faults):
+            raise ConfigError("faults" if exp.faults else "", "--on slurm runs the peers as SLURM "
+                              "tasks: drop " + ("the process faults" if exp.faults else "--in-process"))
+        if decision.ports and not args.dry_run and not slurm:  # SLURM picks hosts and ports anew
             busy = ports_in_use(exp.host, decision.ports)
             if busy:
                 raise RunDirError(
@@ -167,16 +174,18 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                     "(is that run still stopping, or another program on them?); retry shortly, or "
                     "--fresh to start over on new ports"
                 )
-        plans = expand(exp, ports=decision.ports, resume=decision.action == "resume")
+        # On SLURM, the job's --gpus-per-task gives each task its own CUDA_VISIBLE_DEVICES.
+        plans = expand(exp, ports=decision.ports, resume=decision.action == "resume",
+                       gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None)
         if args.in_process and exp.faults:
             raise ConfigError("faults", "process faults need a process per peer; drop "
                                         "--in-process or the faults")
         start = args.start or ("forkserver" if sys.platform.startswith("linux") else "process")
-        if start == "forkserver" and not args.dry_run and not args.in_process:
+        if start == "forkserver" and not args.dry_run and not args.in_process and not slurm:
             from hfl.launch.zygote import preload_for, start_template
 
             start_template(sorted({m for p in plans for m in preload_for(p.config.cohort.algorithm)}))
-        check_plans(plans, deep=args.dry_run)
+        check_plans(plans, deep=args.dry_run, devices_here=not slurm)
     except RunDirError as err:
         _out(f"hfl-launch: {err}", err=True)
         return 2
@@ -190,6 +199,11 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
          f"{plans[0].config.cohort.rounds} rounds, run dir {run_dir}, "
          f"{'GPUs ' + ','.join(gpus) if gpus else 'CPU'}, {plans[0].config.node.threads} thread(s)/peer")
     _out(f"hfl-launch: {decision.reason}")
+    if args.dry_run and slurm:
+        from hfl.launch.slurm import batch_script
+
+        _out(f"hfl-launch: the batch script --on slurm would submit:\n{batch_script(exp, plans, run_dir)}")
+        return 0
     if args.dry_run:
         for p in plans:
             env = " ".join(f"{k}={v}" for k, v in p.env.items())
@@ -201,7 +215,17 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
 
     ports = [int(p.config.node.listen.rsplit(":", 1)[1]) for p in plans]
     write_record(run_dir, exp_dict, ports, "running")
-    if args.in_process:
+    if slurm:
+        from hfl.launch import slurm as on_slurm
+
+        try:
+            outcome = on_slurm.run(exp, plans, run_dir, _out, progress=not args.quiet,
+                                   on_submit=lambda job: set_state(run_dir, "running", slurm_job=job))
+        except on_slurm.SlurmError as err:
+            set_state(run_dir, "failed")
+            _out(f"hfl-launch: {err}", err=True)
+            return 1
+    elif args.in_process:
         from hfl.launch.inprocess import run_in_process
 
         try:
@@ -241,15 +265,21 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
-def check_plans(plans, deep: bool) -> None:
+def check_plans(plans, deep: bool, devices_here: bool = True) -> None:
     """Every peer's algorithm options, architecture and data files (``deep``: also open
-    its data and build its model, as the peer will). Raises ConfigError naming the peer."""
+    its data and build its model, as the peer will; on the CPU unless ``devices_here``,
+    for peers that run elsewhere, e.g. SLURM's GPU nodes). Raises ConfigError naming
+    the peer."""
+    import dataclasses
+
     from hfl.peer.check import check_options, check_peer, disagreement, handshake_terms
 
     seen: set[str] = set()
     terms: dict[str, dict] = {}
     for p in plans:
         cfg = p.config
+        if not devices_here:
+            cfg = dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, device="cpu"))
         try:
             if deep:
                 check_peer(cfg, terms.setdefault(p.id, {}))

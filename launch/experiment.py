@@ -67,6 +67,27 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    """``hfl-launch --on slurm``: how the cohort's batch job asks for resources."""
+
+    partition: str | None = field(default=None, metadata={"help": "sbatch --partition"})
+    time: str | None = field(default=None, metadata={"help": "sbatch --time, e.g. 02:00:00"})
+    cpus_per_task: int | None = field(
+        default=None, metadata={"min": 1, "help": "CPU cores per peer (default node.threads, else 1)"})
+    gpus_per_task: int = field(default=0, metadata={"min": 0, "help": "GPUs per peer (then node.device cuda:0)"})
+    port: int | None = field(
+        default=None, metadata={"min": 1024, "max": 65535,
+                                "help": "the first peer's TCP port (default 20000 + job id mod 20000); "
+                                        "the others bind any free port and are learned by gossip"})
+    signal_s: int = field(
+        default=60, metadata={"min": 1, "help": "peers get SIGTERM this long before the time limit"})
+    sbatch: tuple[str, ...] = field(
+        default=(), metadata={"help": "more sbatch options, e.g. [--account=lab, --qos=normal]"})
+    python: str | None = field(
+        default=None, metadata={"help": "the Python with hfl installed on the nodes (default this one)"})
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str = field(metadata={"pattern": ID_PATTERN})
     peers: int = field(metadata={"min": 1, "max": 256})
@@ -80,6 +101,7 @@ class ExperimentConfig:
     defaults: dict[str, Any] = field(default_factory=dict)
     peer_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     faults: tuple[FaultSpec, ...] = ()
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def peer_ids(self) -> list[str]:
         width = len(str(self.peers - 1))

@@ -42,7 +42,7 @@ from hfl.peer.configtools import config_differences
 RECORD_NAME = "launch.json"
 KEPT_LOGS = 3
 # Fields that do not change what the run computes: a new value is not "another experiment".
-NEUTRAL_KEYS = ("timeout_s", "run_dir", "threads_per_peer", "devices")
+NEUTRAL_KEYS = ("timeout_s", "run_dir", "threads_per_peer", "devices", "slurm")
 
 
 class RunDirError(Exception):

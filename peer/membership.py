@@ -45,6 +45,9 @@ class Member:
     greeted: bool = False  # have we sent it our hello?
     confirmed: bool = False  # heard from the peer itself (not only suggested by gossip)
     remembered: bool = False  # in our own checkpoint: heard from itself in an earlier life of ours
+    # Where gossip says this peer, silent to us, now is (a restart elsewhere): a place to
+    # greet it, never its address: only its own answer moves it (see merge).
+    lead: str | None = None
 
     @property
     def vouched(self) -> bool:
@@ -121,6 +124,7 @@ class Membership:
             change = Change(peer_id, m.status, ALIVE, "heard from again")
         if address and may_move:
             m.address = address
+            m.lead = None
         m.status = ALIVE
         m.last_heard = now
         m.confirmed = True
@@ -164,10 +168,17 @@ class Membership:
 
         Only peers we do not know are learned (alive, fresh timestamp, to be
         greeted and then heard directly). A known member's address, incarnation
-        and status are never taken from a third party, and neither is a departure.
+        and status are never taken from a third party, and neither is a departure;
+        for a member silent to us that gossip places elsewhere at a later
+        incarnation, that place is kept as its ``lead``: we greet it there too.
         """
         new = []
         for r in records:
+            known = self.members.get(r.peer_id)
+            if (known is not None and known.status in (SUSPECT, DEAD) and r.status == ALIVE
+                    and r.incarnation > known.incarnation and r.address != known.address):
+                known.lead = r.address  # a resubmitted job's peers all moved: greet it there
+                continue
             if r.peer_id == self.self_id or r.peer_id in self.members:
                 continue
             if r.status == LEFT:

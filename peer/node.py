@@ -560,14 +560,18 @@ class Node:
                         change.reason)
             self._wakeup.set()
         greetings = []
-        # Bootstrap until someone answers; then greet whoever gossip taught us.
-        if not mem.members:
+        # Bootstrap until someone live answers; then greet whoever gossip taught us. A
+        # resumed peer remembers its cohort at the addresses of its last run, which on
+        # a cluster (a resubmitted SLURM job) are all new: the bootstrap finds them.
+        if not any(m.greeted and m.status == "alive" for m in mem.members.values()):
             hello = self._hello()
             greetings += [self._send(a, hello, 0.05, peer) for peer, a in self.bootstrap
                           if a != mem.self_address and peer != self.id]
         for m in mem.members.values():
             if not m.greeted and m.status != "left":
                 greetings.append(self._send(m.address, self._hello(), 0.05, m.peer_id))
+            if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
+                greetings.append(self._send(m.lead, self._hello(), 0.05, m.peer_id))
         # Hellos first: a heartbeat racing ahead of our hello on a socket that is
         # still connecting reaches a peer that does not know us yet, and is dropped.
         await asyncio.gather(*greetings)

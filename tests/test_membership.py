@@ -224,6 +224,24 @@ def test_gossip_never_rewrites_a_known_member():
     assert change.new == ALIVE and (m.members["b"].incarnation, m.address_of("b")) == (1, "mem://new")
 
 
+def test_gossip_places_a_silent_member_only_as_somewhere_to_greet_it():
+    # A resubmitted SLURM job: every peer restarted elsewhere, and each remembers the
+    # others at their old addresses. Gossip may say where one went (a lead, greeted
+    # there: under CURVE only that peer's key completes the link), never move it.
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b")
+    assert m.merge([rec("b", 1, address="mem://moved")], now=1.0) == []
+    assert m.members["b"].lead is None  # a live member is never questioned
+    m.tick(DEAD_S)
+    m.merge([rec("b", 0, address="mem://moved")], now=DEAD_S + 1)
+    assert m.members["b"].lead is None  # not a later incarnation: nothing to go on
+    m.merge([rec("b", 1, address="mem://moved")], now=DEAD_S + 1)
+    b = m.members["b"]
+    assert (b.lead, b.address, b.status, b.incarnation) == ("mem://moved", "mem://b", DEAD, 0)
+    m.heard_from("b", 1, DEAD_S + 2, address="mem://moved")  # its own word moves it
+    assert (b.address, b.status, b.lead) == ("mem://moved", ALIVE, None)
+
+
 def test_an_address_change_needs_a_new_incarnation_from_the_peer_itself():
     m = view()
     m.heard_from("b", 2, 0.0, address="mem://b")
