@@ -138,7 +138,9 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         Decision,
         RunDirError,
         decide,
+        discard,
         ports_in_use,
+        restore,
         set_state,
         write_record,
     )
@@ -148,6 +150,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         overrides.append(f"run_dir={args.run_dir}")
     if args.allow_solo:
         overrides.append("defaults.node.allow_solo=true")
+    decision = run_dir = None
     try:
         exp = load_experiment(args.experiment, overrides)
         run_dir = exp.resolved_run_dir
@@ -187,13 +190,18 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
             start_template(sorted({m for p in plans for m in preload_for(p.config.cohort.algorithm)}))
         check_plans(plans, deep=args.dry_run, devices_here=not slurm)
     except RunDirError as err:
+        if decision is not None:
+            restore(run_dir, decision)
         _out(f"hfl-launch: {err}", err=True)
         return 2
     except ConfigError as err:
         if "hfl.launch.zygote" in sys.modules:
             sys.modules["hfl.launch.zygote"].stop_template()
+        if decision is not None:
+            restore(run_dir, decision)  # a refused --fresh launch loses nothing
         _out(f"hfl-launch: invalid experiment: {err}", err=True)
         return 2
+    discard(decision)
     gpus = sorted({p.env.get("CUDA_VISIBLE_DEVICES", "") for p in plans} - {""})
     _out(f"hfl-launch: {exp.name}: {len(plans)} peers, {plans[0].config.cohort.algorithm}, "
          f"{plans[0].config.cohort.rounds} rounds, run dir {run_dir}, "

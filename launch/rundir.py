@@ -17,7 +17,9 @@ peer directories but no launch.json     refused: ``--resume`` or ``--fresh``
 launched by a live ``hfl-launch``       refused (even with ``--resume``)
 ======================================  ==========================================
 
-``--fresh`` deletes the directory first; ``--resume`` continues from the peers'
+``--fresh`` deletes the directory, but only once the new run is valid and
+starts (until then it is moved aside; a refused launch puts it back);
+``--resume`` continues from the peers'
 checkpoints with the new experiment (e.g. more rounds). A resumed run reuses the
 ports of launch.json, because every peer's checkpoint remembers its cohort by
 those addresses.
@@ -54,6 +56,9 @@ class Decision:
     action: str  # "new", "resume"
     reason: str  # one line, shown to the user
     ports: list[int] | None = None  # to reuse (resume)
+    # --fresh: the old run, moved aside until the new one is known to start
+    # (:func:`restore` puts it back if it does not, :func:`discard` deletes it).
+    aside: Path | None = None
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
@@ -118,9 +123,12 @@ def decide(run_dir: Path, experiment: dict[str, Any], *, fresh: bool, resume: bo
             "stop it or choose another --run-dir"
         )
     if fresh:
+        aside = None
         if run_dir.exists():
-            shutil.rmtree(run_dir)
-        return Decision("new", f"--fresh: deleted and started {run_dir} anew")
+            aside = run_dir.with_name(f".{run_dir.name}.replaced-{os.getpid()}")
+            shutil.rmtree(aside, ignore_errors=True)
+            run_dir.rename(aside)
+        return Decision("new", f"--fresh: deleted and started {run_dir} anew", aside=aside)
     if record is None:
         if not _has_peer_dirs(run_dir):
             return Decision("new", f"new run in {run_dir}")
@@ -155,6 +163,21 @@ def decide(run_dir: Path, experiment: dict[str, Any], *, fresh: bool, resume: bo
         )
     return Decision("resume", f"resuming the {state} run in {run_dir} from the peers' checkpoints "
                               "(same ports; --fresh starts over)", ports)
+
+
+def restore(run_dir: Path, decision: Decision) -> None:
+    """A --fresh launch refused before it started: the old run comes back as it was."""
+    if decision.aside is not None and decision.aside.exists():
+        shutil.rmtree(run_dir, ignore_errors=True)  # what the refused launch wrote
+        decision.aside.rename(run_dir)
+        decision.aside = None
+
+
+def discard(decision: Decision) -> None:
+    """The new run starts: the old one, replaced by --fresh, is deleted."""
+    if decision.aside is not None:
+        shutil.rmtree(decision.aside, ignore_errors=True)
+        decision.aside = None
 
 
 def ports_in_use(host: str, ports: list[int]) -> list[int]:

@@ -613,6 +613,28 @@ def test_peers_that_would_refuse_each_others_hello_are_refused_before_anything_r
     assert not (tmp_path / "run" / "launch.json").exists()  # nothing was started
 
 
+def test_a_refused_fresh_launch_loses_nothing_and_an_accepted_one_replaces_the_run(tmp_path, capsys):
+    # --fresh deleted the run directory before the experiment was checked: a typo in
+    # the same command cost the old run and started nothing.
+    from hfl.launch.cli import main
+
+    exp, path = small_fedavg_experiment(tmp_path, "fresh", peers=2, max_batches=1)
+    assert main([str(path), "--in-process", "--quiet"]) == 0, capsys.readouterr()
+    run = tmp_path / "run"
+    before = {f.relative_to(run): f.read_bytes() for f in run.rglob("*") if f.is_file()}
+    for bad in (["--set", "defaults.model.arch=nosuchnet"],  # an invalid experiment
+                ["--set", "defaults.cohort.rounds=3", "--set", "peer_overrides.p1.cohort.rounds=4"]):
+        assert main([str(path), "--in-process", "--quiet", "--fresh", *bad]) == 2
+        assert "invalid experiment" in capsys.readouterr().err
+        after = {f.relative_to(run): f.read_bytes() for f in run.rglob("*") if f.is_file()}
+        assert after == before  # every file as it was, nothing of the refused launch
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.yaml", "run"]  # nothing aside
+    assert main([str(path), "--in-process", "--quiet", "--fresh",
+                 "--set", "defaults.cohort.rounds=1"]) == 0
+    assert json.loads((run / "results.json").read_text())["peers"][0]["rounds"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.yaml", "run"]
+
+
 def test_many_peers_in_one_process_run_the_same_rounds_and_write_the_same_table(tmp_path, capsys):
     from hfl.launch.cli import main
 
