@@ -133,6 +133,7 @@ class ZmqTransport(Transport):
         self.refusals = None  # hfl.peer.security.RefusalLog: handshakes we refused
         self.dial_refusals = None  # ... and handshakes refused to our own links
         self._dial_failures: dict[str, str] = {}  # address -> why it refused us (last cause)
+        self._send_errors: set[tuple[str, str]] = set()  # (address, error) already logged
         self._monitors: list = []  # every monitor socket: a task cancelled before it ever
         # ran never reaches its finally, and one socket left open blocks the context's term
         self._dial_monitors: dict[tuple[str, str | None], asyncio.Task] = {}
@@ -325,7 +326,11 @@ class ZmqTransport(Transport):
             self.stats.send_failures += 1
             return False
         except zmq.ZMQError as exc:
-            log.warning("send to %s failed: %s", address, exc)
+            # Once per address and cause (e.g. a gossiped peer with no allow-list key,
+            # tried again every tick), then only counted in the stats.
+            if (address, str(exc)) not in self._send_errors and len(self._send_errors) < 1024:
+                self._send_errors.add((address, str(exc)))
+                log.warning("send to %s failed: %s (not repeated for this address)", address, exc)
             self.stats.send_failures += 1
             return False
         self.stats.messages_sent += 1
