@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def first_round_s(run: Path, peers: int, started: float, proc: subprocess.Popen) -> float | None:
+def first_round_s(run: Path, started: float, proc: subprocess.Popen) -> float | None:
     """Poll until some peer wrote its first metrics line; seconds since ``started``."""
     while proc.poll() is None:
         if any((p / "metrics.jsonl").exists() and (p / "metrics.jsonl").stat().st_size
@@ -43,7 +43,7 @@ def one(on: str, peers: int, rounds: int, out: Path) -> tuple[float | None, floa
            "--set", f"defaults.cohort.rounds={rounds}", "--set", "slurm.cpus_per_task=1"]
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    first = first_round_s(run, peers, started, proc)
+    first = first_round_s(run, started, proc)
     _, err = proc.communicate()
     if proc.returncode:
         print(f"{on}, {peers} peers: exit {proc.returncode}: {err.strip()[-300:]}", file=sys.stderr)

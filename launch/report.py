@@ -22,7 +22,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hfl.launch.results import _fmt, cohort_row, mean_std, read_metrics, read_summary, seed_dirs
+from hfl.launch.results import (
+    _fmt,
+    cohort_row,
+    markdown_table,
+    mean_std,
+    read_metrics,
+    read_summary,
+    seed_dirs,
+)
 
 COLUMNS = [
     ("run", "run", "{}"),
@@ -120,13 +128,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     for r, b in zip(rows, body, strict=True):
         if r.get("seeds"):
             b[0] += f" ({r['seeds']} seeds)"
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-
-    def line(cells):
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *(line(b) for b in body)])
+    return markdown_table(header, body)
 
 
 def unlike_runs(rows: list[dict[str, Any]]) -> str | None:

@@ -144,16 +144,23 @@ def _fmt(value: Any, spec: str) -> str:
         return str(value)
 
 
-def render_table(rows: list[dict[str, Any]]) -> str:
-    """A Markdown table (reads well in a terminal too)."""
-    columns = columns_for(rows)
-    header = [title for _, title, _ in columns]
-    body = [[_fmt(r.get(k), spec) for k, _, spec in columns] for r in rows]
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+    """Cells as a Markdown table with aligned columns (reads well in a terminal too)."""
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    note = [SHORT_NOTE] if any(r.get("short") for r in rows) else []
-    return "\n".join([line(header), sep, *(line(b) for b in body), *note])
+    return "\n".join([line(header), sep, *(line(b) for b in body)])
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    """The results table of one run, with the note on short rows."""
+    columns = columns_for(rows)
+    table = markdown_table([title for _, title, _ in columns],
+                           [[_fmt(r.get(k), spec) for k, _, spec in columns] for r in rows])
+    return table + (f"\n{SHORT_NOTE}" if any(r.get("short") for r in rows) else "")
 
 
 def write_results(run_dir: Path, rows: list[dict[str, Any]], extra: dict[str, Any]) -> str:
@@ -217,10 +224,7 @@ def render_seeds_table(per_seed: dict[int, dict[str, Any]]) -> str:
     body.append([f"mean ± std ({len(per_seed)})", *(
         f"{_fmt(summary['mean'][k], spec.get(k, '{:.4f}'))} ± {_fmt(summary['std'][k], spec.get(k, '{:.4f}'))}"
         for k, _ in cols)])
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *(line(b) for b in body)])
+    return markdown_table(header, body)
 
 
 def cohort_row(run_dir: Path, peers: list[tuple[str, Path]]) -> dict[str, Any]:

@@ -46,6 +46,7 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL"
          "BOOT_FAIL", "DEADLINE")
 RESUMABLE = ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL")
 POLL_S = 1.0
+UNKNOWN_POLLS = 30  # the job's state unknown this many polls in a row: stop waiting
 
 
 class SlurmError(Exception):
@@ -124,14 +125,18 @@ def submit(exp: ExperimentConfig, plans: list[PeerPlan], run_dir: Path) -> str:
     return out.strip().split(";")[0]
 
 
+def _last_round(metrics: Path) -> int:
+    """The round of a metrics file's last line, reading only its tail."""
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            return int(json.loads(f.read().splitlines()[-1])["round"])
+    except (OSError, ValueError, KeyError, IndexError):
+        return 0
+
+
 def _rounds(plans: list[PeerPlan]) -> str:
-    done = []
-    for p in plans:
-        try:
-            lines = (Path(p.config.run_dir) / "metrics.jsonl").read_text().splitlines()
-            done.append(json.loads(lines[-1])["round"] if lines else 0)
-        except (OSError, ValueError, KeyError, IndexError):
-            done.append(0)
+    done = [_last_round(Path(p.config.run_dir) / "metrics.jsonl") for p in plans]
     return f"rounds {min(done)}-{max(done)}/{plans[0].config.cohort.rounds}"
 
 
@@ -143,13 +148,17 @@ def run(exp: ExperimentConfig, plans: list[PeerPlan], run_dir: Path, out, progre
     out(f"hfl-launch: submitted SLURM job {job} ({run_dir / SCRIPT_FILE}); scancel {job} stops it")
     if on_submit is not None:
         on_submit(job)
-    state, shown, interrupted = "PENDING", "", False
+    state, shown, interrupted, unknown = "PENDING", "", False, 0
     try:
-        while state not in ENDED and state != "UNKNOWN":
+        # UNKNOWN: scontrol failed or forgot the job; give a restarting slurmctld time.
+        while state not in ENDED and unknown < UNKNOWN_POLLS:
             time.sleep(POLL_S)
             state = job_state(job)
+            unknown = unknown + 1 if state == "UNKNOWN" else 0
+            if not progress:
+                continue
             line = f"job {job} {state}" + (f", {_rounds(plans)}" if state == "RUNNING" else "")
-            if progress and line != shown:
+            if line != shown:
                 out(f"[{time.monotonic() - started:7.1f}s] {line}")
                 shown = line
     except KeyboardInterrupt:

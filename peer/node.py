@@ -612,6 +612,13 @@ class Node:
                 pass
         return True
 
+    def peers_needed(self) -> int:
+        """Peers (ourselves included) the join waits for: ``min_peers``; a resumed peer
+        just one of its old cohort; with ``stop_if_alone``, at least one other."""
+        if self.round > 1:
+            return min(self.min_peers, 2)
+        return max(self.min_peers, 2) if self.stop_if_alone else self.min_peers
+
     async def _join(self) -> None:
         """Wait until ``min_peers`` members (ourselves included) completed a handshake.
 
@@ -622,10 +629,8 @@ class Node:
         """
         mem = self.membership
         resumed = self.round > 1
-        need = min(self.min_peers, 2) if resumed else self.min_peers
+        need = self.peers_needed()
         alone_stops = self.stop_if_alone and not resumed
-        if alone_stops:
-            need = max(need, 2)
 
         def others() -> tuple[list[str], int]:
             greeted = [m.peer_id for m in mem.members.values() if m.status == "alive" and m.greeted]

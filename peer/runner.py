@@ -353,9 +353,8 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         stop_if_alone=stop_if_alone,
     )
     recorder.node = node
-    need = cfg.node.min_peers if start_round == 1 else min(cfg.node.min_peers, 2)
     watcher = asyncio.create_task(watch_join(
-        node, cfg.node.bootstrap, max(need, 2) if stop_if_alone else need,
+        node, cfg.node.bootstrap, node.peers_needed(),
         cfg.timing.join_timeout_s, run_dir / EVENTS_NAME if hub is None else None,
         alone_stops=stop_if_alone), name="watch_join")
     try:

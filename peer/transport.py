@@ -134,9 +134,11 @@ class ZmqTransport(Transport):
         self.dial_refusals = None  # ... and handshakes refused to our own links
         self._dial_failures: dict[str, str] = {}  # address -> why it refused us (last cause)
         self._send_errors: set[tuple[str, str]] = set()  # (address, error) already logged
-        self._monitors: list = []  # every monitor socket: a task cancelled before it ever
-        # ran never reaches its finally, and one socket left open blocks the context's term
-        self._dial_monitors: dict[tuple[str, str | None], asyncio.Task] = {}
+        # Per outgoing link until its first handshake succeeds: the task watching its
+        # monitor socket, and that socket (closed here too: a task cancelled before it
+        # ever ran never reaches its finally, and an open socket blocks the context's term).
+        self._dial_monitors: dict[tuple[str, str | None], tuple[asyncio.Task, object]] = {}
+        self._router_monitor = None
         # One DEALER per (address, peer it must authenticate as): a member that claims
         # another's address gets a link of its own, never replaces the real one.
         self._dealers: dict[tuple[str, str | None], object] = {}  # -> asyncio DEALER
@@ -184,8 +186,7 @@ class ZmqTransport(Transport):
         if self.refusals is None:
             self.refusals = RefusalLog(self.peer_id)
         self.dial_refusals = RefusalLog(self.peer_id, outgoing=True)
-        monitor = router.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-        self._monitors.append(monitor)
+        monitor = self._router_monitor = router.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
         self._monitor_task = asyncio.get_running_loop().create_task(
             self._watch_handshakes(monitor), name=f"{self.peer_id}:handshake-monitor")
 
@@ -237,7 +238,7 @@ class ZmqTransport(Transport):
                     self._close_dealer(key, watch=False)
                     return
         finally:
-            if self._dial_monitors.get(key) is asyncio.current_task():
+            if self._dial_monitors.get(key, (None,))[0] is asyncio.current_task():
                 del self._dial_monitors[key]
             if not sock.closed:
                 sock.disable_monitor()
@@ -287,10 +288,10 @@ class ZmqTransport(Transport):
             monitor = sock.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-            self._monitors = [m for m in self._monitors if not m.closed] + [monitor]
             target = f"{peer_id}@{address}" if peer_id else address
-            self._dial_monitors[key] = asyncio.get_running_loop().create_task(
+            watcher = asyncio.get_running_loop().create_task(
                 self._watch_dial(key, sock, monitor, target), name=f"{self.peer_id}:dial:{target}")
+            self._dial_monitors[key] = (watcher, monitor)
         return sock, self._senders[key]
 
     async def send(self, address: str, frames: Frames, timeout_s: float,
@@ -360,9 +361,11 @@ class ZmqTransport(Transport):
             self._close_dealer(key)
 
     def _close_dealer(self, key: tuple[str, str | None], watch: bool = True) -> None:
-        watcher = self._dial_monitors.pop(key, None)
-        if watch and watcher is not None:
-            watcher.cancel()  # it closes the monitor socket as it ends
+        watching = self._dial_monitors.pop(key, None)
+        if watch and watching is not None:
+            watcher, monitor = watching
+            watcher.cancel()
+            monitor.close(linger=0)
         self._senders.pop(key, None)
         self._dealers.pop(key).close(linger=0)
 
@@ -370,16 +373,16 @@ class ZmqTransport(Transport):
         self._close_dealers(address)
 
     async def close(self) -> None:
-        watchers = list(self._dial_monitors.values())
+        watchers = [watcher for watcher, _ in self._dial_monitors.values()]
         self._close_dealers()
         await asyncio.gather(*watchers, return_exceptions=True)
         if self._monitor_task is not None:
             self._monitor_task.cancel()
             await asyncio.gather(self._monitor_task, return_exceptions=True)
             self._monitor_task = None
-        for monitor in self._monitors:
-            monitor.close(linger=0)
-        self._monitors = []
+        if self._router_monitor is not None:
+            self._router_monitor.close(linger=0)
+            self._router_monitor = None
         for refusals in (self.refusals, self.dial_refusals):
             if refusals is not None:
                 refusals.flush(float("inf"))  # what was counted but not yet reported

@@ -157,8 +157,9 @@ def test_a_cohort_runs_as_one_slurm_job_and_a_resubmission_continues_after_scanc
     nodes = {p: (run / p / "peer.log").read_text().split("task ")[1].split(":")[0]
              for p in ("p0", "p1", "p2", "p3")}
     assert sorted(nodes.values()) == ["0 on node n1", "1 on node n1", "2 on node n2", "3 on node n2"]
-    table = (run / "results.md").read_text()
-    assert table.count(f"| {rounds} ") >= 4
+    # The table counts the rounds each peer ran (a catch-up skips one or two).
+    table = {r["peer"]: r for r in json.loads((run / "results.json").read_text())["peers"]}
+    assert all(rounds - 3 <= table[p]["rounds"] <= rounds for p in ("p0", "p1", "p2", "p3")), table
     assert (run / "plots" / "global_acc.png").exists()
 
 
