@@ -35,8 +35,9 @@ import numpy as np
 from hfl.algorithms.base import Algorithm, Payload, aggregates_everywhere
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import CohortConfig, FaultConfig, TimingConfig
-from hfl.peer.membership import Membership, elect
-from hfl.peer.rounds import RoundBuffer, fold_rounds
+from hfl.peer.core import PeerCore
+from hfl.peer.membership import Membership
+from hfl.peer.rounds import fold_rounds
 from hfl.peer.security import split_bootstrap
 from hfl.peer.seeds import SeedStore
 from hfl.peer.status import nobody_joined
@@ -104,6 +105,9 @@ class Node:
         quorum: int | None = None,
         evaluate_every: int = 1,
         stop_if_alone: bool = False,
+        run_blocking: Callable[..., Any] | None = None,
+        hold_round: Callable[[int, Node], Any] | None = None,
+        observer: Callable[..., None] | None = None,
     ):
         self.id = peer_id
         self.transport = transport
@@ -115,31 +119,28 @@ class Node:
         self.bootstrap = tuple(split_bootstrap(b) for b in bootstrap)
         # The cohort's allow-list (CURVE): nobody else is a member, whatever gossip says.
         self.allowed_peers = allowed_peers
-        # Contributors a round's result needs (None: a majority of the members we know).
-        self.quorum = quorum
         self.min_peers = min_peers
         # Wait for one other peer at least (whatever min_peers says) and, if none joined
         # within timing.join_timeout_s, stop before round 1 instead of training alone.
         self.stop_if_alone = stop_if_alone
         self.stopped_alone: str | None = None
         self.incarnation = incarnation
-        self.round = start_round
         self.known_members = known_members or []
         self.on_round = on_round
         self.on_checkpoint = on_checkpoint
         self.clock = clock or MonotonicClock()
         self.limits = limits or Limits()
         self.rng = random.Random(f"{seed}:{peer_id}:{incarnation}")
-        self.buffer = RoundBuffer(lookahead=timing.lookahead_rounds, round=start_round)
         self.dropped: Counter[str] = Counter()
-        self.epoch = 0
-        self._absorbed: tuple[int, str, str] = (0, "", "")  # (round, digest, from whom)
-        self.disagreements: dict[int, set[str]] = {}
-        self.membership: Membership | None = None
         self._wakeup = asyncio.Event()
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: dict[asyncio.Task, None] = {}  # a dict: cancelled in a fixed order
         # No elected aggregator: every peer aggregates the round's knowledge itself.
         self.everywhere = aggregates_everywhere(getattr(cohort, "aggregate_at", "auto"), algorithm)
+        # The protocol's state and rules (no I/O): membership, round buffer, round,
+        # epoch, election, quorum, whom to wait for. This class does the I/O around it.
+        self.core = PeerCore(peer_id, mode=algorithm.mode, everywhere=self.everywhere,
+                             lookahead=timing.lookahead_rounds, start_round=start_round,
+                             quorum=quorum, allowed_peers=allowed_peers)
         self._handshake_info = {**algorithm.handshake_info(), **(shared or {}),
                                 **({"aggregate_everywhere": 1} if self.everywhere else {})}
         self._metrics: list[dict[str, Any]] = []  # one line per evaluated round
@@ -151,11 +152,27 @@ class Node:
         self._rounds_run = 0
         self._stopping = False
         self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
-        self._round_began = 0.0  # clock time the current round started
         self.advertise = advertise
         self.seeds = seeds
         self.fault = fault or FaultConfig()
         self._crash = crash or _hard_exit
+        # Runs training, aggregation and checkpoints off the event loop (a worker
+        # thread); the simulator runs them inline, so that its history is exact.
+        self._run_blocking = run_blocking or asyncio.to_thread
+        # Awaited before each checkpoint (a resumed peer holds its first round until
+        # it has met its cohort: runner.RoundRecorder.hold); may raise to stop the peer.
+        self._hold_round = hold_round
+        # Told of each decision that invariants are checked on: observer(event, node,
+        # **fields) with event "started", "absorbed", "published" or "checkpointed".
+        self._observe = observer or (lambda *args, **fields: None)
+
+    # The protocol state lives in the core; these name it as the shell always has.
+    membership = property(lambda self: self.core.membership,
+                          lambda self, m: setattr(self.core, "membership", m))
+    round = property(lambda self: self.core.round, lambda self, r: setattr(self.core, "round", r))
+    epoch = property(lambda self: self.core.epoch, lambda self, e: setattr(self.core, "epoch", e))
+    buffer = property(lambda self: self.core.buffer)
+    disagreements = property(lambda self: self.core.disagreements)
 
     # ================================================================ lifecycle
 
@@ -199,12 +216,12 @@ class Node:
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
         task = asyncio.create_task(coro, name=f"{self.id}:{name}")
-        self._tasks.add(task)
+        self._tasks[task] = None
         task.add_done_callback(self._task_done)
         return task
 
     def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: task %s failed", self.id, task.get_name(), exc_info=task.exception())
 
@@ -291,46 +308,30 @@ class Node:
                                                 reason=clip(err.reason, 200)), identity)
             return
         log.debug("%s: <- %s from %s", self.id, msg.TYPE, msg.sender)
-        if msg.sender != identity:
-            self._drop(ErrorCode.IDENTITY_MISMATCH,
-                       f"header says {clip(msg.sender)} but the connection is {clip(identity)}")
+        drop = self.core.admit(identity, msg)
+        if drop is not None and drop.code == "refused":
+            # Most likely the refusal of our hello (cohort_mismatch): its reason is all a
+            # misconfigured peer gets to see, so say it rather than "unknown peer".
+            self.dropped["refused"] += 1
+            log.error("%s: %s", self.id, clip(drop.reason, 400))
             return
-        if self.allowed_peers is not None and msg.sender not in self.allowed_peers:
-            self._drop(ErrorCode.NOT_MEMBER, f"{msg.TYPE} from {clip(msg.sender)}: not on the allow-list")
+        if drop is not None:
+            self._drop(drop.code, drop.reason)
             return
         now = self.clock.now()
         mem = self.membership
         if isinstance(msg, Hello):
             self._on_hello(msg, now)
             return
-        if msg.sender not in mem.members:
-            if isinstance(msg, Welcome):
-                pass  # the answer to our hello: the peer speaks for itself
-            elif isinstance(msg, Error):
-                # Most likely the refusal of our hello (cohort_mismatch): its reason is all a
-                # misconfigured peer gets to see, so say it rather than "unknown peer".
-                self.dropped["refused"] += 1
-                log.error("%s: %s refused our %s: %s: %s", self.id, msg.sender,
-                          clip(msg.ref_type or "message"), clip(msg.code), clip(msg.reason, 300))
-                return
-            else:
-                self._drop(ErrorCode.NOT_MEMBER, f"{msg.TYPE} from unknown peer {msg.sender!r}")
-                return
-        elif not mem.is_current(msg.sender, msg.incarnation):
-            self._drop("stale_incarnation",
-                       f"{msg.TYPE} from {msg.sender} incarnation {msg.incarnation} (a dead process)")
-            return
         address = msg.address if isinstance(msg, Welcome) else None
-        conflict = mem.address_conflict(msg.sender, msg.incarnation, address)
-        if conflict:
-            self._drop("address_conflict", f"{msg.TYPE}: {conflict}")
-            return
         # The round a peer is in: from heartbeats, welcomes and its knowledge (a peer only
         # shares for the round it is in).
         round_ = msg.round if isinstance(msg, (Heartbeat, Welcome, Knowledge)) else None
         epoch_ = msg.epoch if isinstance(msg, Heartbeat) else None
-        if isinstance(msg, Heartbeat):
-            self._compare_absorbed(msg)
+        if isinstance(msg, Heartbeat) and (why := self.core.compare_absorbed(msg)):
+            log.warning("%s: round %d: %s absorbed another aggregate than this peer (%s vs ours "
+                        "%s): %s", self.id, msg.absorbed_round, msg.sender,
+                        clip(msg.absorbed_digest, 16), self.core.absorbed[1], why)
         if isinstance(msg, Leave):
             change = mem.left(msg.sender, msg.incarnation)
             address = mem.address_of(msg.sender)
@@ -354,23 +355,14 @@ class Node:
             if reason:
                 self._drop("stale_knowledge" if "late" in reason else "rejected_knowledge", reason)
         elif isinstance(msg, AggregateResult):
-            if self.everywhere:
-                self._drop("wrong_aggregator", f"result for round {msg.round} from {msg.sender}: "
-                           "this cohort has no aggregator (every peer aggregates for itself)")
-                return
-            expected = self._aggregators_for(msg.round, msg.epoch)
-            if msg.epoch >= len(mem.rotation_order()) or msg.sender not in expected:
-                self._drop("wrong_aggregator", f"result for round {msg.round} epoch {msg.epoch} "
-                           f"from {msg.sender}; the rotation elects {' or '.join(sorted(expected))}")
-                return
-            if len(msg.contributors) < self._quorum():
-                self._drop("below_quorum", f"result for round {msg.round} from {msg.sender} has "
-                           f"{len(msg.contributors)} contributor(s); the quorum is {self._quorum()}")
+            drop = self.core.admit_result(msg)
+            if drop is not None:
+                self._drop(drop.code, drop.reason)
                 return
             reason = self.buffer.offer_result(msg)
             if reason:
                 self._drop("stale_result", reason)
-            elif msg.round == self.round and (why := self._epoch_unjustified(msg.round, msg.epoch)):
+            elif msg.round == self.round and (why := self.core.epoch_unjustified(msg.round, msg.epoch)):
                 log.info("%s: result for round %d epoch %d from %s held: %s", self.id, msg.round,
                          msg.epoch, msg.sender, why)
         elif isinstance(msg, SeedRequest):
@@ -383,64 +375,6 @@ class Node:
             log.warning("%s: %s reports %s: %s", self.id, msg.sender, clip(msg.code),
                         clip(msg.reason, 300))
         self._wakeup.set()
-
-    def _compare_absorbed(self, msg: Heartbeat) -> None:
-        """Say so, once per round and peer, when ``msg.sender`` absorbed another aggregate
-        than ours for the same round: with an aggregator, it gave peers different results;
-        with every peer aggregating, the peers received different contributions (a member
-        sent different knowledge to different peers, or one was lost or late)."""
-        r, digest, source = self._absorbed
-        if r == 0 or msg.absorbed_round != r or not msg.absorbed_digest or msg.absorbed_digest == digest:
-            return
-        seen = self.disagreements.setdefault(r, set())
-        if msg.sender in seen:
-            return
-        seen.add(msg.sender)
-        why = ("the peers aggregated different contributions: a member sent different knowledge "
-               "to different peers, or a contribution was lost or late" if self.everywhere
-               else f"we took {source}'s result: an aggregator gave peers different results, or "
-                    "the peers took results of different fail-over epochs")
-        log.warning("%s: round %d: %s absorbed another aggregate than this peer (%s vs ours %s): %s",
-                    self.id, r, msg.sender, clip(msg.absorbed_digest, 16), digest, why)
-
-    def _aggregators_for(self, r: int, epoch: int) -> set[str]:
-        """Who may send the result of (r, epoch): the rotation's candidate, computed
-        with and without members that have left (one may leave as the round ends)."""
-        mem = self.membership
-        orders = [mem.rotation_order(), sorted([self.id, *mem.members])]
-        return {order[(r + epoch) % len(order)] for order in orders}
-
-    def _epoch_unjustified(self, r: int, epoch: int) -> str | None:
-        """Why this peer cannot (yet) accept a result of (r, epoch), or None if it can.
-
-        The election rule: epoch e of round r is current only once the candidates
-        of every earlier epoch have failed, and a peer believes only failures it
-        has seen itself: epochs below its own (it failed over past them, on a
-        death or a missed deadline) or candidates it holds dead now. A suspicion
-        is not a failure: a member that floods the real aggregator until it looks
-        slow cannot make its own held result count. The check runs each time a
-        held result is considered, so a result never outlives its evidence: once
-        the candidate is heard again, the held result is unusable again.
-        """
-        mem = self.membership
-        order = mem.rotation_order()
-        for e in range(self.epoch, epoch):
-            candidate = order[(r + e) % len(order)]
-            if candidate == self.id:
-                return f"epoch {e} elects this peer, which is alive"
-            m = mem.members.get(candidate)
-            if m is not None and m.status in ("alive", "suspect"):
-                return (f"{candidate}, the candidate of epoch {e}, is {m.status} (not dead) in this "
-                        "peer's view")
-        return None
-
-    def _usable_result(self, r: int) -> AggregateResult | None:
-        """The result this peer may take for round ``r``: its own epoch's, or a later
-        epoch's that :meth:`_epoch_unjustified` allows."""
-        for res in self.buffer.results_for(r, self.epoch):
-            if res.epoch == self.epoch or self._epoch_unjustified(r, res.epoch) is None:
-                return res
-        return None
 
     def _serve_seeds(self, msg: SeedRequest) -> None:
         if self.seeds is None:
@@ -482,12 +416,9 @@ class Node:
                 ref_type="hello"), msg.sender)
             return
         mem = self.membership
-        if not mem.is_current(msg.sender, msg.incarnation) and msg.sender in mem.members:
-            self._drop("stale_incarnation", f"hello from an old incarnation of {msg.sender}")
-            return
-        conflict = mem.address_conflict(msg.sender, msg.incarnation, msg.address)
-        if conflict:  # a second "same process" somewhere else: an impostor or a stale copy
-            self._drop("address_conflict", f"hello: {conflict}")
+        drop = self.core.admit_hello(msg)
+        if drop is not None:
+            self._drop(drop.code, drop.reason)
             return
         change = mem.heard_from(msg.sender, msg.incarnation, now, address=msg.address,
                                 round=msg.round)
@@ -587,7 +518,7 @@ class Node:
         if targets:
             sends.append(self._broadcast(targets, Heartbeat(
                 **self._envelope(), round=self.round, epoch=self.epoch,
-                absorbed_round=self._absorbed[0], absorbed_digest=self._absorbed[1]), 0.05))
+                absorbed_round=self.core.absorbed[0], absorbed_digest=self.core.absorbed[1]), 0.05))
             if tick % 2 == 0:
                 fanout = self.rng.sample(targets, min(self.timing.gossip_fanout, len(targets)))
                 sends.append(self._broadcast(fanout, Gossip(**self._envelope(),
@@ -673,9 +604,9 @@ class Node:
         await self._join()
         if self.stopped_alone:
             return
+        self._observe("started", self, round=self.round)
         while self.round <= self.cohort.rounds:
-            target = catch_up_round(self.alg.mode, self.round, self.membership.max_live_round(),
-                                    self.cohort.rounds)
+            target = self.core.catch_up(self.cohort.rounds)
             if target != self.round:
                 log.info("%s: catching up from round %d to the cohort's round %d",
                          self.id, self.round, target)
@@ -687,7 +618,7 @@ class Node:
 
     async def _one_round(self, r: int) -> None:
         t_start, wall_start = self.clock.now(), time.time()
-        self._round_began = t_start
+        self.core.round_began = t_start
         self.epoch = 0  # heartbeats say epoch 0 until this round fails over
         sent0, recv0 = self.transport.stats.bytes_sent, self.transport.stats.bytes_received
         compute = 0.0
@@ -695,7 +626,7 @@ class Node:
         async def work(fn, *args):
             nonlocal compute
             t = time.perf_counter()
-            out = await asyncio.to_thread(fn, *args)
+            out = await self._run_blocking(fn, *args)
             compute += time.perf_counter() - t
             return out
 
@@ -720,8 +651,13 @@ class Node:
             metrics.update(await work(self.alg.absorb, r, received))
             if self.alg.mode == "aggregator":
                 (source, result), = received.items()
-                self._absorbed = (r, payload_digest(result), source)
+                self.core.absorbed = (r, payload_digest(result), source)
+                self._observe("absorbed", self, round=r, source=source, epoch=info.get("epoch"),
+                              digest=self.core.absorbed[1], contributors=info.get("contributors"),
+                              quorum=self.core.quorum())
         self._rounds_run += 1
+        self._observe("round", self, round=r, learned_from=info.get("learned_from"),
+                      behind=bool(info.get("behind")))
         evaluated = r % self.evaluate_every == 0 or r >= self.cohort.rounds
         if evaluated:
             self._window_keys.update(metrics)
@@ -746,8 +682,11 @@ class Node:
             record = fold_rounds([*self._window, record], self._window_keys)
             self._window, self._window_keys = [], set()
         self._metrics.append(record)
+        if self._hold_round is not None:
+            await self._hold_round(r, self)
         if self.on_checkpoint is not None:
-            await asyncio.to_thread(self.on_checkpoint, r, self)
+            await self._run_blocking(self.on_checkpoint, r, self)
+            self._observe("checkpointed", self, round=r)
         if self.on_round is not None:
             self.on_round(record)
 
@@ -766,7 +705,7 @@ class Node:
         await self._broadcast(mem.live_peers(), self._knowledge(r, payload))
         self._maybe_crash(r, "wait")
         deadline = self.clock.now() + self.timing.round_timeout_s
-        complete = await self._wait_until(lambda: not self._awaited(r), deadline)
+        complete = await self._wait_until(lambda: not self.core.awaited(r), deadline)
         got = self.buffer.received(r)
         knowledge = {p: self._payload(m) for p, m in sorted(got.items()) if m.kind != "none"}
         info.update(received_from=len(got), timed_out=not complete,
@@ -775,10 +714,10 @@ class Node:
 
     async def _aggregate_round(self, r: int, payload: Payload | None, info: dict, work) -> dict[str, Payload]:
         """Server-style round on the aggregator elected for (r, epoch), with fail-over."""
-        mem = self.membership
+        mem, core = self.membership, self.core
         self.epoch = 0
         for _attempt in range(len(mem.rotation_order()) + 1):
-            elected = elect(mem.rotation_order(), mem.is_live, r, self.epoch)
+            elected = core.elect(r)
             if elected is None:
                 break
             aggregator, self.epoch = elected
@@ -791,39 +730,41 @@ class Node:
             # what it got meanwhile (or never get it: it was not listening yet): once its
             # heartbeats show it in round r, the knowledge goes once more (an exact repeat
             # of a copy the receiver holds is ignored there, not counted as a drop).
-            resend = self._behind(aggregator, r)
+            resend = core.behind(aggregator, r)
             self._maybe_crash(r, "wait", "serve")
             deadline = (self.clock.now() + self.timing.round_timeout_s
                         + self.timing.aggregate_grace_s)
             while True:
                 await self._wait_until(
-                    lambda a=aggregator, again=resend: self._usable_result(r) is not None
-                    or not mem.is_live(a) or self._cohort_past(r)
-                    or self._aggregator_waits_elsewhere(a, r) or (again and not self._behind(a, r)),
-                    deadline,
-                )
-                if not (resend and not self._behind(aggregator, r)
-                        and self._usable_result(r) is None and mem.is_live(aggregator)):
+                    lambda a=aggregator, again=resend: core.stop_waiting_for(a, r, again), deadline)
+                if not (resend and not core.behind(aggregator, r)
+                        and core.usable_result(r) is None and mem.is_live(aggregator)):
                     break
                 resend = False
                 log.info("%s: round %d: %s reached the round; sending it our knowledge again",
                          self.id, r, aggregator)
                 await self._send_to(aggregator, knowledge)
-            if self._usable_result(r) is None and self._cohort_past(r):
+            if core.usable_result(r) is None and core.cohort_past(r):
                 # A heartbeat can overtake the result it follows (a delayed or retried
                 # send): give the result a short grace before leaving the round.
                 grace = max(2 * self.timing.heartbeat_interval_s, 0.25)
-                await self._wait_until(lambda: self._usable_result(r) is not None,
+                await self._wait_until(lambda: core.usable_result(r) is not None,
                                        self.clock.now() + grace)
-            result = self._usable_result(r)
+            result = core.usable_result(r)
             if result is not None:
+                order = mem.rotation_order()
+                self._observe("took", self, round=r, epoch=result.epoch, own_epoch=self.epoch,
+                              passed=[(c, "self" if c == self.id else mem.members[c].status
+                                       if c in mem.members else "unknown")
+                                      for c in (order[(r + e) % len(order)]
+                                                for e in range(self.epoch, result.epoch))])
                 self.epoch = result.epoch
                 info.update(aggregator=result.sender, epoch=result.epoch,
                             contributors=len(result.contributors),
                             learned_from=len(set(result.contributors) - {self.id}))
                 self._discard_unused_results(r, result.epoch)
                 return {result.sender: self._payload(result)}
-            if self._cohort_past(r):
+            if core.cohort_past(r):
                 # Its result went out while we lagged (paused, restarted, partitioned) and
                 # will not come again: follow the cohort instead of failing over alone.
                 log.warning("%s: round %d: the cohort is already in round %d; leaving round %d "
@@ -831,11 +772,8 @@ class Node:
                 info.update(aggregator=None, behind=True)
                 self._discard_unused_results(r, None)
                 return {}
-            why = ("is dead" if not mem.is_live(aggregator)
-                   else "waits at an earlier epoch" if self._aggregator_waits_elsewhere(aggregator, r)
-                   else "missed its deadline")
             log.warning("%s: round %d: aggregator %s (epoch %d) %s; failing over",
-                        self.id, r, aggregator, self.epoch, why)
+                        self.id, r, aggregator, self.epoch, core.failover_reason(aggregator, r))
             self.epoch += 1
         log.error("%s: round %d: no aggregator could be reached; keeping the local model",
                   self.id, r)
@@ -859,7 +797,7 @@ class Node:
         excluded = set(result.meta.get("excluded", ()))
         used = sorted(p for p in contributions if p not in excluded)
         info.update(contributors=len(used))
-        quorum = self._quorum()
+        quorum = self.core.quorum()
         if len(used) < quorum:
             log.warning("%s: round %d: %d contribution(s), below the quorum of %d: keeping the "
                         "local model", self.id, r, len(used), quorum)
@@ -871,7 +809,7 @@ class Node:
     def _discard_unused_results(self, r: int, used_epoch: int | None) -> None:
         """Results of round ``r`` for epochs this peer never reached are dropped, loudly:
         it never saw the failures that would have made them current."""
-        for res in self.buffer.results_for(r, self.epoch + (used_epoch is not None)):
+        for res in self.core.unused_results(r, used_epoch):
             self._drop("unjustified_epoch", f"result for round {r} epoch {res.epoch} from "
                        f"{res.sender} not used: the candidates before it were alive in this "
                        "peer's view")
@@ -879,7 +817,7 @@ class Node:
     async def _serve(self, r: int, payload: Payload | None, info: dict, work) -> dict[str, Payload]:
         mem = self.membership
         deadline = self.clock.now() + self.timing.round_timeout_s
-        complete = await self._wait_until(lambda: not self._awaited(r), deadline)
+        complete = await self._wait_until(lambda: not self.core.awaited(r), deadline)
         contributions = {p: self._payload(m) for p, m in self.buffer.received(r).items()
                          if m.kind != "none"}
         if payload is not None:
@@ -892,7 +830,7 @@ class Node:
         excluded = set(result.meta.get("excluded", ()))
         used = sorted(p for p in contributions if p not in excluded)  # only what went in
         info.update(contributors=len(used), timed_out=not complete)
-        quorum = self._quorum()
+        quorum = self.core.quorum()
         if len(used) < quorum:
             # A minority (one side of a partition, a lone restarted peer) never publishes.
             log.warning("%s: round %d: %d contribution(s), below the quorum of %d: no result "
@@ -902,77 +840,10 @@ class Node:
         info.update(learned_from=len(set(used) - {self.id}))
         msg = AggregateResult(**self._envelope(), round=r, epoch=self.epoch, kind=result.kind,
                               contributors=used, meta=result.meta, tensors=result.tensors)
+        self._observe("published", self, round=r, epoch=self.epoch, contributors=len(used),
+                      quorum=quorum, digest=payload_digest(result))
         await self._broadcast(mem.live_peers(), msg)
         return {self.id: result}
-
-    def _awaited(self, r: int) -> list[str]:
-        """Live peers whose round-``r`` knowledge is still worth waiting for.
-
-        Only peers in round r - 1 (finishing it) or r (heartbeats say which): a peer
-        further behind (paused, restarted, on the other side of a healed partition)
-        cannot contribute soon and catches up on its own; one already past r has
-        sent its knowledge for r, or never will.
-        """
-        mem = self.membership
-        got = self.buffer.received(r)
-        awaited = []
-        for p in mem.live_peers():
-            m = mem.members[p]
-            if p in got or m.round > r:
-                continue
-            # Behind only on fresh evidence: a heartbeat that arrived after this round
-            # began (a busy peer's last word may simply be old).
-            if m.round < r - 1 and m.last_heard >= self._round_began:
-                continue
-            if (self.alg.mode == "aggregator" and not self.everywhere and m.round == r
-                    and self._served_elsewhere(r, m.epoch)):
-                continue
-            awaited.append(p)
-        return awaited
-
-    def _served_elsewhere(self, r: int, epoch: int) -> bool:
-        """A peer at ``epoch`` of round r sent its knowledge to another aggregator than
-        us (we serve at ``self.epoch``): it failed over past us, or it stays with an
-        earlier candidate that is alive in our view too. (Two peers restarted together
-        rejoin at epoch 0 while the survivors failed over past them: without this, both
-        aggregators waited a whole round_timeout_s for each other's peers.) A peer at an
-        earlier epoch whose candidate we hold dead is still failing over to us."""
-        if epoch > self.epoch:
-            return True
-        return epoch < self.epoch and self._candidate_alive(r, epoch)
-
-    def _candidate_alive(self, r: int, epoch: int) -> bool:
-        """The rotation's candidate for (r, epoch) is another peer, alive in our view."""
-        order = self.membership.rotation_order()
-        candidate = order[(r + epoch) % len(order)]
-        m = self.membership.members.get(candidate)
-        return candidate != self.id and m is not None and m.status == "alive"
-
-    def _aggregator_waits_elsewhere(self, aggregator: str, r: int) -> bool:
-        """The peer we wait for as (r, self.epoch)'s aggregator says it is at an earlier
-        epoch of r whose candidate is alive: it is waiting to be served there, and will
-        not serve us (the waiting side of :meth:`_served_elsewhere`)."""
-        m = self.membership.members.get(aggregator)
-        return (m is not None and m.round == r and m.epoch < self.epoch
-                and self._candidate_alive(r, m.epoch))
-
-    def _behind(self, peer_id: str, r: int) -> bool:
-        """Heartbeats show ``peer_id`` in a round before r."""
-        m = self.membership.members.get(peer_id)
-        return m is not None and m.round < r
-
-    def _cohort_past(self, r: int) -> bool:
-        """Heartbeats show a live peer in a later round: round r is over for the cohort."""
-        return self.membership.max_live_round() > r
-
-    def _quorum(self) -> int:
-        """Contributors a round's result needs: ``quorum`` if configured, else a majority
-        of the members this peer knows by its own evidence (dead ones included, left
-        ones and gossip-only suggestions not), so two sides of a partition can never
-        both publish and gossiped ghosts cannot block every round."""
-        if self.quorum is not None:
-            return self.quorum
-        return len(self.membership.rotation_order()) // 2 + 1
 
     def _maybe_crash(self, r: int, *phases: str) -> None:
         f = self.fault
@@ -1010,15 +881,6 @@ def clip(text: Any, limit: int = 120) -> str:
     if not s.isprintable():
         s = s.encode("unicode_escape", errors="backslashreplace").decode("ascii")
     return s if len(s) <= limit else f"{s[:limit]}...({len(s) - limit} more chars)"
-
-
-def catch_up_round(mode: str, own: int, cohort: int, last: int) -> int:
-    """The round to run next: a coordinated peer that finds the live cohort
-    ahead (after a restart, say) jumps to the cohort's round instead of
-    replaying rounds nobody else is in; local-mode rounds are the peer's own."""
-    if mode == "local" or cohort <= own:
-        return own
-    return min(cohort, last)
 
 
 def advertised_address(bound: str, advertise: str | None) -> str:

@@ -7,7 +7,7 @@ cohort); knowledge for a round the peer has already finished is dropped as late.
 Results are kept per (round, epoch), one per epoch (the first stands), so a
 result for a high epoch can never push out the one the peer is waiting for.
 Which of them a peer may *use* is the election rule, decided by the node
-(``Node._usable_result``): the result of the epoch it is at, or of a later
+(``PeerCore.usable_result``): the result of the epoch it is at, or of a later
 epoch whose earlier candidates it has itself seen fail; a result for an epoch
 the peer has already failed over from is stale.
 """

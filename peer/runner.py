@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from hfl.peer.checkpoint import (
     trim_metrics,
     write_atomic,
 )
+from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import PeerConfig
 from hfl.peer.configtools import ConfigError, config_differences
 from hfl.peer.node import Node, NodeResult
@@ -41,7 +42,7 @@ from hfl.peer.status import (
     detach,
     watch_join,
 )
-from hfl.peer.transport import FaultPlan, FaultyTransport, MemoryHub, make_transport
+from hfl.peer.transport import FaultPlan, FaultyTransport, MemoryHub, Transport, make_transport
 
 log = logging.getLogger("hfl.peer")
 
@@ -113,8 +114,8 @@ class RoundRecorder:
     a round the checkpoint lacks: :func:`~hfl.peer.checkpoint.trim_metrics`
     drops it on resume, so no round is listed twice.)
 
-    A resumed peer of a sharing method holds its first round (in the worker
-    thread; the event loop keeps greeting and answering) until it has heard
+    A resumed peer of a sharing method holds its first round (:meth:`hold`, awaited
+    on the event loop before the checkpoint; greeting and answering go on) until it has heard
     from as many peers as a result needs. If ``timing.join_timeout_s`` since
     its start passes first (nobody answered, or only a minority such as the
     other half of a pair restarted together), it has outlived its cohort, or
@@ -123,7 +124,8 @@ class RoundRecorder:
     without a result (unless ``node.allow_solo``)."""
 
     def __init__(self, run_dir: Path, cfg: PeerConfig, mode: str, resumed_after: int | None,
-                 checkpoints: bool, remembered: int = 0, model: dict[str, Any] | None = None):
+                 checkpoints: bool, remembered: int = 0, model: dict[str, Any] | None = None,
+                 clock=None):
         self.run_dir = run_dir
         self.model = model
         self.write_metrics = MetricsWriter(run_dir / METRICS_NAME, cfg.cohort.rounds)
@@ -138,44 +140,34 @@ class RoundRecorder:
                         else (remembered + 1) // 2 + 1)
         self.written: set[int] = set()
         self.node: Node | None = None  # set once built: the membership tells who answered
-        self.started = time.monotonic()
-        self.stopped = threading.Event()  # the peer is stopping: a held round lets go
+        self.clock = clock or MonotonicClock()
+        self.started = self.clock.now()
+        self.stopped = False  # the peer is stopping: a held round lets go
 
     def _record(self, record: dict[str, Any]) -> None:
         r = int(record["round"])
         if r in self.written:
             return
         if self.watch_alone and self.node is not None:
-            self._check_cohort(r, wait=False)
+            self._check_cohort(r)
         self.write_metrics(record)
         self.written.add(r)
 
     def _heard(self) -> int:
         """Other members heard from in this life (not only remembered) and not dead."""
-        for _ in range(5):  # the event loop's thread may add a member meanwhile
-            try:
-                members = list(self.node.membership.members.values())
-                break
-            except RuntimeError:
-                continue
-        else:
-            return 0
-        return sum(1 for m in members if m.status in ("alive", "suspect") and m.confirmed)
+        return sum(1 for m in self.node.membership.members.values()
+                   if m.status in ("alive", "suspect") and m.confirmed)
 
-    def _check_cohort(self, r: int, wait: bool) -> None:
-        """Return once a quorum of the cohort was heard from in this life (and stop
+    def _check_cohort(self, r: int) -> bool:
+        """True once a quorum of the cohort was heard from in this life (and stop
         watching); raise :class:`CohortGone` when ``timing.join_timeout_s`` since the
-        start passed without one. ``wait`` (only in the node's worker thread, never on
-        the event loop) holds the round until one or the other."""
-        while True:
-            heard = self._heard()
-            if 1 + heard >= self.need:
-                self.watch_alone = False  # met the cohort: from here on, the usual rules
-                return
-            if time.monotonic() >= self.started + self.timing.join_timeout_s:
-                break
-            if not wait or self.stopped.wait(self.timing.heartbeat_interval_s):
-                return
+        start passed without one; False while there is time left."""
+        heard = self._heard()
+        if 1 + heard >= self.need:
+            self.watch_alone = False  # met the cohort: from here on, the usual rules
+            return True
+        if self.clock.now() < self.started + self.timing.join_timeout_s:
+            return False
         who = ("no peer of the cohort answered" if heard == 0 else
                f"only {heard} other peer(s) of the cohort answered, fewer than the "
                f"{self.need} a result needs (node.quorum)")
@@ -186,12 +178,16 @@ class RoundRecorder:
             f"it; nothing was recorded for round {r} (restart the cohort, or allow it with "
             "node.allow_solo: true)")
 
+    async def hold(self, r: int, node: Node) -> None:
+        """Awaited by the node before round ``r``'s checkpoint: while watching, hold the
+        round until a quorum was heard from (see :meth:`_check_cohort`)."""
+        while self.watch_alone and not self.stopped and not self._check_cohort(r):
+            await asyncio.sleep(self.timing.heartbeat_interval_s)
+
     def checkpoint(self, r: int, node: Node) -> None:
-        """Called in the node's worker thread: may hold the round (see _check_cohort)."""
-        if self.watch_alone and self.node is not None:
-            self._check_cohort(r, wait=True)
-            if self.stopped.is_set():
-                return
+        """Called in the node's worker thread, after :meth:`hold`."""
+        if self.stopped:
+            return
         record = next((m for m in reversed(getattr(node, "_metrics", [])) if m.get("round") == r),
                       None)
         if record is not None:
@@ -231,27 +227,38 @@ async def run_peer(
     hub: MemoryHub | None = None,
     fault_plan: FaultPlan | None = None,
     clock=None,
+    transport: Callable[[PeerConfig], Transport] | None = None,
+    run_blocking: Callable[..., Any] | None = None,
+    observer: Callable[..., None] | None = None,
 ) -> NodeResult:
     """Build this peer from ``cfg`` and run it to the cohort's last round.
 
     Raises :class:`~hfl.peer.status.CohortTooSmall` (after writing the summary) when
     a sharing method ended below ``max(2, node.min_peers)`` peers, or stopped before
     its first round because nobody answered at its bootstrap addresses
-    (:func:`~hfl.peer.status.nobody_joined`), and ``node.allow_solo`` is off."""
+    (:func:`~hfl.peer.status.nobody_joined`), and ``node.allow_solo`` is off.
+
+    ``clock``, ``transport`` (builds the peer's transport from its config) and
+    ``run_blocking`` (runs training off the loop; default a worker thread) let the
+    deterministic simulator (:mod:`hfl.launch.sim`) own time, network and scheduling;
+    ``observer`` is told of the node's decisions (:class:`~hfl.peer.node.Node`)."""
     run_dir = Path(cfg.run_dir)
     make_run_dir(run_dir)
     started = time.time()
-    if hub is None:
+    if hub is None and transport is None:
         check_listen(cfg.node.listen)  # a port in use: one clear line, before the slow start-up
         handler = attach(run_dir)  # warnings/errors also to events.jsonl, which hfl-launch follows
         try:
-            return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started)
+            return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started, None,
+                                   run_blocking, observer)
         finally:
             detach(handler)
-    return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started)
+    return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started, transport, run_blocking,
+                           observer)
 
 
-async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, started: float) -> NodeResult:
+async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, started: float,
+                    make, run_blocking, observer) -> NodeResult:
     import torch
 
     from hfl.algorithms.registry import get_algorithm
@@ -325,7 +332,8 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         log.warning("%s: security.mode is none: messages travel in plaintext and any process that "
                     "reaches %s can claim to be any peer; use CURVE keys outside a trusted network",
                     cfg.node.id, cfg.node.listen)
-    transport = make_transport(cfg.node.id, cfg.node.listen, hub=hub, security=identity)
+    transport = (make(cfg) if make is not None
+                 else make_transport(cfg.node.id, cfg.node.listen, hub=hub, security=identity))
     if fault_plan is not None:
         transport = FaultyTransport(transport, fault_plan)
     shared = data_split_fingerprint(cfg.data)
@@ -335,7 +343,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
                  cfg.data.partition, cfg.data.num_partitions, cfg.data.seed)
     recorder = RoundRecorder(run_dir, cfg, algorithm.mode, resumed_after, cfg.node.checkpoint,
                              remembered=len([p for p, _ in members if p != cfg.node.id]),
-                             model=spec)
+                             model=spec, clock=clock)
     # A sharing peer told where its cohort is (bootstrap) waits for one other peer even
     # with min_peers 1, and stops (exit 3) if none joined within timing.join_timeout_s,
     # instead of training every round alone only to fail at the end. The first peer of a
@@ -350,17 +358,18 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         clock=clock, seed=cfg.node.seed, fault=cfg.fault, advertise=cfg.node.advertise,
         seeds=seeds, shared=shared, allowed_peers=frozenset(identity.allowed) if identity else None,
         quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
-        stop_if_alone=stop_if_alone,
+        stop_if_alone=stop_if_alone, run_blocking=run_blocking, hold_round=recorder.hold,
+        observer=observer,
     )
     recorder.node = node
     watcher = asyncio.create_task(watch_join(
         node, cfg.node.bootstrap, node.peers_needed(),
-        cfg.timing.join_timeout_s, run_dir / EVENTS_NAME if hub is None else None,
+        cfg.timing.join_timeout_s, run_dir / EVENTS_NAME if hub is None and make is None else None,
         alone_stops=stop_if_alone), name="watch_join")
     try:
         result = await node.run()
     finally:
-        recorder.stopped.set()
+        recorder.stopped = True
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
     # Every round this peer recorded, over all its lives: a peer restarted for the last

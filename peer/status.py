@@ -150,7 +150,8 @@ async def watch_join(node, bootstrap: tuple[str, ...], need: int, join_timeout_s
     """Until the first round ends: report join progress and warn early when the
     cohort does not come together (``alone_stops``: the peer stops at the join
     timeout if nobody joined). Cancelled by the caller."""
-    started = time.monotonic()
+    clock = node.clock
+    started = clock.now()
     last: tuple[int, int] | None = None
     warned_bootstrap = warned_join = False
     start_round = node.round
@@ -162,7 +163,7 @@ async def watch_join(node, bootstrap: tuple[str, ...], need: int, join_timeout_s
             last = (joined, need)
         if node.round > start_round:
             return  # past the first round: the metrics speak from here on
-        waited = time.monotonic() - started
+        waited = clock.now() - started
         refused = node.dropped.get("refused", 0) > 0  # an answer, logged with its reason
         # A refused handshake was logged with its cause the moment it happened.
         refused = refused or any(node.transport.dial_failure(split_bootstrap(b)[1])

@@ -117,11 +117,11 @@ def test_an_aggregator_does_not_wait_for_a_peer_visibly_behind(tmp_path):
     node.membership = Membership("p0", "mem://p0", 0, 1.0, 2.0)
     for p, rnd in (("p1", 6), ("p2", 4), ("p3", 2)):
         node.membership.heard_from(p, 0, now=10.0, address=f"mem://{p}", round=rnd)
-    node._round_began = 5.0  # all three heard from after round 5 began
-    assert node._awaited(5) == ["p2"]  # p1 is past 5; p3 is 3 rounds behind, fresh word
-    node._round_began = 20.0  # their last word predates the round: maybe just old news
-    assert node._awaited(5) == ["p2", "p3"]
-    assert node._cohort_past(5) and not node._cohort_past(6)  # p1 is in round 6
+    node.core.round_began = 5.0  # all three heard from after round 5 began
+    assert node.core.awaited(5) == ["p2"]  # p1 is past 5; p3 is 3 rounds behind, fresh word
+    node.core.round_began = 20.0  # their last word predates the round: maybe just old news
+    assert node.core.awaited(5) == ["p2", "p3"]
+    assert node.core.cohort_past(5) and not node.core.cohort_past(6)  # p1 is in round 6
 
 
 def viewer(tmp_path, index: int, heard: dict[str, tuple[int, int]], incarnation: int = 0):
@@ -143,16 +143,16 @@ def test_two_aggregators_of_one_round_do_not_wait_for_each_others_peers(tmp_path
     # round_timeout_s for peers whose knowledge had gone to the other one.
     r = 23  # rotation p0..p3: epoch 0 -> p3, epoch 1 -> p0, epoch 2 -> p1
     p1 = viewer(tmp_path, 1, {"p0": (r, 0), "p2": (r, 2), "p3": (r, 0)})
-    p1._round_began, p1.epoch = 5.0, 2
-    assert p1._awaited(r) == ["p2"]  # p0 and p3 are served by p3, alive
+    p1.core.round_began, p1.epoch = 5.0, 2
+    assert p1.core.awaited(r) == ["p2"]  # p0 and p3 are served by p3, alive
     # An ordinary fail-over is not cut short: with p3 dead in p1's view, p0 (still at
     # epoch 0, about to notice) is coming to p1 and is waited for.
     p1.membership.members["p3"].status = "dead"
-    assert p1._awaited(r) == ["p0", "p2"]
+    assert p1.core.awaited(r) == ["p0", "p2"]
     # And the epoch-0 aggregator p3 does not wait for peers that failed over past it.
     p3 = viewer(tmp_path, 3, {"p0": (r, 0), "p1": (r, 2), "p2": (r, 2)}, incarnation=1)
-    p3._round_began, p3.epoch = 5.0, 0
-    assert p3._awaited(r) == ["p0"]
+    p3.core.round_began, p3.epoch = 5.0, 0
+    assert p3.core.awaited(r) == ["p0"]
 
 
 def test_a_peer_stops_waiting_for_an_aggregator_that_waits_at_an_earlier_epoch(tmp_path):
@@ -162,7 +162,7 @@ def test_a_peer_stops_waiting_for_an_aggregator_that_waits_at_an_earlier_epoch(t
     r = 23  # rotation p0..p3: epoch 0 -> p3, epoch 1 -> p0, epoch 2 -> p1
     p1 = viewer(tmp_path, 1, {"p0": (r, 0), "p2": (r, 2), "p3": (r, 0)})
     p1.epoch = 1
-    assert p1._aggregator_waits_elsewhere("p0", r)
+    assert p1.core.aggregator_waits_elsewhere("p0", r)
     # An ordinary fail-over: p3 dead in p1's view, p0 about to notice and serve epoch 1.
     p1.membership.members["p3"].status = "dead"
-    assert not p1._aggregator_waits_elsewhere("p0", r)
+    assert not p1.core.aggregator_waits_elsewhere("p0", r)

@@ -127,7 +127,7 @@ def test_advance_forgets_older_rounds_and_keeps_newer_ones():
 
 
 def test_catch_up_only_for_coordinated_modes_and_never_past_the_last_round():
-    from hfl.peer.node import catch_up_round
+    from hfl.peer.core import catch_up_round
 
     assert catch_up_round("aggregator", 3, 9, 20) == 9  # restarted: join the cohort's round
     assert catch_up_round("broadcast", 3, 9, 5) == 5

@@ -291,7 +291,7 @@ def test_a_suspected_aggregator_has_not_failed_so_a_held_result_stays_held(tmp_p
                                 for v in victims), "the forged result held by both victims")
         for victim in victims:  # the flood's effect: p2 is late with its heartbeats
             victim.membership.members["p2"].status = "suspect"
-            seen[victim.id] = (victim._usable_result(r), victim._epoch_unjustified(r, epoch))
+            seen[victim.id] = (victim.core.usable_result(r), victim.core.epoch_unjustified(r, epoch))
             victim._wakeup.set()
         gate.release(r)
         await member.close()
@@ -913,7 +913,7 @@ def test_gossiped_ids_that_never_run_do_not_raise_the_quorum_over_curve(tmp_path
                 await _send_when_connected(sock, lies)
             await until(lambda: all(set(ghosts) <= set(nd.membership.members) for nd in nodes[:2]),
                         "the ghosts suggested to p0 and p1")
-            quorums = [nd._quorum() for nd in nodes[:2]]
+            quorums = [nd.core.quorum() for nd in nodes[:2]]
             return quorums, await asyncio.wait_for(asyncio.gather(*tasks), 3 * WAIT_S)
         finally:
             for sock in socks:

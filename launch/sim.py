@@ -1,0 +1,621 @@
+"""``hfl-sim``: deterministic simulation of a real cohort under seeded faults.
+
+The peers are the real thing: each is what ``hfl-peer`` runs
+(:func:`hfl.peer.runner.run_peer`: Node, membership, election, round engine,
+algorithm, checkpoints and metrics files on disk). What the simulator owns is
+everything around them:
+
+- **time**: one :class:`~hfl.launch.simloop.VirtualLoop`; nobody sleeps, the
+  clock jumps to the next timer;
+- **scheduling**: training, aggregation and checkpoints run inline on that loop
+  (``run_blocking``) and then cost ``compute_s`` of virtual time (times a slow
+  peer's factor), instead of running in a worker thread;
+- **the network**: :class:`~hfl.launch.simnet.SimNetwork` (latency, loss,
+  duplicates, reordering, long delays, partitions that heal);
+- **processes**: a crash is SIGKILL (no goodbye, nothing written), a restart
+  is a new ``run_peer`` on the same run directory (it resumes from its
+  checkpoint, with a new incarnation); a pause is SIGSTOP/SIGCONT.
+
+All of it comes from one seed, so a seed's history (every delivered message's
+time, ends and bytes, and every aggregate absorbed) is the same bit for bit on
+every run, and a failing seed is replayed with the one command it prints.
+
+After each run the history is checked against the invariants of
+:class:`Checker` (docs/simulation.md states them and the liveness bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfl.launch.simloop import SimulationStalled, VirtualLoop, current_peer, run_as
+from hfl.launch.simnet import NetworkFaults, SimNetwork, SimTransport
+
+log = logging.getLogger("hfl.sim")
+
+DEFAULT_EXPERIMENT = Path(__file__).resolve().parent.parent / "examples" / "quickstart.yaml"
+
+
+# =================================================================== scenario
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One scheduled fault: at virtual time ``t``, for ``duration`` seconds."""
+
+    t: float
+    kind: str  # crash (then restart), pause, partition, slow
+    peers: tuple[str, ...]
+    duration: float
+    factor: float = 1.0  # slow: how many times slower its compute is
+
+    def __str__(self) -> str:
+        what = {"crash": "SIGKILL, restart after", "pause": "SIGSTOP for",
+                "partition": "cut off from the rest for",
+                "slow": f"{self.factor:.0f}x slower for"}[self.kind]
+        return f"t={self.t:.1f}s {','.join(self.peers)}: {what} {self.duration:.1f}s"
+
+
+@dataclass
+class Scenario:
+    """What one seed does: the network's fault rates, the process faults, the timing."""
+
+    seed: int
+    network: NetworkFaults
+    faults: list[Fault]
+    timing: dict[str, float]
+    calm_at: float  # the last fault has healed by then; the network is clean from there on
+
+    def describe(self) -> list[str]:
+        n = self.network
+        return ([f"network: drop {n.drop:.3f}, duplicate {n.duplicate:.3f}, reorder "
+                 f"{n.reorder:.3f}, long delay {n.delay:.3f} (clean from t={self.calm_at:.1f}s)"]
+                + [str(f) for f in self.faults])
+
+
+def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, float],
+                  buggify: bool = False, compute_s: float = 0.5) -> Scenario:
+    """Draw a seed's faults. Faults start while rounds are running and all have healed
+    by ``calm_at``. ``buggify`` shrinks the timeouts and makes faults denser and longer."""
+    rng = random.Random(f"scenario:{seed}")
+    timing = dict(timing)
+    if buggify:
+        hb = rng.choice([0.1, 0.2, 0.3])
+        timing.update(heartbeat_interval_s=hb, suspect_after_s=hb * rng.uniform(2.5, 4),
+                      dead_after_s=hb * rng.uniform(5, 9), round_timeout_s=rng.uniform(1.5, 6),
+                      aggregate_grace_s=rng.uniform(0, 1.5))
+    scale = 2.5 if buggify else 1.0
+    net = NetworkFaults(
+        drop=rng.choice([0.0, 0.0, 0.01, 0.03, 0.08]) * scale,
+        duplicate=rng.choice([0.0, 0.02, 0.05]) * scale,
+        reorder=rng.choice([0.0, 0.05, 0.1]) * scale,
+        delay=rng.choice([0.0, 0.0, 0.01, 0.03]) * scale,
+        delay_s=rng.uniform(0.5, 2.0) * timing["dead_after_s"],
+    )
+    # A fault-free run lasts about `length` (four compute steps a round); faults begin
+    # in its first 60% and none lasts over a quarter of it: a fault that outlives the
+    # run (a peer cut off from start to end) leaves nothing to check but that peer's
+    # loud failure.
+    length = rounds * (4 * compute_s + 0.1)
+    n_faults = rng.randint(1, 3) if not buggify else rng.randint(2, 6)
+    faults = []
+    dead = timing["dead_after_s"]
+
+    def duration(lo: float, hi: float) -> float:
+        return round(min(rng.uniform(lo, hi) * dead, 0.25 * length), 2)
+
+    for _ in range(n_faults):
+        kind = rng.choice(["crash", "crash", "pause", "partition", "slow"])
+        t = round(rng.uniform(1.0, max(1.0, 0.6 * length)), 2)
+        if kind == "partition":
+            k = rng.randint(1, max(1, len(peers) // 2))
+            side = tuple(sorted(rng.sample(peers, k)))
+            faults.append(Fault(t, kind, side, duration(0.5, 3)))
+        elif kind == "slow":
+            faults.append(Fault(t, kind, (rng.choice(peers),), duration(1, 4),
+                                factor=rng.choice([3.0, 10.0, 30.0])))
+        else:
+            faults.append(Fault(t, kind, (rng.choice(peers),), duration(0.2, 3)))
+    faults.sort(key=lambda f: (f.t, f.kind, f.peers))
+    calm_at = max(f.t + f.duration for f in faults)
+    return Scenario(seed, net, faults, timing, calm_at)
+
+
+# =================================================================== invariants
+
+
+@dataclass
+class Violation:
+    invariant: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.invariant}: {self.detail}"
+
+
+@dataclass
+class Checker:
+    """The invariants, checked on what the peers did (observer events, metrics files).
+
+    1. *agreement*: no two peers absorb different results for the same round
+       (with an elected aggregator; peers that aggregate for themselves may hold
+       different contributions, and each may only use a quorum of them);
+    2. *quorum*: no result is published or absorbed below the quorum;
+    3. *justified*: no result is taken from an epoch the receiver could not
+       justify: every candidate of the epochs it skipped was dead in its view;
+    4. *liveness*: after the last fault healed, every running peer learns from
+       others within ``bound_s`` (or finishes);
+    5. *learning*: every peer that exits 0 learned from others in most rounds;
+    6. *metrics*: no metrics row is lost or doubled across restarts (every
+       checkpointed round has exactly one row, and no other row is left);
+    7. *resume*: a restarted peer resumes the round after its last checkpoint,
+       with the model of that checkpoint;
+    8. *exit*: every peer ends its run normally (no crash of the runtime itself,
+       no "cohort gone"), within the simulated time limit.
+    """
+
+    mode: str
+    everywhere: bool
+    bound_s: float
+    events: list[dict[str, Any]] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    models: dict[tuple[str, int], str] = field(default_factory=dict)  # (peer, round) -> digest
+
+    def observe(self, event: str, node, **fields: Any) -> None:
+        now = asyncio.get_running_loop().time()
+        rec = {"t": now, "event": event, "peer": node.id, "incarnation": node.incarnation, **fields}
+        if event in ("checkpointed", "started"):
+            rec["model"] = model_digest(node)
+        if event == "checkpointed":
+            self.models[(node.id, fields["round"])] = rec["model"]
+        self.events.append(rec)
+        self._check_step(rec)
+
+    def fail(self, invariant: str, detail: str) -> None:
+        self.violations.append(Violation(invariant, detail))
+
+    # ---------------------------------------------------------- per step (cheap)
+
+    def _check_step(self, e: dict[str, Any]) -> None:
+        if e["event"] in ("published", "absorbed") and e.get("contributors") is not None:
+            if e["contributors"] < e["quorum"]:
+                self.fail("quorum", f"{e['peer']} {e['event']} round {e['round']} with "
+                          f"{e['contributors']} contributor(s); its quorum is {e['quorum']}")
+        if e["event"] == "took":
+            bad = [(c, s) for c, s in e["passed"] if s != "dead"]
+            if e["epoch"] < e["own_epoch"] or bad:
+                self.fail("justified", f"{e['peer']} took round {e['round']} epoch {e['epoch']} at "
+                          f"its epoch {e['own_epoch']}; skipped candidates not dead: {bad}")
+
+    # ---------------------------------------------------------- after the run
+
+    def check(self, run_dirs: dict[str, Path], outcomes: dict[str, str], calm_at: float,
+              end_t: float) -> list[Violation]:
+        self._agreement()
+        self._resume()
+        self._liveness(outcomes, calm_at)
+        for peer, run_dir in sorted(run_dirs.items()):
+            rows = _read_rows(run_dir / "metrics.jsonl")
+            self._metrics(peer, rows)
+            if outcomes.get(peer) == "ok":
+                self._learning(peer, rows)
+            elif outcomes.get(peer) != "ok":
+                self.fail("exit", f"{peer}: {outcomes.get(peer)} (simulated t={end_t:.1f}s)")
+        return self.violations
+
+    def _agreement(self) -> None:
+        if self.mode != "aggregator" or self.everywhere:
+            return
+        by_round: dict[int, dict[str, list[str]]] = {}
+        for e in self.events:
+            if e["event"] == "absorbed":
+                label = f"{e['digest']} (from {e['source']}, epoch {e['epoch']})"
+                by_round.setdefault(e["round"], {}).setdefault(label, []).append(e["peer"])
+        for r, seen in sorted(by_round.items()):
+            if len(seen) > 1:
+                self.fail("agreement", f"round {r}: " + "; ".join(
+                    f"{', '.join(sorted(set(p)))} took {label}" for label, p in sorted(seen.items())))
+
+    def _resume(self) -> None:
+        last_ckpt: dict[str, int] = {}
+        for e in self.events:
+            if e["event"] == "checkpointed":
+                last_ckpt[e["peer"]] = max(last_ckpt.get(e["peer"], 0), e["round"])
+            elif e["event"] == "started" and e["incarnation"] > 0:
+                c = last_ckpt.get(e["peer"], 0)
+                if e["round"] != c + 1:
+                    self.fail("resume", f"{e['peer']} incarnation {e['incarnation']} started at "
+                              f"round {e['round']}; its last checkpoint was round {c}")
+                elif c > 0 and e["model"] != self.models.get((e["peer"], c)):
+                    self.fail("resume", f"{e['peer']} incarnation {e['incarnation']} resumed round "
+                              f"{e['round']} with another model than its round-{c} checkpoint")
+
+    def _liveness(self, outcomes: dict[str, str], calm_at: float) -> None:
+        deadline = calm_at + self.bound_s
+        rounds = [e for e in self.events if e["event"] == "round"]
+        finished_at = {e["peer"]: e["t"] for e in rounds}  # last round's time per peer
+        for peer in sorted(outcomes):
+            if outcomes[peer] != "ok" or finished_at.get(peer, 0) <= calm_at:
+                continue  # failed (reported as exit) or had finished before the calm
+            learned = [e["t"] for e in rounds
+                       if e["peer"] == peer and e["t"] > calm_at and (e["learned_from"] or 0) > 0]
+            if not learned or learned[0] > deadline:
+                when = f"only at t={learned[0]:.1f}s" if learned else "never"
+                self.fail("liveness", f"{peer} learned from others {when} after the last fault "
+                          f"healed at t={calm_at:.1f}s (bound {self.bound_s:.1f}s)")
+
+    def _learning(self, peer: str, rows: list[dict[str, Any]]) -> None:
+        if self.mode == "local" or not rows:
+            return
+        learned = sum(1 for r in rows if (r.get("learned_from") or 0) > 0)
+        if learned * 2 <= len(rows):
+            self.fail("learning", f"{peer} learned from others in {learned} of its {len(rows)} "
+                      "recorded rounds")
+
+    def _metrics(self, peer: str, rows: list[dict[str, Any]]) -> None:
+        rounds = [int(r["round"]) for r in rows]
+        doubled = sorted({r for r in rounds if rounds.count(r) > 1})
+        if doubled:
+            self.fail("metrics", f"{peer}: rounds {doubled} recorded twice")
+        ckpt = {e["round"] for e in self.events if e["event"] == "checkpointed" and e["peer"] == peer}
+        lost = sorted(ckpt - set(rounds))
+        if lost:
+            self.fail("metrics", f"{peer}: rounds {lost} were checkpointed but have no metrics row")
+        extra = sorted(set(rounds) - ckpt)
+        if extra:
+            self.fail("metrics", f"{peer}: rows for rounds {extra} that no checkpoint holds")
+
+
+def model_digest(node) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(node.alg.model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# =================================================================== one run
+
+
+@dataclass
+class SimOptions:
+    experiment: str = str(DEFAULT_EXPERIMENT)
+    overrides: list[str] = field(default_factory=list)
+    peers: int = 5
+    rounds: int = 10
+    buggify: bool = False
+    compute_s: float = 0.5  # virtual seconds a training call costs
+    keep: Path | None = None  # keep run directories here (default: only a failing seed's)
+
+
+@dataclass
+class SimResult:
+    seed: int
+    violations: list[Violation]
+    history: str  # digest of the whole history: same seed, same code -> same digest
+    peer_rounds: int
+    simulated_s: float
+    wall_s: float
+    delivered: int
+    scenario: Scenario
+    run_dir: Path | None  # kept for a failing seed
+    outcomes: dict[str, str]
+    counts: dict[str, int]
+
+
+def _configs(opts: SimOptions, root: Path):
+    from hfl.launch.experiment import expand, load_experiment
+    from hfl.launch.inprocess import in_memory
+
+    sets = [f"peers={opts.peers}", f"run_dir={root}", f"defaults.cohort.rounds={opts.rounds}",
+            "defaults.security.mode=none", "defaults.node.threads=1", "defaults.node.device=cpu",
+            *opts.overrides]
+    exp = load_experiment(opts.experiment, sets)
+    plans = expand(exp, gpus=[], ports=list(range(1, opts.peers + 1)))
+    return exp, in_memory(plans)
+
+
+def run_seed(seed: int, opts: SimOptions) -> SimResult:
+    """Run one seed in a fresh virtual loop; never raises for what the peers do."""
+    import numpy as np
+    import torch
+
+    from hfl.algorithms.registry import get_algorithm
+    from hfl.peer.config import PeerConfig
+    from hfl.peer.configtools import build, to_dict
+    from hfl.peer.runner import run_peer
+
+    wall0 = time.perf_counter()
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    root = Path(tempfile.mkdtemp(prefix=f"hfl-sim-{seed}-"))
+    exp, plans = _configs(opts, root)
+    ids = [p.id for p in plans]
+    base_timing = to_dict(plans[0].config.timing)
+    sc = plan_scenario(seed, ids, opts.rounds, base_timing, opts.buggify, opts.compute_s)
+    cfgs = {}
+    for p in plans:
+        data = to_dict(p.config)
+        data["timing"] = {**data["timing"], **sc.timing}
+        cfgs[p.id] = build(PeerConfig, data)
+    timing = cfgs[ids[0]].timing
+    alg_cls = get_algorithm(cfgs[ids[0]].cohort.algorithm)
+    mode = alg_cls.mode
+    # The liveness bound: see docs/simulation.md.
+    bound = (2 * (timing.round_timeout_s + timing.aggregate_grace_s) + timing.dead_after_s
+             + 4 * timing.heartbeat_interval_s + 8 * opts.compute_s * 60)
+    checker = Checker(mode=mode, everywhere=False, bound_s=bound)
+    net = SimNetwork(seed, sc.network)
+    transports: dict[str, SimTransport] = {}
+    slow: dict[str, float] = {}
+    tasks: dict[str, asyncio.Task] = {}
+    outcomes: dict[str, str] = {}
+    loop = VirtualLoop()
+
+    def make_transport(cfg: PeerConfig) -> SimTransport:
+        t = SimTransport(cfg.node.id, cfg.node.listen, net)
+        transports[cfg.node.id] = t
+        return t
+
+    async def run_blocking(fn, *args):
+        peer = current_peer()
+        cost = 0.0 if getattr(fn, "__name__", "") == "checkpoint" else opts.compute_s
+        await asyncio.sleep(cost * slow.get(peer, 1.0))
+        return fn(*args)
+
+    def observer(event: str, node, **fields: Any) -> None:
+        if event == "started" and node.everywhere:
+            checker.everywhere = True
+        checker.observe(event, node, **fields)
+
+    def start(peer: str) -> None:
+        coro = run_peer(cfgs[peer], transport=make_transport, clock=_LoopClock(),
+                        run_blocking=run_blocking, observer=observer)
+        tasks[peer] = run_as(peer, coro, name=peer)
+        outcomes.pop(peer, None)
+
+    async def finish(peer: str, task: asyncio.Task) -> None:
+        try:
+            await task
+            outcomes[peer] = "ok"
+        except asyncio.CancelledError:
+            if tasks.get(peer) is task and peer not in outcomes:
+                outcomes[peer] = "killed"
+        except Exception as exc:  # noqa: BLE001 - the outcome is the finding
+            outcomes[peer] = f"failed: {type(exc).__name__}: {exc}"
+
+    async def conduct() -> None:
+        events: list[tuple[float, int, str, Fault]] = []
+        for i, f in enumerate(sc.faults):
+            events.append((f.t, i, "begin", f))
+            events.append((f.t + f.duration, i, "end", f))
+        events.sort(key=lambda e: (e[0], e[1], e[2]))
+        cuts: dict[int, set] = {}
+        for t, i, phase, f in events:
+            await asyncio.sleep(max(0.0, t - loop.time()))
+            for peer in f.peers:
+                if f.kind == "crash" and phase == "begin" and peer in tasks and not tasks[peer].done():
+                    transports[peer].kill()
+                    tasks[peer].cancel()
+                elif f.kind == "crash" and phase == "end" and tasks[peer].done():
+                    if outcomes.get(peer) in ("killed", None):
+                        start(peer)
+                        followers.append(asyncio.ensure_future(finish(peer, tasks[peer])))
+                elif f.kind == "pause" and phase == "begin":
+                    loop.freeze(peer, t + f.duration)
+                elif f.kind == "slow":
+                    slow[peer] = f.factor if phase == "begin" else 1.0
+            if f.kind == "partition":
+                if phase == "begin":
+                    cuts[i] = net.partition(list(f.peers), [p for p in ids if p not in f.peers])
+                else:
+                    net.heal(cuts.pop(i))
+        await asyncio.sleep(max(0.0, sc.calm_at - loop.time()))
+        net.faults = NetworkFaults(latency_s=sc.network.latency_s)  # calm from here on
+
+    followers: list[asyncio.Future] = []
+    limit = (sc.calm_at + bound + opts.rounds * (timing.round_timeout_s + timing.aggregate_grace_s)
+             + timing.join_timeout_s)
+
+    async def main() -> None:
+        for peer in ids:
+            start(peer)
+            followers.append(asyncio.ensure_future(finish(peer, tasks[peer])))
+        conductor = asyncio.ensure_future(conduct())
+        try:
+            async with asyncio.timeout(limit):
+                while any(not f.done() for f in followers):
+                    await asyncio.gather(*followers)
+        except TimeoutError:
+            for peer, task in tasks.items():
+                if not task.done():
+                    outcomes[peer] = f"still running at the simulated time limit ({limit:.0f}s)"
+                    task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        finally:
+            conductor.cancel()
+            await asyncio.gather(conductor, return_exceptions=True)
+
+    hfl_log = logging.getLogger("hfl")
+    old_level, old_propagate = hfl_log.level, hfl_log.propagate
+    handler = logging.FileHandler(root / "sim.log")
+    handler.setFormatter(_VirtualFormatter(loop))
+    hfl_log.addHandler(handler)
+    hfl_log.setLevel(logging.INFO)
+    hfl_log.propagate = False
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(main())
+    except SimulationStalled as exc:
+        checker.fail("exit", f"the simulation stalled: {exc}")
+    finally:
+        end_t = loop.time()
+        _close(loop)
+        asyncio.set_event_loop(None)
+        hfl_log.removeHandler(handler)
+        handler.close()
+        hfl_log.setLevel(old_level)
+        hfl_log.propagate = old_propagate
+    violations = checker.check({p: Path(cfgs[p].run_dir) for p in ids}, outcomes, sc.calm_at, end_t)
+    h = hashlib.sha256(net.digest().encode())
+    for e in checker.events:
+        h.update(json.dumps({k: v for k, v in e.items()}, sort_keys=True, default=str).encode())
+    kept = None
+    if violations or opts.keep is not None:
+        kept = (opts.keep or Path(tempfile.gettempdir())) / f"hfl-sim-seed{seed}"
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(root, kept)
+        (kept / "events.json").write_text(json.dumps(checker.events, default=str, indent=0))
+    shutil.rmtree(root, ignore_errors=True)
+    return SimResult(
+        seed=seed, violations=violations, history=h.hexdigest()[:16],
+        peer_rounds=sum(1 for e in checker.events if e["event"] == "round"),
+        simulated_s=end_t, wall_s=time.perf_counter() - wall0, delivered=net.delivered,
+        scenario=sc, run_dir=kept, outcomes=outcomes, counts=dict(net.counts))
+
+
+class _LoopClock:
+    """The node's clock: the running loop's (virtual) time."""
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+
+class _VirtualFormatter(logging.Formatter):
+    def __init__(self, loop: VirtualLoop):
+        super().__init__("%(vt)10.3f %(levelname)-7s %(message)s")
+        self.loop = loop
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.vt = self.loop.time()
+        return super().format(record)
+
+
+def _close(loop: VirtualLoop) -> None:
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        try:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        except SimulationStalled:
+            pass
+    loop.close()
+
+
+# =================================================================== CLI
+
+
+def parse_seeds(text: str) -> range | list[int]:
+    """``7``, ``0-99`` or ``1,5,9``."""
+    try:
+        if "-" in text:
+            a, b = text.split("-", 1)
+            return range(int(a), int(b) + 1)
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds: got {text!r}; allowed: N, A-B or N,M,...") from None
+
+
+def _replay_command(argv: list[str], seed: int) -> str:
+    out, skip = ["hfl-sim"], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--seeds", "--seed", "--minutes", "--keep"):
+            skip = True
+            continue
+        if a.startswith(("--seeds=", "--seed=", "--minutes=", "--keep=")) or a == "--quiet":
+            continue
+        out.append(a)
+    return shlex.join([*out, "--seed", str(seed)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(
+        prog="hfl-sim", description="Run real peers under seeded faults on virtual time and "
+                                    "check the protocol's invariants (docs/simulation.md).")
+    ap.add_argument("experiment", nargs="?", default=str(DEFAULT_EXPERIMENT),
+                    help="an hfl-launch experiment file (default: examples/quickstart.yaml)")
+    ap.add_argument("--seeds", type=parse_seeds, default=range(0, 20), help="N, A-B or N,M,... "
+                    "(default 0-19)")
+    ap.add_argument("--seed", type=int, help="one seed (what a failing seed's replay line uses)")
+    ap.add_argument("--peers", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--buggify", action="store_true",
+                    help="shrunk timeouts, denser and longer faults")
+    ap.add_argument("--minutes", type=float, help="soak: stop after this many minutes")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="experiment override, as hfl-launch --set")
+    ap.add_argument("--keep", type=Path, help="keep every seed's run directories here")
+    ap.add_argument("--quiet", action="store_true", help="only violations and the summary")
+    args = ap.parse_args(argv)
+    if args.peers < 2:
+        ap.error(f"--peers: got {args.peers}; a cohort needs 2 or more")
+    if args.rounds < 1:
+        ap.error(f"--rounds: got {args.rounds}; 1 or more")
+    from hfl.peer.configtools import ConfigError
+
+    opts = SimOptions(experiment=args.experiment, overrides=args.set, peers=args.peers,
+                      rounds=args.rounds, buggify=args.buggify, keep=args.keep)
+    seeds = [args.seed] if args.seed is not None else args.seeds
+    t0 = time.perf_counter()
+    ran = peer_rounds = 0
+    failing: list[SimResult] = []
+    try:
+        for seed in seeds:
+            if args.minutes is not None and time.perf_counter() - t0 > args.minutes * 60:
+                break
+            res = run_seed(seed, opts)
+            ran += 1
+            peer_rounds += res.peer_rounds
+            if res.violations:
+                failing.append(res)
+                print(f"seed {seed}: {len(res.violations)} violation(s), history {res.history}",
+                      flush=True)
+                for line in res.scenario.describe():
+                    print(f"  fault   {line}")
+                for v in res.violations:
+                    print(f"  VIOLATED {v}")
+                print(f"  run dirs kept in {res.run_dir}")
+                print(f"  replay: {_replay_command(argv, seed)}", flush=True)
+            elif not args.quiet:
+                print(f"seed {seed}: ok, {res.peer_rounds} peer-rounds, {res.simulated_s:.1f} s "
+                      f"simulated in {res.wall_s:.2f} s, {res.delivered} messages, history "
+                      f"{res.history}", flush=True)
+    except ConfigError as err:
+        print(f"hfl-sim: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    wall = time.perf_counter() - t0
+    print(f"{ran} seed(s) in {wall:.1f} s: {peer_rounds / max(wall, 1e-9):.1f} simulated "
+          f"peer-rounds per wall second; {len(failing)} violating seed(s)"
+          + (f": {', '.join(str(r.seed) for r in failing)}" if failing else ""))
+    return 1 if failing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""The protocol's decisions for one peer, with no I/O: the rules that keep a cohort safe.
+
+:class:`PeerCore` holds one peer's protocol state (its membership view, its
+round buffer, the round and aggregator epoch it is in, the result it absorbed
+last) and answers every question the round engine asks: may this message be
+taken, which result may be used, whom to wait for, when to stop waiting, when
+to fail over, how many contributions a result needs. It never sends, sleeps or
+reads a clock: times come in as arguments (``now``; ``round_began`` is set by
+the shell), so each rule can be tested on a hand-built view, and the
+deterministic simulator (:mod:`hfl.launch.sim`) checks the whole cohort's
+history against the invariants these rules are meant to keep.
+
+:class:`~hfl.peer.node.Node` is the shell: it owns sockets, tasks and the
+worker thread, and calls these methods. PROTOCOL.md names the method that
+implements each of its rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hfl.peer.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, elect
+from hfl.peer.rounds import RoundBuffer
+from hfl.protocol import AggregateResult, Error, ErrorCode, Heartbeat, Hello, Message, Welcome
+
+
+@dataclass(frozen=True)
+class Drop:
+    """A message not taken: the counter it goes to and the reason that is logged."""
+
+    code: str
+    reason: str
+
+
+class PeerCore:
+    """One peer's protocol state and rules (see the module docstring)."""
+
+    def __init__(self, self_id: str, *, mode: str, everywhere: bool, lookahead: int,
+                 start_round: int = 1, quorum: int | None = None,
+                 allowed_peers: frozenset[str] | None = None):
+        self.id = self_id
+        self.mode = mode  # the algorithm's: "broadcast", "aggregator" or "local"
+        self.everywhere = everywhere  # aggregator mode with every peer aggregating itself
+        self.quorum_config = quorum  # node.quorum (None: a majority)
+        self.allowed_peers = allowed_peers  # the CURVE allow-list (None: anyone)
+        self.membership: Membership | None = None  # set once the transport is bound
+        self.buffer = RoundBuffer(lookahead=lookahead, round=start_round)
+        self.round = start_round
+        self.epoch = 0  # the aggregator epoch of this round this peer is at
+        self.round_began = 0.0  # clock time the current round started
+        self.absorbed: tuple[int, str, str] = (0, "", "")  # (round, digest, from whom)
+        #: round -> peers whose heartbeat said they absorbed another aggregate for it
+        self.disagreements: dict[int, set[str]] = {}
+
+    # ================================================================ admission
+
+    def admit(self, identity: str, msg: Message) -> Drop | None:
+        """Why a decoded message from connection ``identity`` is dropped (None: take it).
+        Hellos have their own rule (:meth:`admit_hello`)."""
+        if msg.sender != identity:
+            return Drop(ErrorCode.IDENTITY_MISMATCH,
+                        f"header says {msg.sender!r} but the connection is {identity!r}")
+        if self.allowed_peers is not None and msg.sender not in self.allowed_peers:
+            return Drop(ErrorCode.NOT_MEMBER, f"{msg.TYPE} from {msg.sender!r}: not on the allow-list")
+        if isinstance(msg, Hello):
+            return None
+        mem = self.membership
+        if msg.sender not in mem.members:
+            if isinstance(msg, Welcome):
+                pass  # the answer to our hello: the peer speaks for itself
+            elif isinstance(msg, Error):
+                # Most likely the refusal of our hello: the shell logs its reason loudly.
+                return Drop("refused", f"{msg.sender} refused our {msg.ref_type or 'message'}: "
+                                       f"{msg.code}: {msg.reason}")
+            else:
+                return Drop(ErrorCode.NOT_MEMBER, f"{msg.TYPE} from unknown peer {msg.sender!r}")
+        elif not mem.is_current(msg.sender, msg.incarnation):
+            return Drop("stale_incarnation", f"{msg.TYPE} from {msg.sender} incarnation "
+                                             f"{msg.incarnation} (a dead process)")
+        address = msg.address if isinstance(msg, Welcome) else None
+        conflict = mem.address_conflict(msg.sender, msg.incarnation, address)
+        if conflict:
+            return Drop("address_conflict", f"{msg.TYPE}: {conflict}")
+        return None
+
+    def admit_hello(self, msg: Hello) -> Drop | None:
+        """Why a (compatible) hello is dropped: an old incarnation, or a second "same
+        process" at another address (an impostor or a stale copy)."""
+        mem = self.membership
+        if msg.sender in mem.members and not mem.is_current(msg.sender, msg.incarnation):
+            return Drop("stale_incarnation", f"hello from an old incarnation of {msg.sender}")
+        conflict = mem.address_conflict(msg.sender, msg.incarnation, msg.address)
+        return Drop("address_conflict", f"hello: {conflict}") if conflict else None
+
+    def admit_result(self, msg: AggregateResult) -> Drop | None:
+        """Why an aggregate may not even be held: no aggregator in this cohort, a
+        sender the rotation does not elect for (round, epoch), or too few
+        contributors for the quorum."""
+        if self.everywhere:
+            return Drop("wrong_aggregator", f"result for round {msg.round} from {msg.sender}: "
+                        "this cohort has no aggregator (every peer aggregates for itself)")
+        expected = self.aggregators_for(msg.round, msg.epoch)
+        if msg.epoch >= len(self.membership.rotation_order()) or msg.sender not in expected:
+            return Drop("wrong_aggregator", f"result for round {msg.round} epoch {msg.epoch} from "
+                        f"{msg.sender}; the rotation elects {' or '.join(sorted(expected))}")
+        if len(msg.contributors) < self.quorum():
+            return Drop("below_quorum", f"result for round {msg.round} from {msg.sender} has "
+                        f"{len(msg.contributors)} contributor(s); the quorum is {self.quorum()}")
+        return None
+
+    def compare_absorbed(self, msg: Heartbeat) -> str | None:
+        """Why ``msg.sender`` is now known to have absorbed another aggregate than ours
+        for the same round (reported once per round and peer), or None."""
+        r, digest, source = self.absorbed
+        if r == 0 or msg.absorbed_round != r or not msg.absorbed_digest or msg.absorbed_digest == digest:
+            return None
+        seen = self.disagreements.setdefault(r, set())
+        if msg.sender in seen:
+            return None
+        seen.add(msg.sender)
+        return ("the peers aggregated different contributions: a member sent different knowledge "
+                "to different peers, or a contribution was lost or late" if self.everywhere
+                else f"we took {source}'s result: an aggregator gave peers different results, or "
+                     "the peers took results of different fail-over epochs")
+
+    # ================================================================ election
+
+    def quorum(self) -> int:
+        """Contributors a round's result needs: ``node.quorum`` if configured, else a
+        majority of the members this peer knows by its own evidence (dead ones
+        included, left ones and gossip-only suggestions not), so two sides of a
+        partition can never both publish and gossiped ghosts cannot block every round."""
+        if self.quorum_config is not None:
+            return self.quorum_config
+        return len(self.membership.rotation_order()) // 2 + 1
+
+    def elect(self, r: int) -> tuple[str, int] | None:
+        """(aggregator, epoch) for round r from this peer's epoch on: the first live
+        candidate of the rotation (:func:`hfl.peer.membership.elect`)."""
+        mem = self.membership
+        return elect(mem.rotation_order(), mem.is_live, r, self.epoch)
+
+    def aggregators_for(self, r: int, epoch: int) -> set[str]:
+        """Who may send the result of (r, epoch): the rotation's candidate, computed
+        with and without members that have left (one may leave as the round ends)."""
+        mem = self.membership
+        orders = [mem.rotation_order(), sorted([self.id, *mem.members])]
+        return {order[(r + epoch) % len(order)] for order in orders}
+
+    def epoch_unjustified(self, r: int, epoch: int) -> str | None:
+        """Why this peer cannot (yet) accept a result of (r, epoch), or None if it can.
+
+        The election rule: epoch e of round r is current only once the candidates
+        of every earlier epoch have failed, and a peer believes only failures it
+        has seen itself: epochs below its own (it failed over past them, on a
+        death or a missed deadline) or candidates it holds dead now. A suspicion
+        is not a failure: a member that floods the real aggregator until it looks
+        slow cannot make its own held result count. The check runs each time a
+        held result is considered, so a result never outlives its evidence: once
+        the candidate is heard again, the held result is unusable again.
+        """
+        mem = self.membership
+        order = mem.rotation_order()
+        for e in range(self.epoch, epoch):
+            candidate = order[(r + e) % len(order)]
+            if candidate == self.id:
+                return f"epoch {e} elects this peer, which is alive"
+            m = mem.members.get(candidate)
+            if m is not None and m.status in (ALIVE, SUSPECT):
+                return (f"{candidate}, the candidate of epoch {e}, is {m.status} (not dead) in this "
+                        "peer's view")
+        return None
+
+    def usable_result(self, r: int) -> AggregateResult | None:
+        """The result this peer may take for round ``r``: its own epoch's, or a later
+        epoch's that :meth:`epoch_unjustified` allows."""
+        for res in self.buffer.results_for(r, self.epoch):
+            if res.epoch == self.epoch or self.epoch_unjustified(r, res.epoch) is None:
+                return res
+        return None
+
+    def unused_results(self, r: int, used_epoch: int | None) -> list[AggregateResult]:
+        """Results of round ``r`` held for epochs this peer never reached (to drop at the
+        round's end: it never saw the failures that would have made them current)."""
+        return self.buffer.results_for(r, self.epoch + (used_epoch is not None))
+
+    # ================================================================ waiting
+
+    def awaited(self, r: int) -> list[str]:
+        """Live peers whose round-``r`` knowledge is still worth waiting for.
+
+        Only peers in round r - 1 (finishing it) or r (heartbeats say which): a peer
+        further behind (paused, restarted, on the other side of a healed partition)
+        cannot contribute soon and catches up on its own; one already past r has
+        sent its knowledge for r, or never will.
+        """
+        mem = self.membership
+        got = self.buffer.received(r)
+        awaited = []
+        for p in mem.live_peers():
+            m = mem.members[p]
+            if p in got or m.round > r:
+                continue
+            # Behind only on fresh evidence: a heartbeat that arrived after this round
+            # began (a busy peer's last word may simply be old).
+            if m.round < r - 1 and m.last_heard >= self.round_began:
+                continue
+            if (self.mode == "aggregator" and not self.everywhere and m.round == r
+                    and self.served_elsewhere(r, m.epoch)):
+                continue
+            awaited.append(p)
+        return awaited
+
+    def served_elsewhere(self, r: int, epoch: int) -> bool:
+        """A peer at ``epoch`` of round r sent its knowledge to another aggregator than
+        us (we serve at ``self.epoch``): it failed over past us, or it stays with an
+        earlier candidate that is alive in our view too. (Two peers restarted together
+        rejoin at epoch 0 while the survivors failed over past them: without this, both
+        aggregators waited a whole round_timeout_s for each other's peers.) A peer at an
+        earlier epoch whose candidate we hold dead is still failing over to us."""
+        if epoch > self.epoch:
+            return True
+        return epoch < self.epoch and self.candidate_alive(r, epoch)
+
+    def candidate_alive(self, r: int, epoch: int) -> bool:
+        """The rotation's candidate for (r, epoch) is another peer, alive in our view."""
+        order = self.membership.rotation_order()
+        candidate = order[(r + epoch) % len(order)]
+        m = self.membership.members.get(candidate)
+        return candidate != self.id and m is not None and m.status == ALIVE
+
+    def aggregator_waits_elsewhere(self, aggregator: str, r: int) -> bool:
+        """The peer we wait for as (r, self.epoch)'s aggregator says it is at an earlier
+        epoch of r whose candidate is alive: it is waiting to be served there, and will
+        not serve us (the waiting side of :meth:`served_elsewhere`)."""
+        m = self.membership.members.get(aggregator)
+        return (m is not None and m.round == r and m.epoch < self.epoch
+                and self.candidate_alive(r, m.epoch))
+
+    def behind(self, peer_id: str, r: int) -> bool:
+        """Heartbeats show ``peer_id`` in a round before r."""
+        m = self.membership.members.get(peer_id)
+        return m is not None and m.round < r
+
+    def cohort_past(self, r: int) -> bool:
+        """Heartbeats show a live peer in a later round: round r is over for the cohort."""
+        return self.membership.max_live_round() > r
+
+    def stop_waiting_for(self, aggregator: str, r: int, resend: bool) -> bool:
+        """Whether a peer waiting for ``aggregator``'s round-r result stops waiting:
+        a usable result arrived, the aggregator is dead, the cohort is past r, the
+        aggregator waits at an earlier epoch, or (``resend``) an aggregator that was
+        behind has reached r and should get our knowledge again."""
+        return (self.usable_result(r) is not None or not self.membership.is_live(aggregator)
+                or self.cohort_past(r) or self.aggregator_waits_elsewhere(aggregator, r)
+                or (resend and not self.behind(aggregator, r)))
+
+    def failover_reason(self, aggregator: str, r: int) -> str:
+        """Why this peer leaves ``aggregator``'s epoch (for the log line)."""
+        if not self.membership.is_live(aggregator):
+            return "is dead"
+        if self.aggregator_waits_elsewhere(aggregator, r):
+            return "waits at an earlier epoch"
+        return "missed its deadline"
+
+    def catch_up(self, last: int) -> int:
+        """The round to run next (:func:`catch_up_round` with the cohort's round)."""
+        return catch_up_round(self.mode, self.round, self.membership.max_live_round(), last)
+
+
+def catch_up_round(mode: str, own: int, cohort: int, last: int) -> int:
+    """The round to run next: a coordinated peer that finds the live cohort
+    ahead (after a restart, say) jumps to the cohort's round instead of
+    replaying rounds nobody else is in; local-mode rounds are the peer's own."""
+    if mode == "local" or cohort <= own:
+        return own
+    return min(cohort, last)
+
+
+__all__ = ["ALIVE", "DEAD", "LEFT", "SUSPECT", "Drop", "PeerCore", "catch_up_round"]
