@@ -107,9 +107,23 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         ready, self._ready = self._ready, type(self._ready)()
         for handle in ready:  # callbacks ready to run: run at the thaw instead
             if handle._context.get(_PEER) == peer and not handle._cancelled:
-                super().call_at(until, _run_unless_cancelled, handle, context=handle._context)
+                # A copy carries the peer's tag (for a later freeze); the handle itself
+                # runs in its own context, which must not be entered twice.
+                super().call_at(until, _run_unless_cancelled, handle,
+                                context=handle._context.copy())
             else:
                 self._ready.append(handle)
+
+    def thaw(self, peer: str) -> None:
+        """End ``peer``'s freeze now (SIGCONT, or the SIGKILL that a stopped process
+        also dies of): what it held runs at once."""
+        until = self._frozen.pop(peer, None)
+        if until is None or until <= self._now:
+            return
+        for handle in self._scheduled:
+            if handle._context.get(_PEER) == peer and handle._when == until:
+                handle._when = self._now
+        heapq.heapify(self._scheduled)
 
     def frozen_until(self, peer: str) -> float | None:
         until = self._frozen.get(peer)

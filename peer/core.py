@@ -17,11 +17,26 @@ implements each of its rules.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from hfl.peer.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, elect
 from hfl.peer.rounds import RoundBuffer
-from hfl.protocol import AggregateResult, Error, ErrorCode, Heartbeat, Hello, Message, Welcome
+from hfl.protocol import (
+    Ack,
+    AggregateResult,
+    Commit,
+    Error,
+    ErrorCode,
+    Heartbeat,
+    Hello,
+    Knowledge,
+    Message,
+    Welcome,
+)
 
 
 @dataclass(frozen=True)
@@ -37,11 +52,12 @@ class PeerCore:
 
     def __init__(self, self_id: str, *, mode: str, everywhere: bool, lookahead: int,
                  start_round: int = 1, quorum: int | None = None,
-                 allowed_peers: frozenset[str] | None = None):
+                 allowed_peers: frozenset[str] | None = None, cohort_size: int = 1):
         self.id = self_id
         self.mode = mode  # the algorithm's: "broadcast", "aggregator" or "local"
         self.everywhere = everywhere  # aggregator mode with every peer aggregating itself
         self.quorum_config = quorum  # node.quorum (None: a majority)
+        self.cohort_size = cohort_size  # node.min_peers: the cohort a majority is at least of
         self.allowed_peers = allowed_peers  # the CURVE allow-list (None: anyone)
         self.membership: Membership | None = None  # set once the transport is bound
         self.buffer = RoundBuffer(lookahead=lookahead, round=start_round)
@@ -51,6 +67,11 @@ class PeerCore:
         self.absorbed: tuple[int, str, str] = (0, "", "")  # (round, digest, from whom)
         #: round -> peers whose heartbeat said they absorbed another aggregate for it
         self.disagreements: dict[int, set[str]] = {}
+        # The commit protocol (an elected aggregator's rounds; see "Commit" below).
+        # round -> the result accepted last, and its digest
+        self.accepted: dict[int, tuple[AggregateResult, str]] = {}
+        self.acks: dict[tuple[int, int, str], set[str]] = {}  # our (round, epoch, digest) -> ackers
+        self.commits: set[tuple[int, str]] = set()  # (round, digest) its aggregator committed
 
     # ================================================================ admission
 
@@ -103,6 +124,10 @@ class PeerCore:
         if msg.epoch >= len(self.membership.rotation_order()) or msg.sender not in expected:
             return Drop("wrong_aggregator", f"result for round {msg.round} epoch {msg.epoch} from "
                         f"{msg.sender}; the rotation elects {' or '.join(sorted(expected))}")
+        if msg.kind == "none":  # an abstention: sets nothing, needs no quorum
+            return (None if not msg.tensors and not msg.contributors else
+                    Drop("rejected_result", f"abstention for round {msg.round} from {msg.sender} "
+                                            "carries tensors or contributors"))
         if len(msg.contributors) < self.quorum():
             return Drop("below_quorum", f"result for round {msg.round} from {msg.sender} has "
                         f"{len(msg.contributors)} contributor(s); the quorum is {self.quorum()}")
@@ -129,10 +154,14 @@ class PeerCore:
         """Contributors a round's result needs: ``node.quorum`` if configured, else a
         majority of the members this peer knows by its own evidence (dead ones
         included, left ones and gossip-only suggestions not), so two sides of a
-        partition can never both publish and gossiped ghosts cannot block every round."""
+        partition can never both publish and gossiped ghosts cannot block every round.
+
+        The majority is at least one of ``node.min_peers`` (the cohort hfl-launch
+        started): a peer restarted before its first checkpoint remembers nobody, and
+        two such peers that find each other must not make a majority of two."""
         if self.quorum_config is not None:
             return self.quorum_config
-        return len(self.membership.rotation_order()) // 2 + 1
+        return max(len(self.membership.rotation_order()), self.cohort_size) // 2 + 1
 
     def elect(self, r: int) -> tuple[str, int] | None:
         """(aggregator, epoch) for round r from this peer's epoch on: the first live
@@ -183,6 +212,98 @@ class PeerCore:
         """Results of round ``r`` held for epochs this peer never reached (to drop at the
         round's end: it never saw the failures that would have made them current)."""
         return self.buffer.results_for(r, self.epoch + (used_epoch is not None))
+
+    # ================================================================ commit
+    #
+    # An aggregator's result is *accepted* by the peers that receive it (they ack it
+    # and promise nothing older), and *absorbed* only once its aggregator has a quorum
+    # of acks and says so (commit). An aggregator of a later epoch needs a quorum of
+    # contributions sent to its epoch (each a promise never to accept an older
+    # epoch's result, carrying the sender's last accepted result); if any of them
+    # accepted a result, it publishes that result again, or abstains if it holds no
+    # copy of it. Two quorums share a peer, so a result once committed is the only
+    # one any later epoch can commit: no two peers absorb different results for a
+    # round (Paxos's rule, with the round's aggregators as proposers). It needs
+    # quorum > half the cohort: the default majority.
+
+    def accept(self, res: AggregateResult) -> str:
+        """This peer accepted ``res`` (it acks it next): the highest epoch wins.
+        Returns the result's digest."""
+        held = self.accepted.get(res.round)
+        if held is None or res.epoch >= held[0].epoch:
+            self.accepted[res.round] = (res, payload_digest(res))
+        return self.accepted[res.round][1]
+
+    def marker(self, r: int) -> tuple[int, str]:
+        """(epoch, digest) of the result accepted for round r; (-1, "") if none."""
+        held = self.accepted.get(r)
+        return (held[0].epoch, held[1]) if held is not None else (-1, "")
+
+    def promises(self, r: int) -> dict[str, Knowledge]:
+        """Round-r contributions sent to this peer's epoch or a later one: each a
+        promise from its sender never to accept an older epoch's result."""
+        return {p: k for p, k in self.buffer.received(r).items() if k.epoch >= self.epoch}
+
+    def proposal(self, r: int, promised: dict[str, Knowledge]) -> tuple[str, AggregateResult | None]:
+        """What this peer, aggregator of (r, self.epoch), may publish: ``("own", None)``
+        its own aggregate; ``("repeat", res)`` the result accepted at the highest epoch
+        among the promises and itself, which it holds a copy of (the copy came from
+        that epoch's aggregator: admission checked it); ``("abstain", None)`` when a
+        result was accepted that it holds no copy of."""
+        best = self.marker(r)
+        for k in promised.values():
+            if k.accepted_epoch >= 0 and (k.accepted_epoch, k.accepted_digest) > best:
+                best = (k.accepted_epoch, k.accepted_digest)
+        if best[0] < 0:
+            return "own", None
+        held = self.accepted.get(r)
+        if held is not None and held[0].epoch == best[0] and held[1] == best[1]:
+            return "repeat", held[0]
+        for res in self.buffer.results_for(r, best[0]):
+            if res.epoch == best[0] and payload_digest(res) == best[1]:
+                return "repeat", res
+        return "abstain", None
+
+    def expect_acks(self, r: int, epoch: int, digest: str) -> None:
+        self.acks.setdefault((r, epoch, digest), {self.id})
+
+    def note_ack(self, msg: Ack) -> Drop | None:
+        """Count an ack of a result this peer published (anything else is dropped)."""
+        ackers = self.acks.get((msg.round, msg.epoch, msg.digest))
+        if ackers is None:
+            return Drop("stale_ack", f"ack from {msg.sender} for round {msg.round} epoch "
+                                     f"{msg.epoch}: not a result this peer published")
+        ackers.add(msg.sender)
+        return None
+
+    def acked(self, r: int, epoch: int, digest: str) -> int:
+        return len(self.acks.get((r, epoch, digest), ()))
+
+    def admit_commit(self, msg: Commit) -> Drop | None:
+        """Record a commit from the aggregator of (round, epoch); drop anyone else's."""
+        if msg.sender not in self.aggregators_for(msg.round, msg.epoch):
+            return Drop("wrong_aggregator", f"commit for round {msg.round} epoch {msg.epoch} "
+                                            f"from {msg.sender}, not its aggregator")
+        self.commits.add((msg.round, msg.digest))
+        return None
+
+    def note_heartbeat(self, msg: Heartbeat) -> None:
+        """The aggregator of the result we accepted says it absorbed it: a commit (a
+        lost commit message is made up for by its next heartbeat)."""
+        held = self.accepted.get(msg.absorbed_round)
+        if held is not None and held[0].sender == msg.sender and held[1] == msg.absorbed_digest:
+            self.commits.add((msg.absorbed_round, msg.absorbed_digest))
+
+    def committed(self, r: int) -> AggregateResult | None:
+        """The accepted result of round r, once its value is known committed."""
+        held = self.accepted.get(r)
+        return held[0] if held is not None and (r, held[1]) in self.commits else None
+
+    def forget_before(self, r: int) -> None:
+        """Entering round r: the commit state of earlier rounds is not needed."""
+        self.accepted = {k: v for k, v in self.accepted.items() if k >= r}
+        self.acks = {k: v for k, v in self.acks.items() if k[0] >= r}
+        self.commits = {k for k in self.commits if k[0] >= r}
 
     # ================================================================ waiting
 
@@ -268,6 +389,18 @@ class PeerCore:
         return catch_up_round(self.mode, self.round, self.membership.max_live_round(), last)
 
 
+def payload_digest(payload: Any) -> str:
+    """First 16 hex digits of the SHA-256 of a payload's (or a message's) arrays: names,
+    dtypes, shapes and bytes, by name."""
+    h = hashlib.sha256()
+    for name in sorted(payload.tensors):
+        arr = payload.tensors[name]
+        h.update(name.encode())
+        h.update(str(arr.dtype).encode() + str(arr.shape).encode())
+        h.update(np.ascontiguousarray(arr))  # no copy for the usual contiguous array
+    return h.hexdigest()[:16]
+
+
 def catch_up_round(mode: str, own: int, cohort: int, last: int) -> int:
     """The round to run next: a coordinated peer that finds the live cohort
     ahead (after a restart, say) jumps to the cohort's round instead of
@@ -277,4 +410,5 @@ def catch_up_round(mode: str, own: int, cohort: int, last: int) -> int:
     return min(cohort, last)
 
 
-__all__ = ["ALIVE", "DEAD", "LEFT", "SUSPECT", "Drop", "PeerCore", "catch_up_round"]
+__all__ = ["ALIVE", "DEAD", "LEFT", "SUSPECT", "Drop", "PeerCore", "catch_up_round",
+           "payload_digest"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import random
 import time
@@ -30,12 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from hfl.algorithms.base import Algorithm, Payload, aggregates_everywhere
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import CohortConfig, FaultConfig, TimingConfig
-from hfl.peer.core import PeerCore
+from hfl.peer.core import PeerCore, payload_digest
 from hfl.peer.membership import Membership
 from hfl.peer.rounds import fold_rounds
 from hfl.peer.security import split_bootstrap
@@ -44,7 +41,9 @@ from hfl.peer.status import nobody_joined
 from hfl.peer.transport import Transport
 from hfl.protocol import (
     PROTOCOL_VERSION,
+    Ack,
     AggregateResult,
+    Commit,
     Error,
     ErrorCode,
     Gossip,
@@ -140,7 +139,7 @@ class Node:
         # epoch, election, quorum, whom to wait for. This class does the I/O around it.
         self.core = PeerCore(peer_id, mode=algorithm.mode, everywhere=self.everywhere,
                              lookahead=timing.lookahead_rounds, start_round=start_round,
-                             quorum=quorum, allowed_peers=allowed_peers)
+                             quorum=quorum, allowed_peers=allowed_peers, cohort_size=min_peers)
         self._handshake_info = {**algorithm.handshake_info(), **(shared or {}),
                                 **({"aggregate_everywhere": 1} if self.everywhere else {})}
         self._metrics: list[dict[str, Any]] = []  # one line per evaluated round
@@ -328,6 +327,8 @@ class Node:
         # shares for the round it is in).
         round_ = msg.round if isinstance(msg, (Heartbeat, Welcome, Knowledge)) else None
         epoch_ = msg.epoch if isinstance(msg, Heartbeat) else None
+        if isinstance(msg, Heartbeat):
+            self.core.note_heartbeat(msg)
         if isinstance(msg, Heartbeat) and (why := self.core.compare_absorbed(msg)):
             log.warning("%s: round %d: %s absorbed another aggregate than this peer (%s vs ours "
                         "%s): %s", self.id, msg.absorbed_round, msg.sender,
@@ -365,6 +366,11 @@ class Node:
             elif msg.round == self.round and (why := self.core.epoch_unjustified(msg.round, msg.epoch)):
                 log.info("%s: result for round %d epoch %d from %s held: %s", self.id, msg.round,
                          msg.epoch, msg.sender, why)
+        elif isinstance(msg, (Ack, Commit)):
+            drop = self.core.note_ack(msg) if isinstance(msg, Ack) else self.core.admit_commit(msg)
+            if drop is not None:
+                self._drop(drop.code, drop.reason)
+                return
         elif isinstance(msg, SeedRequest):
             self._serve_seeds(msg)
         elif isinstance(msg, SeedChunk):
@@ -498,8 +504,12 @@ class Node:
             hello = self._hello()
             greetings += [self._send(a, hello, 0.05, peer) for peer, a in self.bootstrap
                           if a != mem.self_address and peer != self.id]
+        # A dead member is greeted again once per dead_after_s: restarted at the same
+        # address with no checkpoint (killed before its first), it remembers nobody, and
+        # drops our heartbeats as "unknown peer" until our hello introduces us.
+        regreet = tick % max(1, round(self.timing.dead_after_s / self.timing.heartbeat_interval_s)) == 0
         for m in mem.members.values():
-            if not m.greeted and m.status != "left":
+            if (not m.greeted and m.status != "left") or (regreet and m.status == "dead"):
                 greetings.append(self._send(m.address, self._hello(), 0.05, m.peer_id))
             if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
                 greetings.append(self._send(m.lead, self._hello(), 0.05, m.peer_id))
@@ -615,6 +625,7 @@ class Node:
             await self._one_round(self.round)
             self.round += 1
             self.buffer.advance(self.round)
+            self.core.forget_before(self.round)
 
     async def _one_round(self, r: int) -> None:
         t_start, wall_start = self.clock.now(), time.time()
@@ -692,7 +703,9 @@ class Node:
 
     def _knowledge(self, r: int, payload: Payload | None, epoch: int = 0) -> Knowledge:
         payload = payload or Payload(kind="none")
+        accepted_epoch, accepted_digest = self.core.marker(r)
         return Knowledge(**self._envelope(), round=r, kind=payload.kind, epoch=epoch,
+                         accepted_epoch=accepted_epoch, accepted_digest=accepted_digest,
                          meta=payload.meta, tensors=payload.tensors)
 
     @staticmethod
@@ -759,11 +772,27 @@ class Node:
                                       for c in (order[(r + e) % len(order)]
                                                 for e in range(self.epoch, result.epoch))])
                 self.epoch = result.epoch
-                info.update(aggregator=result.sender, epoch=result.epoch,
-                            contributors=len(result.contributors),
-                            learned_from=len(set(result.contributors) - {self.id}))
-                self._discard_unused_results(r, result.epoch)
-                return {result.sender: self._payload(result)}
+                if result.kind == "none":
+                    log.warning("%s: round %d: aggregator %s (epoch %d) abstained: a result of an "
+                                "earlier epoch may be committed and it holds no copy; leaving the "
+                                "round without a result", self.id, r, result.sender, result.epoch)
+                    info.update(aggregator=None, abstained=True)
+                    self._discard_unused_results(r, result.epoch)
+                    return {}
+                committed = await self._await_commit(r, result)
+                if committed is not None:
+                    info.update(aggregator=result.sender, epoch=result.epoch,
+                                contributors=len(result.contributors),
+                                learned_from=len(set(result.contributors) - {self.id}))
+                    self._discard_unused_results(r, result.epoch)
+                    return {result.sender: self._payload(result)}
+                if not core.cohort_past(r):
+                    why = ("is dead" if not mem.is_live(result.sender)
+                           else "did not commit in time")
+                    log.warning("%s: round %d: aggregator %s (epoch %d) %s; failing over with its "
+                                "result accepted", self.id, r, result.sender, result.epoch, why)
+                    self.epoch += 1
+                    continue
             if core.cohort_past(r):
                 # Its result went out while we lagged (paused, restarted, partitioned) and
                 # will not come again: follow the cohort instead of failing over alone.
@@ -806,6 +835,24 @@ class Node:
         info.update(learned_from=len(set(used) - {self.id}))
         return {self.id: result}
 
+    async def _await_commit(self, r: int, result: AggregateResult) -> AggregateResult | None:
+        """Accept ``result`` (ack it to its aggregator) and wait until the aggregator
+        commits it (a commit, or its heartbeat saying it absorbed it), dies, or the
+        cohort moves past round r. Returns the committed result, or None."""
+        core, aggregator = self.core, result.sender
+        digest = core.accept(result)
+        await self._send_to(aggregator, Ack(**self._envelope(), round=r, epoch=result.epoch,
+                                            digest=digest))
+        deadline = self.clock.now() + self.timing.round_timeout_s + self.timing.aggregate_grace_s
+        await self._wait_until(lambda: core.committed(r) is not None
+                               or not self.membership.is_live(aggregator) or core.cohort_past(r),
+                               deadline)
+        if core.committed(r) is None and core.cohort_past(r):
+            # A heartbeat may overtake the commit it follows: a short grace.
+            grace = max(2 * self.timing.heartbeat_interval_s, 0.25)
+            await self._wait_until(lambda: core.committed(r) is not None, self.clock.now() + grace)
+        return core.committed(r)
+
     def _discard_unused_results(self, r: int, used_epoch: int | None) -> None:
         """Results of round ``r`` for epochs this peer never reached are dropped, loudly:
         it never saw the failures that would have made them current."""
@@ -815,34 +862,77 @@ class Node:
                        "peer's view")
 
     async def _serve(self, r: int, payload: Payload | None, info: dict, work) -> dict[str, Payload]:
-        mem = self.membership
+        """This peer is the aggregator of (r, self.epoch): wait for the contributions,
+        publish (its own aggregate, or a result accepted at an earlier epoch again, or
+        an abstention: PeerCore.proposal), then commit once a quorum acked it."""
+        mem, core = self.membership, self.core
         deadline = self.clock.now() + self.timing.round_timeout_s
-        complete = await self._wait_until(lambda: not self.core.awaited(r), deadline)
-        contributions = {p: self._payload(m) for p, m in self.buffer.received(r).items()
-                         if m.kind != "none"}
-        if payload is not None:
-            contributions[self.id] = payload
+        complete = await self._wait_until(lambda: not core.awaited(r), deadline)
+        promised = core.promises(r)
+        quorum = core.quorum()
         self._maybe_crash(r, "serve")
-        result = await work(self.alg.aggregate, r, contributions)
-        self._discard_unused_results(r, self.epoch)
-        if result is None:
-            return {}
-        excluded = set(result.meta.get("excluded", ()))
-        used = sorted(p for p in contributions if p not in excluded)  # only what went in
-        info.update(contributors=len(used), timed_out=not complete)
-        quorum = self.core.quorum()
-        if len(used) < quorum:
+        info.update(timed_out=not complete)
+        if 1 + len(promised) < quorum:
             # A minority (one side of a partition, a lone restarted peer) never publishes.
+            log.warning("%s: round %d: %d contribution(s), below the quorum of %d: no result "
+                        "published, keeping the local model", self.id, r, 1 + len(promised), quorum)
+            info.update(aggregator=None, below_quorum=True, contributors=1 + len(promised))
+            self._discard_unused_results(r, self.epoch)
+            return {}
+        decision, earlier = core.proposal(r, promised)
+        if decision == "abstain":
+            log.warning("%s: round %d: a contributor accepted a result of an earlier epoch that "
+                        "this peer holds no copy of; abstaining at epoch %d", self.id, r, self.epoch)
+            await self._broadcast(mem.live_peers(), AggregateResult(
+                **self._envelope(), round=r, epoch=self.epoch, kind="none"))
+            info.update(aggregator=None, abstained=True)
+            self._discard_unused_results(r, self.epoch)
+            return {}
+        if decision == "repeat":
+            log.info("%s: round %d: publishing %s's result of epoch %d again at epoch %d (a "
+                     "contributor accepted it)", self.id, r, earlier.sender, earlier.epoch, self.epoch)
+            result = self._payload(earlier)
+            used = list(earlier.contributors)
+        else:
+            contributions = {p: self._payload(m) for p, m in promised.items() if m.kind != "none"}
+            if payload is not None:
+                contributions[self.id] = payload
+            result = await work(self.alg.aggregate, r, contributions)
+            if result is None:
+                self._discard_unused_results(r, self.epoch)
+                return {}
+            excluded = set(result.meta.get("excluded", ()))
+            used = sorted(p for p in contributions if p not in excluded)  # only what went in
+        self._discard_unused_results(r, self.epoch)
+        info.update(contributors=len(used))
+        if len(used) < quorum:
             log.warning("%s: round %d: %d contribution(s), below the quorum of %d: no result "
                         "published, keeping the local model", self.id, r, len(used), quorum)
             info.update(aggregator=None, below_quorum=True)
             return {}
-        info.update(learned_from=len(set(used) - {self.id}))
         msg = AggregateResult(**self._envelope(), round=r, epoch=self.epoch, kind=result.kind,
                               contributors=used, meta=result.meta, tensors=result.tensors)
+        digest = core.accept(msg)
+        core.expect_acks(r, self.epoch, digest)
         self._observe("published", self, round=r, epoch=self.epoch, contributors=len(used),
-                      quorum=quorum, digest=payload_digest(result))
+                      quorum=quorum, digest=digest)
         await self._broadcast(mem.live_peers(), msg)
+        # Acks come one round trip after the result arrives: aggregate_grace_s (the
+        # time a result is given to travel), at least four heartbeats.
+        ack_wait = max(self.timing.aggregate_grace_s, 4 * self.timing.heartbeat_interval_s)
+        acked = await self._wait_until(
+            lambda: core.acked(r, self.epoch, digest) >= quorum or core.cohort_past(r),
+            self.clock.now() + ack_wait)
+        if core.acked(r, self.epoch, digest) < quorum:
+            log.warning("%s: round %d: %d of the %d acks a commit needs %s; not committing, "
+                        "keeping the local model", self.id, r, core.acked(r, self.epoch, digest),
+                        quorum, "arrived in time" if not acked else "before the cohort moved on")
+            info.update(aggregator=None, uncommitted=True)
+            return {}
+        core.commits.add((r, digest))
+        await self._broadcast(mem.live_peers(), Commit(**self._envelope(), round=r,
+                                                       epoch=self.epoch, digest=digest))
+        info.update(learned_from=len(set(used) - {self.id}))
         return {self.id: result}
 
     def _maybe_crash(self, r: int, *phases: str) -> None:
@@ -858,17 +948,6 @@ class Node:
         if targets:  # best effort and brief: a peer that already closed must not delay our exit
             await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
                                                  round=self.round), timeout_s=0.2)
-
-
-def payload_digest(payload: Payload) -> str:
-    """First 16 hex digits of the SHA-256 of a payload's arrays (names and bytes, by name)."""
-    h = hashlib.sha256()
-    for name in sorted(payload.tensors):
-        arr = payload.tensors[name]
-        h.update(name.encode())
-        h.update(str(arr.dtype).encode() + str(arr.shape).encode())
-        h.update(np.ascontiguousarray(arr))  # no copy for the usual contiguous array
-    return h.hexdigest()[:16]
 
 
 def clip(text: Any, limit: int = 120) -> str:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: Member status values carried in the membership view.
 MEMBER_STATUSES = ("alive", "suspect", "dead", "left")
@@ -104,20 +104,27 @@ class Knowledge(Message):
     """What an algorithm shares for one round.
 
     ``epoch`` is used by aggregator-based methods: a contribution for round r is
-    addressed to the aggregator elected for (r, epoch).
+    addressed to the aggregator elected for (r, epoch). ``accepted_epoch`` and
+    ``accepted_digest`` say which result of round r the sender accepted last (-1
+    and "": none): an aggregator of a later epoch must publish that result again
+    rather than its own (PROTOCOL.md, "Commit").
     """
 
     TYPE: ClassVar[str] = "knowledge"
     round: int
     kind: str
     epoch: int = 0
+    accepted_epoch: int = -1
+    accepted_digest: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
 class AggregateResult(Message):
-    """The elected aggregator's result for (round, epoch)."""
+    """The elected aggregator's result for (round, epoch): accepted, acknowledged, and
+    absorbed only once the aggregator commits it. ``kind == "none"`` with no
+    contributors and no tensors is an abstention: no result for (round, epoch)."""
 
     TYPE: ClassVar[str] = "aggregate"
     round: int
@@ -126,6 +133,27 @@ class AggregateResult(Message):
     contributors: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ack(Message):
+    """To the aggregator of (round, epoch): the sender accepted its result ``digest``."""
+
+    TYPE: ClassVar[str] = "ack"
+    round: int
+    epoch: int
+    digest: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Commit(Message):
+    """From the aggregator of (round, epoch): a quorum accepted result ``digest``;
+    whoever holds it absorbs it."""
+
+    TYPE: ClassVar[str] = "commit"
+    round: int
+    epoch: int
+    digest: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,8 +196,8 @@ class SeedChunk(Message):
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
     for cls in (
-        Hello, Welcome, Gossip, Heartbeat, Leave, Knowledge, AggregateResult, Error,
-        SeedRequest, SeedChunk,
+        Hello, Welcome, Gossip, Heartbeat, Leave, Knowledge, AggregateResult, Ack, Commit,
+        Error, SeedRequest, SeedChunk,
     )
 }
 

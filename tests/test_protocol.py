@@ -15,7 +15,9 @@ from hfl.protocol import (
     DEFAULT_LIMITS,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
+    Ack,
     AggregateResult,
+    Commit,
     Error,
     ErrorCode,
     Gossip,
@@ -99,6 +101,8 @@ def sample_messages() -> list[Message]:
             tensors=tensor_zoo(),
         ),
         Knowledge(**env, round=0, kind="empty"),
+        Knowledge(**env, round=4, kind="weights", epoch=2, accepted_epoch=1,
+                  accepted_digest="0123456789abcdef"),
         AggregateResult(
             **env,
             round=3,
@@ -108,6 +112,9 @@ def sample_messages() -> list[Message]:
             meta={"weights": [0.5, 0.5]},
             tensors={"head": np.ones((64, 10), dtype=np.float32)},
         ),
+        AggregateResult(**env, round=3, epoch=1, kind="none"),  # an abstention
+        Ack(**env, round=3, epoch=0, digest="0123456789abcdef"),
+        Commit(**env, round=3, epoch=0, digest="0123456789abcdef"),
         Error(**env, code=ErrorCode.COHORT_MISMATCH, reason="other cohort", ref_type="hello"),
         SeedRequest(**env, owner="peer-1", chunks=[0, 3]),
         SeedChunk(
@@ -200,7 +207,8 @@ def test_header_layout() -> None:
     )
     header = header_of(encode(msg))
     assert set(header) == {"v", "type", "sender", "incarnation", "body", "tensors"}
-    assert header["body"] == {"round": 2, "kind": "k", "epoch": 0, "meta": {}}
+    assert header["body"] == {"round": 2, "kind": "k", "epoch": 0, "accepted_epoch": -1,
+                              "accepted_digest": "", "meta": {}}
     assert header["tensors"] == [
         {"name": "w", "dtype": "float16", "shape": [2, 3]},
         {"name": "b", "dtype": "int64", "shape": [3]},
@@ -269,7 +277,8 @@ def test_decode_is_zero_copy() -> None:
 
 
 def test_decoded_arrays_from_bytes_are_read_only() -> None:
-    frames = [bytes(f) for f in encode(sample_messages()[10])]
+    result = next(m for m in sample_messages() if isinstance(m, AggregateResult) and m.tensors)
+    frames = [bytes(f) for f in encode(result)]
     head = decode(frames).tensors["head"]
     assert not head.flags.writeable
     assert np.shares_memory(head, np.frombuffer(frames[1], np.uint8))

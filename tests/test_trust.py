@@ -341,8 +341,14 @@ def test_a_lying_aggregator_sets_the_model_only_when_one_is_elected(tmp_path, ag
             await member.send(victim.transport.address, forged, 1.0)
         await member.close()
 
-    _, results = run_attack(tmp_path, forge, n=n, rounds=rounds,
-                            prepare=lambda nodes: _lying_aggregator(nodes[2]),
+    async def no_forge(hub, nodes, watch):
+        return None
+
+    # With an elected aggregator the forged copy would be a second, different result for
+    # round 2 epoch 0, which the commit protocol refuses to commit (see the next test):
+    # here the liar sends one lie, consistently.
+    _, results = run_attack(tmp_path, forge if aggregate_at == "every_peer" else no_forge,
+                            n=n, rounds=rounds, prepare=lambda nodes: _lying_aggregator(nodes[2]),
                             cohort={"aggregate_at": aggregate_at})
     honest = ("p0", "p1", "p3")
     recs = by_round(results)
@@ -355,6 +361,38 @@ def test_a_lying_aggregator_sets_the_model_only_when_one_is_elected(tmp_path, ag
         assert all(round_recs[p]["contributors"] == n and round_recs[p]["aggregator"] == p for p in honest), r
     assert min(recs[rounds][p]["global_acc"] for p in honest) > 0.5
     assert sum(results[p].dropped.get("wrong_aggregator", 0) for p in honest) >= 1  # the forged one
+
+
+def test_an_aggregator_that_sends_two_results_for_one_round_gets_neither_committed(tmp_path):
+    # An elected aggregator (p2, round 2) equivocates: a zero model to p0, p1, p3 on a
+    # second socket, then its real aggregate. The peers accept the first copy they hold
+    # and ack its digest; p2 gets no quorum of acks for what it published, so nothing
+    # is committed and no honest peer absorbs either version: they all keep their model.
+    n, rounds = 4, 3
+
+    async def equivocate(hub, nodes, watch):
+        member = InMemoryTransport("p2", "mem://p2-second-socket", hub)
+        await member.start()
+        await watch.all_finished(1)
+        zeros = {k: np.zeros_like(v.detach().cpu().numpy())
+                 for k, v in nodes[0].alg.model.state_dict().items()}
+        forged = encode(AggregateResult(sender="p2", incarnation=0, round=2, epoch=0, kind="weights",
+                                        contributors=[nd.id for nd in nodes], meta={"round": 2},
+                                        tensors=zeros))
+        for victim in (nodes[0], nodes[1], nodes[3]):
+            await member.send(victim.transport.address, forged, 1.0)
+        await member.close()
+
+    _, results = run_attack(tmp_path, equivocate, n=n, rounds=rounds,
+                            cohort={"aggregate_at": "aggregator"})
+    assert_completed(results, rounds)
+    recs = by_round(results)
+    for p in ("p0", "p1", "p3"):
+        assert recs[2][p]["learned_from"] == 0, recs[2][p]
+        assert recs[2][p]["global_acc"] > 0.2  # not the zero model
+    assert recs[2]["p2"].get("uncommitted") is True
+    assert sum(results[p].dropped.get("stale_ack", 0) for p in ("p2",)) >= 1  # acks of the forgery
+    assert_same_model(recs[3])  # and round 3 is one cohort again
 
 
 @pytest.mark.parametrize("robust", ["mean", "median", "multi_krum"])
@@ -397,7 +435,8 @@ def test_a_poisoning_member_is_outvoted_by_a_robust_rule_over_the_runtime(tmp_pa
 def test_peers_that_absorbed_different_aggregates_for_a_round_name_each_other(tmp_path, aggregate_at):
     # Equivocation: p3 shows p0 another version of what it shows the others (its knowledge
     # with every_peer; its result, when elected, with an aggregator). Heartbeats carry a
-    # digest of the last absorbed aggregate, so the peers that disagree are named.
+    # digest of the last absorbed aggregate, so the peers that disagree are named. With an
+    # aggregator, the commit protocol keeps p0 from absorbing its version at all.
     n, rounds = 4, 4
     message = Knowledge if aggregate_at == "every_peer" else AggregateResult
 
@@ -425,15 +464,27 @@ def test_peers_that_absorbed_different_aggregates_for_a_round_name_each_other(tm
 
     async def conduct():
         await watch.all_finished(rounds - 1)
-        await until(lambda: {"p1", "p2"} <= nodes[0].disagreements.get(rounds - 1, set())
-                    and all("p0" in nd.disagreements.get(rounds - 1, set()) for nd in nodes[1:3]),
-                    "p0, p1 and p2 naming each other for round 3")
+        if aggregate_at == "every_peer":
+            await until(lambda: {"p1", "p2"} <= nodes[0].disagreements.get(rounds - 1, set())
+                        and all("p0" in nd.disagreements.get(rounds - 1, set())
+                                for nd in nodes[1:3]),
+                        "p0, p1 and p2 naming each other for round 3")
         gate.release(rounds)
 
     results = run_conducted(nodes, gate, conduct)
     assert_completed(results, rounds)
     seen = {p: {peer for peers in res.disagreements.values() for peer in peers}
             for p, res in results.items()}
+    if aggregate_at == "aggregator":
+        # The commit protocol stops it before anyone absorbs it: p0 acked the version it
+        # was shown, which p3 never published to a quorum, so p0 took nothing for round 3
+        # while p1 and p2 took the committed one. Nobody absorbed another aggregate.
+        r3 = by_round(results)[rounds - 1]
+        assert r3["p0"]["learned_from"] == 0 and r3["p0"]["aggregator"] is None, r3["p0"]
+        assert {r3[p]["aggregator"] for p in ("p1", "p2")} == {"p3"}
+        assert all(not peers for peers in seen.values()), seen
+        assert results["p3"].dropped.get("stale_ack", 0) >= 1  # p0's ack of the other version
+        return
     assert {"p1", "p2"} <= seen["p0"], seen  # p0 was shown the other version
     assert "p0" in seen["p1"] and "p0" in seen["p2"]
     assert "p2" not in seen["p1"] and "p1" not in seen["p2"]  # those shown the same agree
