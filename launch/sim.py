@@ -92,10 +92,11 @@ def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, fl
     by ``calm_at``. ``buggify`` shrinks the timeouts and makes faults denser and longer."""
     rng = random.Random(f"scenario:{seed}")
     timing = dict(timing)
-    if buggify:
+    if buggify:  # the round timeout stays above one round's compute (4 steps)
         hb = rng.choice([0.1, 0.2, 0.3])
         timing.update(heartbeat_interval_s=hb, suspect_after_s=hb * rng.uniform(2.5, 4),
-                      dead_after_s=hb * rng.uniform(5, 9), round_timeout_s=rng.uniform(1.5, 6),
+                      dead_after_s=hb * rng.uniform(5, 9),
+                      round_timeout_s=rng.uniform(max(1.5, 4 * compute_s), 6),
                       aggregate_grace_s=rng.uniform(0, 1.5))
     scale = 2.5 if buggify else 1.0
     net = NetworkFaults(
@@ -106,9 +107,9 @@ def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, fl
         delay_s=rng.uniform(0.5, 2.0) * timing["dead_after_s"],
     )
     # A fault-free run lasts about `length` (four compute steps a round); faults begin
-    # in its first 60% and none lasts over a quarter of it: a fault that outlives the
-    # run (a peer cut off from start to end) leaves nothing to check but that peer's
-    # loud failure.
+    # in its first 60% and none lasts over a quarter of it, and the faults touching one
+    # peer add up to at most 30% of it: a peer cut off for most of the run cannot learn
+    # in most rounds whatever the protocol does ("learning" would be void).
     length = rounds * (4 * compute_s + 0.1)
     n_faults = rng.randint(1, 3) if not buggify else rng.randint(2, 6)
     faults = []
@@ -117,7 +118,10 @@ def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, fl
     def duration(lo: float, hi: float) -> float:
         return round(min(rng.uniform(lo, hi) * dead, 0.25 * length), 2)
 
-    for _ in range(n_faults):
+    budget = {p: 0.3 * length for p in peers}
+    for _attempt in range(200):  # (a short run's budget may fit fewer faults)
+        if len(faults) == n_faults:
+            break
         kind = rng.choice(["crash", "crash", "pause", "partition", "slow"])
         t = round(rng.uniform(1.0, max(1.0, 0.6 * length)), 2)
         if kind == "partition":
@@ -129,8 +133,15 @@ def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, fl
                                 factor=rng.choice([3.0, 10.0, 30.0])))
         else:
             faults.append(Fault(t, kind, (rng.choice(peers),), duration(0.2, 3)))
+        f = faults[-1]
+        hit = peers if f.kind == "partition" else f.peers  # a partition costs both sides
+        if any(budget[p] < f.duration for p in hit):
+            faults.pop()  # over that peer's budget: draw another
+            continue
+        for p in hit:
+            budget[p] -= f.duration
     faults.sort(key=lambda f: (f.t, f.kind, f.peers))
-    calm_at = max(f.t + f.duration for f in faults)
+    calm_at = max((f.t + f.duration for f in faults), default=1.0)
     return Scenario(seed, net, faults, timing, calm_at)
 
 

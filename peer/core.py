@@ -279,6 +279,19 @@ class PeerCore:
     def acked(self, r: int, epoch: int, digest: str) -> int:
         return len(self.acks.get((r, epoch, digest), ()))
 
+    def not_acked(self, r: int, epoch: int, digest: str) -> list[str]:
+        """Live members that have not acked our result yet (it goes to them again)."""
+        got = self.acks.get((r, epoch, digest), set())
+        return [p for p in self.membership.live_peers() if p not in got]
+
+    def ack_again(self, msg: AggregateResult) -> str | None:
+        """The digest to ack once more when ``msg`` is another copy of the result this
+        peer accepted (its aggregator sends it again: our ack may have been lost)."""
+        held = self.accepted.get(msg.round)
+        if held is not None and held[0].sender == msg.sender and held[0].epoch == msg.epoch:
+            return held[1]
+        return None
+
     def admit_commit(self, msg: Commit) -> Drop | None:
         """Record a commit from the aggregator of (round, epoch); drop anyone else's."""
         if msg.sender not in self.aggregators_for(msg.round, msg.epoch):

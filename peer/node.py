@@ -361,7 +361,12 @@ class Node:
                 self._drop(drop.code, drop.reason)
                 return
             reason = self.buffer.offer_result(msg)
-            if reason:
+            if reason and (digest := self.core.ack_again(msg)):
+                # Sent again by its aggregator: our ack was lost (or is slow). Once more.
+                self._reply_soon(mem.address_of(msg.sender), Ack(
+                    **self._envelope(), round=msg.round, epoch=msg.epoch, digest=digest),
+                    msg.sender)
+            elif reason:
                 self._drop("stale_result", reason)
             elif msg.round == self.round and (why := self.core.epoch_unjustified(msg.round, msg.epoch)):
                 log.info("%s: result for round %d epoch %d from %s held: %s", self.id, msg.round,
@@ -917,12 +922,19 @@ class Node:
         self._observe("published", self, round=r, epoch=self.epoch, contributors=len(used),
                       quorum=quorum, digest=digest)
         await self._broadcast(mem.live_peers(), msg)
-        # Acks come one round trip after the result arrives: aggregate_grace_s (the
-        # time a result is given to travel), at least four heartbeats.
-        ack_wait = max(self.timing.aggregate_grace_s, 4 * self.timing.heartbeat_interval_s)
-        acked = await self._wait_until(
-            lambda: core.acked(r, self.epoch, digest) >= quorum or core.cohort_past(r),
-            self.clock.now() + ack_wait)
+        # Acks come one round trip after the result arrives: wait aggregate_grace_s (the
+        # time a result is given to travel), at least four heartbeats, and send the
+        # result again each heartbeat to the live members that have not acked (a lost
+        # result or a lost ack must not cost the whole cohort its round).
+        hb = self.timing.heartbeat_interval_s
+        deadline = self.clock.now() + max(self.timing.aggregate_grace_s, 4 * hb)
+        while True:
+            acked = await self._wait_until(
+                lambda: core.acked(r, self.epoch, digest) >= quorum or core.cohort_past(r),
+                min(deadline, self.clock.now() + hb))
+            if acked or self.clock.now() >= deadline:
+                break
+            await self._broadcast(core.not_acked(r, self.epoch, digest), msg)
         if core.acked(r, self.epoch, digest) < quorum:
             log.warning("%s: round %d: %d of the %d acks a commit needs %s; not committing, "
                         "keeping the local model", self.id, r, core.acked(r, self.epoch, digest),

@@ -321,6 +321,22 @@ def _lying_aggregator(node):
     node.alg.aggregate = lie
 
 
+async def _forge_round_2_as_p2(hub, nodes, watch):
+    """p2, on a second socket, sends p0, p1 and p3 a zero model as round 2's result
+    (epoch 0, which elects it), as soon as round 1 is over."""
+    member = InMemoryTransport("p2", "mem://p2-second-socket", hub)
+    await member.start()
+    await watch.all_finished(1)
+    zeros = {k: np.zeros_like(v.detach().cpu().numpy())
+             for k, v in nodes[0].alg.model.state_dict().items()}
+    forged = encode(AggregateResult(sender="p2", incarnation=0, round=2, epoch=0, kind="weights",
+                                    contributors=[nd.id for nd in nodes], meta={"round": 2},
+                                    tensors=zeros))
+    for victim in (nodes[0], nodes[1], nodes[3]):
+        await member.send(victim.transport.address, forged, 1.0)
+    await member.close()
+
+
 @pytest.mark.parametrize("aggregate_at", ["aggregator", "every_peer"])
 def test_a_lying_aggregator_sets_the_model_only_when_one_is_elected(tmp_path, aggregate_at):
     # Issue 23: the rotation elects every member about 1/n of the rounds, and an elected
@@ -328,18 +344,6 @@ def test_a_lying_aggregator_sets_the_model_only_when_one_is_elected(tmp_path, ag
     # for anyone else: the liar's result (and any forged one it sends) is never absorbed.
     n, rounds = 4, 4
 
-    async def forge(hub, nodes, watch):  # p2 also sends its lie as round 2's result, as if elected
-        member = InMemoryTransport("p2", "mem://p2-second-socket", hub)
-        await member.start()
-        await watch.all_finished(1)
-        zeros = {k: np.zeros_like(v.detach().cpu().numpy())
-                 for k, v in nodes[0].alg.model.state_dict().items()}
-        forged = encode(AggregateResult(sender="p2", incarnation=0, round=2, epoch=0, kind="weights",
-                                        contributors=[nd.id for nd in nodes], meta={"round": 2},
-                                        tensors=zeros))
-        for victim in (nodes[0], nodes[1], nodes[3]):
-            await member.send(victim.transport.address, forged, 1.0)
-        await member.close()
 
     async def no_forge(hub, nodes, watch):
         return None
@@ -347,7 +351,8 @@ def test_a_lying_aggregator_sets_the_model_only_when_one_is_elected(tmp_path, ag
     # With an elected aggregator the forged copy would be a second, different result for
     # round 2 epoch 0, which the commit protocol refuses to commit (see the next test):
     # here the liar sends one lie, consistently.
-    _, results = run_attack(tmp_path, forge if aggregate_at == "every_peer" else no_forge,
+    _, results = run_attack(tmp_path,
+                            _forge_round_2_as_p2 if aggregate_at == "every_peer" else no_forge,
                             n=n, rounds=rounds, prepare=lambda nodes: _lying_aggregator(nodes[2]),
                             cohort={"aggregate_at": aggregate_at})
     honest = ("p0", "p1", "p3")
@@ -370,20 +375,7 @@ def test_an_aggregator_that_sends_two_results_for_one_round_gets_neither_committ
     # is committed and no honest peer absorbs either version: they all keep their model.
     n, rounds = 4, 3
 
-    async def equivocate(hub, nodes, watch):
-        member = InMemoryTransport("p2", "mem://p2-second-socket", hub)
-        await member.start()
-        await watch.all_finished(1)
-        zeros = {k: np.zeros_like(v.detach().cpu().numpy())
-                 for k, v in nodes[0].alg.model.state_dict().items()}
-        forged = encode(AggregateResult(sender="p2", incarnation=0, round=2, epoch=0, kind="weights",
-                                        contributors=[nd.id for nd in nodes], meta={"round": 2},
-                                        tensors=zeros))
-        for victim in (nodes[0], nodes[1], nodes[3]):
-            await member.send(victim.transport.address, forged, 1.0)
-        await member.close()
-
-    _, results = run_attack(tmp_path, equivocate, n=n, rounds=rounds,
+    _, results = run_attack(tmp_path, _forge_round_2_as_p2, n=n, rounds=rounds,
                             cohort={"aggregate_at": "aggregator"})
     assert_completed(results, rounds)
     recs = by_round(results)
