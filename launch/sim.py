@@ -351,8 +351,9 @@ def _configs(opts: SimOptions, root: Path):
     return exp, in_memory(plans)
 
 
-def run_seed(seed: int, opts: SimOptions) -> SimResult:
-    """Run one seed in a fresh virtual loop; never raises for what the peers do."""
+def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> SimResult:
+    """Run one seed in a fresh virtual loop; never raises for what the peers do.
+    ``scenario`` replaces the seed's drawn faults (a regression pinned as found)."""
     import numpy as np
     import torch
 
@@ -369,7 +370,8 @@ def run_seed(seed: int, opts: SimOptions) -> SimResult:
     exp, plans = _configs(opts, root)
     ids = [p.id for p in plans]
     base_timing = to_dict(plans[0].config.timing)
-    sc = plan_scenario(seed, ids, opts.rounds, base_timing, opts.buggify, opts.compute_s)
+    sc = scenario or plan_scenario(seed, ids, opts.rounds, base_timing, opts.buggify,
+                                   opts.compute_s)
     cfgs = {}
     for p in plans:
         data = to_dict(p.config)
