@@ -37,6 +37,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -616,12 +617,22 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     ran = peer_rounds = 0
     failing: list[SimResult] = []
+    crashed: list[int] = []  # seeds on which the simulator itself raised
     worst: SimResult | None = None  # the slowest recovery relative to its bound
     try:
         for seed in seeds:
             if args.minutes is not None and time.perf_counter() - t0 > args.minutes * 60:
                 break
-            res = run_seed(seed, opts)
+            try:
+                res = run_seed(seed, opts)
+            except ConfigError:
+                raise  # a bad experiment: one line, below
+            except Exception:  # noqa: BLE001 - the simulator's own bug: report it, go on
+                ran += 1
+                crashed.append(seed)
+                print(f"seed {seed}: the simulator itself failed:\n{traceback.format_exc()}"
+                      f"  replay: {_replay_command(argv, seed)}", flush=True)
+                continue
             ran += 1
             peer_rounds += res.peer_rounds
             if worst is None or res.recovery_s / res.bound_s > worst.recovery_s / worst.bound_s:
@@ -648,11 +659,12 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     print(f"{ran} seed(s) in {wall:.1f} s: {peer_rounds / max(wall, 1e-9):.1f} simulated "
           f"peer-rounds per wall second; {len(failing)} violating seed(s)"
-          + (f": {', '.join(str(r.seed) for r in failing)}" if failing else ""))
+          + (f": {', '.join(str(r.seed) for r in failing)}" if failing else "")
+          + (f"; the simulator failed on {', '.join(map(str, crashed))}" if crashed else ""))
     if worst is not None:
         print(f"slowest recovery after the last fault: {worst.recovery_s:.1f} s of a "
               f"{worst.bound_s:.1f} s bound (seed {worst.seed})")
-    return 1 if failing else 0
+    return 1 if failing or crashed else 0
 
 
 if __name__ == "__main__":

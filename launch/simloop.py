@@ -104,15 +104,17 @@ class VirtualLoop(asyncio.SelectorEventLoop):
                 moved = True
         if moved:
             heapq.heapify(self._scheduled)
-        ready, self._ready = self._ready, type(self._ready)()
-        for handle in ready:  # callbacks ready to run: run at the thaw instead
+        # Callbacks ready to run: when their turn comes they only set themselves for the
+        # thaw. (The ready queue itself is left alone: freeze may be called from one of
+        # its callbacks, while the loop is counting through it.)
+        for handle in self._ready:
             if handle._context.get(_PEER) == peer and not handle._cancelled:
-                # A copy carries the peer's tag (for a later freeze); the handle itself
-                # runs in its own context, which must not be entered twice.
-                super().call_at(until, _run_unless_cancelled, handle,
-                                context=handle._context.copy())
-            else:
-                self._ready.append(handle)
+                handle._args = (handle._callback, handle._args, handle._context)
+                handle._callback = self._at_thaw
+
+    def _at_thaw(self, callback, args, context) -> None:
+        until = self._frozen.get(self._peer_of(context) or "", self._now)
+        super().call_at(max(until, self._now), callback, *args, context=context)
 
     def thaw(self, peer: str) -> None:
         """End ``peer``'s freeze now (SIGCONT, or the SIGKILL that a stopped process
@@ -148,11 +150,6 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def run_in_executor(self, executor, func, *args):
         raise RuntimeError(f"{getattr(func, '__qualname__', func)} would run in a thread: the "
                            "simulator runs everything on its one loop (pass run_blocking)")
-
-
-def _run_unless_cancelled(handle: asyncio.Handle) -> None:
-    if not handle._cancelled:
-        handle._run()
 
 
 def run_as(peer: str, coro: Awaitable[Any], name: str | None = None) -> asyncio.Task:

@@ -261,12 +261,12 @@ def test_regressions_hold(story):
     assert not res.violations, f"{story}: {res.violations}"
 
 
-CI_SEEDS = range(0, 60)
-CI_BUGGIFY_SEEDS = range(0, 30)
+CI_SEEDS = range(0, 100)
+CI_BUGGIFY_SEEDS = range(0, 50)
 
 
 def test_ci_seeds_hold_every_invariant():
-    # About a minute: the real runtime under 60 seeded fault schedules, then 30 with
+    # About 100 s: the real runtime under 100 seeded fault schedules, then 50 with
     # shrunk timeouts and denser faults. Any failing seed prints its replay command.
     bad = []
     for buggify, seeds in ((False, CI_SEEDS), (True, CI_BUGGIFY_SEEDS)):
