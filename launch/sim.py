@@ -234,7 +234,13 @@ class Checker:
             return
         by_round: dict[int, dict[str, list[str]]] = {}
         for e in self.events:
-            if e["event"] == "absorbed":  # the same value published again at a later epoch agrees
+            # What an aggregator committed counts as well as what peers absorbed (it may be
+            # killed between its commit and its own absorb); the same value published
+            # again at a later epoch agrees.
+            if e["event"] == "committed":
+                who = f"{e['peer']} (committed, epoch {e['epoch']})"
+                by_round.setdefault(e["round"], {}).setdefault(e["digest"], []).append(who)
+            if e["event"] == "absorbed":
                 who = f"{e['peer']} (from {e['source']}, epoch {e['epoch']})"
                 by_round.setdefault(e["round"], {}).setdefault(e["digest"], []).append(who)
         for r, seen in sorted(by_round.items()):
@@ -358,6 +364,7 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     import numpy as np
     import torch
 
+    from hfl.algorithms.base import Algorithm
     from hfl.algorithms.registry import get_algorithm
     from hfl.peer.config import PeerConfig
     from hfl.peer.configtools import build, to_dict
@@ -387,7 +394,7 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     checker = Checker(mode=mode, everywhere=False, bound_s=bound)
     net = SimNetwork(seed, sc.network)
     transports: dict[str, SimTransport] = {}
-    slow: dict[str, float] = {}
+    slow: dict[str, list[float]] = {}  # the factors of a peer's slowdowns under way
     tasks: dict[str, asyncio.Task] = {}
     outcomes: dict[str, str] = {}
     loop = VirtualLoop()
@@ -402,10 +409,11 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         # at 1/factor of it while its slowdown lasts (in tenths, so a slowdown that
         # ends mid-step ends for that step too). Then it runs, inline.
         peer = current_peer()
-        left = 0.0 if getattr(fn, "__name__", "") == "checkpoint" else opts.compute_s
+        is_training = isinstance(getattr(fn, "__self__", None), Algorithm)  # not file writes
+        left = opts.compute_s if is_training else 0.0
         while left > 1e-12:
             piece = min(left, opts.compute_s / 10)
-            await asyncio.sleep(piece * slow.get(peer, 1.0))
+            await asyncio.sleep(piece * max(slow.get(peer) or [1.0]))
             left -= piece
         return fn(*args)
 
@@ -455,8 +463,10 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
                     followers.append(asyncio.ensure_future(finish(peer, tasks[peer])))
                 elif f.kind == "pause" and phase == "begin":
                     loop.freeze(peer, t + f.duration)
+                elif f.kind == "slow" and phase == "begin":
+                    slow.setdefault(peer, []).append(f.factor)
                 elif f.kind == "slow":
-                    slow[peer] = f.factor if phase == "begin" else 1.0
+                    slow[peer].remove(f.factor)
             if f.kind == "partition":
                 if phase == "begin":
                     cuts[i] = net.partition(list(f.peers), [p for p in ids if p not in f.peers])

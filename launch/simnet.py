@@ -42,7 +42,8 @@ class SimNetwork:
         self.rng = random.Random(f"net:{seed}")
         self.faults = faults or NetworkFaults()
         self.endpoints: dict[str, SimTransport] = {}
-        self.cut: set[frozenset[str]] = set()  # peer pairs that cannot talk (partitions)
+        # Peer pairs that cannot talk, with how many partitions under way cut each.
+        self.cut: Counter[frozenset[str]] = Counter()
         self.counts: Counter[str] = Counter()
         self.history = hashlib.sha256()
         self.delivered = 0
@@ -53,12 +54,17 @@ class SimNetwork:
         """Cut every link between the sides; returns the links cut (to :meth:`heal`)."""
         links = {frozenset((a, b)) for i, a_side in enumerate(sides) for b_side in sides[i + 1:]
                  for a in a_side for b in b_side}
-        self.cut |= links
+        self.cut.update(links)
         return links
 
     def heal(self, links: set[frozenset[str]] | None = None) -> None:
-        """Join the links of one partition again (all of them: None)."""
-        self.cut -= self.cut if links is None else links
+        """Join the links of one partition again (all of them: None); a link another
+        partition also cuts stays cut until that one heals too."""
+        if links is None:
+            self.cut.clear()
+            return
+        self.cut.subtract(links)
+        self.cut = +self.cut  # drop links no partition cuts any more
 
     # ------------------------------------------------------------------ delivery
 

@@ -72,6 +72,10 @@ class PeerCore:
         self.accepted: dict[int, tuple[AggregateResult, str]] = {}
         self.acks: dict[tuple[int, int, str], set[str]] = {}  # our (round, epoch, digest) -> ackers
         self.commits: set[tuple[int, str]] = set()  # (round, digest) its aggregator committed
+        # Rounds up to this one were entered by an earlier life of this peer, which may
+        # have acked a result there; restarted, it forgot what: it sits them out (no
+        # contribution, no ack), as an acceptor that crashed for good would.
+        self.sit_out_through = 0
 
     # ================================================================ admission
 
@@ -249,18 +253,23 @@ class PeerCore:
         its own aggregate; ``("repeat", res)`` the result accepted at the highest epoch
         among the promises and itself, which it holds a copy of (the copy came from
         that epoch's aggregator: admission checked it); ``("abstain", None)`` when a
-        result was accepted that it holds no copy of."""
-        best = self.marker(r)
-        for k in promised.values():
-            if k.accepted_epoch >= 0 and (k.accepted_epoch, k.accepted_digest) > best:
-                best = (k.accepted_epoch, k.accepted_digest)
-        if best[0] < 0:
+        result was accepted that it holds no copy of, or when two different results
+        were accepted at that highest epoch (views of the rotation that differ can
+        elect two aggregators for one epoch: no rule could tell which may be committed)."""
+        reports = [self.marker(r)] + [(k.accepted_epoch, k.accepted_digest)
+                                      for k in promised.values() if k.accepted_epoch >= 0]
+        top = max(epoch for epoch, _ in reports)
+        if top < 0:
             return "own", None
+        digests = {d for epoch, d in reports if epoch == top}
+        if len(digests) > 1:
+            return "abstain", None
+        (digest,) = digests
         held = self.accepted.get(r)
-        if held is not None and held[0].epoch == best[0] and held[1] == best[1]:
+        if held is not None and held[1] == digest:
             return "repeat", held[0]
-        for res in self.buffer.results_for(r, best[0]):
-            if res.epoch == best[0] and payload_digest(res) == best[1]:
+        for res in self.buffer.results_for(r):  # any epoch: the same value is the same value
+            if payload_digest(res) == digest:
                 return "repeat", res
         return "abstain", None
 
@@ -311,6 +320,14 @@ class PeerCore:
         """The accepted result of round r, once its value is known committed."""
         held = self.accepted.get(r)
         return held[0] if held is not None and (r, held[1]) in self.commits else None
+
+    def committed_result(self, r: int) -> AggregateResult | None:
+        """A held result of round r whose aggregator said it committed (what a peer
+        sitting the round out may still absorb: a committed value is the round's one)."""
+        for res in self.buffer.results_for(r):
+            if res.kind != "none" and (r, payload_digest(res)) in self.commits:
+                return res
+        return None
 
     def forget_before(self, r: int) -> None:
         """Entering round r: the commit state of earlier rounds is not needed."""

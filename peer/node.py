@@ -107,6 +107,8 @@ class Node:
         run_blocking: Callable[..., Any] | None = None,
         hold_round: Callable[[int, Node], Any] | None = None,
         observer: Callable[..., None] | None = None,
+        on_enter_round: Callable[[int], None] | None = None,
+        sit_out_through: int = 0,
     ):
         self.id = peer_id
         self.transport = transport
@@ -164,6 +166,11 @@ class Node:
         # Told of each decision that invariants are checked on: observer(event, node,
         # **fields) with event "started", "absorbed", "published" or "checkpointed".
         self._observe = observer or (lambda *args, **fields: None)
+        # Persists "this peer entered round r" before it sends anything of round r with
+        # an elected aggregator (runner: the run directory); a restart then sits out the
+        # rounds its earlier life entered (PeerCore.sit_out_through).
+        self._on_enter_round = on_enter_round
+        self.core.sit_out_through = sit_out_through
 
     # The protocol state lives in the core; these name it as the shell always has.
     membership = property(lambda self: self.core.membership,
@@ -734,6 +741,10 @@ class Node:
         """Server-style round on the aggregator elected for (r, epoch), with fail-over."""
         mem, core = self.membership, self.core
         self.epoch = 0
+        if r <= core.sit_out_through:
+            return await self._sit_out(r, info)
+        if self._on_enter_round is not None:
+            await self._run_blocking(self._on_enter_round, r)
         for _attempt in range(len(mem.rotation_order()) + 1):
             elected = core.elect(r)
             if elected is None:
@@ -840,6 +851,26 @@ class Node:
         info.update(learned_from=len(set(used) - {self.id}))
         return {self.id: result}
 
+    async def _sit_out(self, r: int, info: dict) -> dict[str, Payload]:
+        """An earlier life of this peer entered round r and may have acked a result it no
+        longer knows: no contribution, no ack (as an acceptor that crashed for good).
+        It waits with the cohort, and absorbs the round's result only if its aggregator
+        commits it (a committed value is the round's one); it never drags the cohort on."""
+        log.warning("%s: round %d: an earlier life of this peer was in this round and may have "
+                    "acked a result it no longer knows: sitting the round out", self.id, r)
+        core = self.core
+        deadline = self.clock.now() + self.timing.round_timeout_s + self.timing.aggregate_grace_s
+        await self._wait_until(lambda: core.committed_result(r) is not None or core.cohort_past(r),
+                               deadline)
+        info.update(aggregator=None, sat_out=True)
+        result = core.committed_result(r)
+        if result is None:
+            return {}
+        info.update(aggregator=result.sender, epoch=result.epoch,
+                    contributors=len(result.contributors),
+                    learned_from=len(set(result.contributors) - {self.id}))
+        return {result.sender: self._payload(result)}
+
     async def _await_commit(self, r: int, result: AggregateResult) -> AggregateResult | None:
         """Accept ``result`` (ack it to its aggregator) and wait until the aggregator
         commits it (a commit, or its heartbeat saying it absorbed it), dies, or the
@@ -848,7 +879,10 @@ class Node:
         digest = core.accept(result)
         await self._send_to(aggregator, Ack(**self._envelope(), round=r, epoch=result.epoch,
                                             digest=digest))
-        deadline = self.clock.now() + self.timing.round_timeout_s + self.timing.aggregate_grace_s
+        # The aggregator decides within max(aggregate_grace_s, 4 heartbeats) of publishing
+        # (see _serve); then its commit, or its next heartbeat, travels.
+        hb = self.timing.heartbeat_interval_s
+        deadline = self.clock.now() + max(self.timing.aggregate_grace_s, 4 * hb) + 4 * hb
         await self._wait_until(lambda: core.committed(r) is not None
                                or not self.membership.is_live(aggregator) or core.cohort_past(r),
                                deadline)
@@ -942,6 +976,7 @@ class Node:
             info.update(aggregator=None, uncommitted=True)
             return {}
         core.commits.add((r, digest))
+        self._observe("committed", self, round=r, epoch=self.epoch, digest=digest)
         await self._broadcast(mem.live_peers(), Commit(**self._envelope(), round=r,
                                                        epoch=self.epoch, digest=digest))
         info.update(learned_from=len(set(used) - {self.id}))

@@ -47,6 +47,8 @@ from hfl.peer.transport import FaultPlan, FaultyTransport, MemoryHub, Transport,
 log = logging.getLogger("hfl.peer")
 
 METRICS_NAME = "metrics.jsonl"
+#: The last round this peer entered with an elected aggregator (see Node.on_enter_round).
+ENTERED_NAME = "entered_round"
 SUMMARY_NAME = "summary.json"
 
 _SHOWN = ("train_loss", "test_acc", "global_acc")
@@ -308,6 +310,27 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         except OSError as exc:
             raise file_error(metrics_path, exc) from exc
 
+    # With an elected aggregator a peer records each round it enters; restarted from its
+    # checkpoint, it sits out the rounds an earlier life entered (it may have acked a
+    # result there, and no longer knows which). Without checkpoints there is no resume.
+    entered_path = run_dir / ENTERED_NAME
+    sit_out_through = 0
+    if cfg.node.resume and cfg.node.checkpoint:
+        try:
+            sit_out_through = int(entered_path.read_text().strip())
+        except FileNotFoundError:
+            sit_out_through = 0  # never entered a round with an aggregator
+        except (OSError, ValueError) as exc:  # written atomically: this is damage
+            sit_out_through = start_round
+            log.warning("%s: %s unreadable (%s): sitting out round %d to be safe",
+                        cfg.node.id, entered_path, exc, start_round)
+    else:
+        entered_path.unlink(missing_ok=True)
+
+    def enter_round(r: int) -> None:
+        if cfg.node.checkpoint:
+            write_atomic(entered_path, str(r).encode())
+
     algorithm, num_classes = build_algorithm(cfg)
     spec = model_spec(cfg, algorithm.model.input_shape, num_classes)
     if state is not None:
@@ -359,7 +382,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         seeds=seeds, shared=shared, allowed_peers=frozenset(identity.allowed) if identity else None,
         quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
         stop_if_alone=stop_if_alone, run_blocking=run_blocking, hold_round=recorder.hold,
-        observer=observer,
+        observer=observer, on_enter_round=enter_round, sit_out_through=sit_out_through,
     )
     recorder.node = node
     watcher = asyncio.create_task(watch_join(

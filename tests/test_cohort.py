@@ -8,6 +8,7 @@ lets it go), or from a peer that crashes from inside its own round hook.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections import defaultdict
@@ -638,3 +639,26 @@ def test_a_peer_that_leaves_has_its_connection_state_dropped(tmp_path, monkeypat
     assert forgotten
     assert all(address == f"mem://{other}" and me != other
                for me, address in forgotten for other in [address.removeprefix("mem://")])
+
+
+def test_a_restarted_peer_sits_out_the_round_its_earlier_life_entered(tmp_path):
+    # Protocol 2: an earlier life of p0 entered round 1 (and may have acked a result
+    # there) and was killed before its checkpoint. Restarted, p0 does not know what it
+    # acked, so it neither contributes nor acks in round 1, as an acceptor that crashed
+    # for good would not: an amnesiac promise could let a later epoch commit a second
+    # result. It still absorbs the round's result once its aggregator commits it (a
+    # committed value is the round's one), and takes part again from round 2.
+    n, rounds = 3, 3
+    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds)
+    cfgs[0] = dataclasses.replace(
+        cfgs[0], node=dataclasses.replace(cfgs[0].node, resume=True, checkpoint=True))
+    (tmp_path / "p0").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "p0" / "entered_round").write_text("1")
+    results = run_cohort_with_run_peer(cfgs)
+    assert_completed(results, rounds)
+    r = by_round(results)
+    assert r[1]["p0"].get("sat_out") is True
+    assert {r[1][p]["contributors"] for p in r[1]} == {2}  # p1 and p2: still a quorum
+    assert_same_model(r[1])  # p0 took the committed result too
+    assert all(r[k]["p0"]["learned_from"] >= 1 for k in (2, 3))
+    assert (tmp_path / "p0" / "entered_round").read_text() == "3"
