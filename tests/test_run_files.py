@@ -338,6 +338,9 @@ def rewind_checkpoint(run_dir: Path, to_round: int, members: list[str] | None = 
         state["members"] = [[m, f"mem://{m}"] for m in members if m != run_dir.name]
     save_checkpoint(run_dir, state)
     trim_metrics(run_dir / METRICS_NAME, to_round)
+    # Killed between rounds: the last round it entered is the one it checkpointed (a
+    # peer killed inside round r + 1 would sit that round out when it comes back).
+    (run_dir / "entered_round").write_text(str(to_round))
 
 
 def finished_cohort(tmp_path: Path) -> tuple[list, Path]:
