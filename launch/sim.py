@@ -367,7 +367,7 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     from hfl.algorithms.base import Algorithm
     from hfl.algorithms.registry import get_algorithm
     from hfl.peer.config import PeerConfig
-    from hfl.peer.configtools import build, to_dict
+    from hfl.peer.configtools import ConfigError, build, to_dict
     from hfl.peer.runner import run_peer
 
     wall0 = time.perf_counter()
@@ -435,6 +435,9 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         except asyncio.CancelledError:
             if tasks.get(peer) is task and peer not in outcomes:
                 outcomes[peer] = "killed"
+        except ConfigError as exc:  # the experiment, not the protocol: hfl-sim says so
+            bad_config.append(exc)
+            outcomes[peer] = f"config: {exc}"
         except Exception as exc:  # noqa: BLE001 - the outcome is the finding
             outcomes[peer] = f"failed: {type(exc).__name__}: {exc}"
 
@@ -476,6 +479,7 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         net.faults = NetworkFaults(latency_s=sc.network.latency_s)  # calm from here on
 
     followers: list[asyncio.Future] = []
+    bad_config: list[ConfigError] = []
     limit = (sc.calm_at + bound + opts.rounds * (timing.round_timeout_s + timing.aggregate_grace_s)
              + timing.join_timeout_s)
 
@@ -518,6 +522,9 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         handler.close()
         hfl_log.setLevel(old_level)
         hfl_log.propagate = old_propagate
+    if bad_config:
+        shutil.rmtree(root, ignore_errors=True)
+        raise bad_config[0]
     violations = checker.check({p: Path(cfgs[p].run_dir) for p in ids}, outcomes, sc.calm_at, end_t)
     h = hashlib.sha256(net.digest().encode())
     for e in checker.events:

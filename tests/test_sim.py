@@ -300,3 +300,7 @@ def test_bad_cli_input_is_named(capsys):
     assert "--peers: got 1" in capsys.readouterr().err
     assert sim.main(["--seed", "0", "--set", "defaults.cohort.algorithm=nope"]) == 2
     assert "algorithm" in capsys.readouterr().err
+    # A mistake only a peer finds (as it builds its data) is still one line, not a
+    # violation per peer and seed.
+    assert sim.main(["--seeds", "0-1", "--set", "defaults.cohort.algorithm=fedh2l"]) == 2
+    assert "public_fraction" in capsys.readouterr().err
