@@ -490,6 +490,10 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         conductor = asyncio.ensure_future(conduct())
         try:
             async with asyncio.timeout(limit):
+                # Every peer may be down at once with restarts still to come: the run
+                # ends when the fault schedule has played out and every peer has ended.
+                await asyncio.wait([conductor])
+                conductor.result()  # a failure of the fault schedule itself is loud
                 while any(not f.done() for f in followers):
                     await asyncio.gather(*followers)
         except TimeoutError:

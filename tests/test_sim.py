@@ -243,6 +243,15 @@ REGRESSIONS = {
         {**QUICKSTART_TIMING, "heartbeat_interval_s": 0.3, "suspect_after_s": 0.8737715549304778,
          "dead_after_s": 2.28895138942228, "round_timeout_s": 3.7088710736864754,
          "aggregate_grace_s": 0.13771867662952442}, 12.02),
+    "simulator (exit, buggify seed 1588): the run ended while all five peers were down, "
+    "before their restarts": sim.Scenario(
+        1588, Net(duplicate=0.05, delay_s=1.6272129700423867),
+        [F(4.82, "crash", ("p0",), 2.74), F(7.82, "crash", ("p2",), 3.8),
+         F(9.96, "crash", ("p3",), 3.81), F(10.13, "crash", ("p1",), 4.34),
+         F(11.07, "crash", ("p0",), 3.22), F(11.56, "crash", ("p4",), 2.52)],
+        {**QUICKSTART_TIMING, "heartbeat_interval_s": 0.2, "suspect_after_s": 0.7275407682823183,
+         "dead_after_s": 1.5982994671629016, "round_timeout_s": 3.645279340767326,
+         "aggregate_grace_s": 0.1755069152503385}, 14.47),
     "simulator (exit, seed 94): a peer killed while stopped never ended": sim.Scenario(
         94, Net(drop=0.03, duplicate=0.05, delay_s=5.883137371588397),
         [F(9.0, "pause", ("p4",), 5.25), F(11.44, "pause", ("p4",), 5.25),
