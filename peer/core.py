@@ -388,6 +388,13 @@ class PeerCore:
         return (m is not None and m.round == r and m.epoch < self.epoch
                 and self.candidate_alive(r, m.epoch))
 
+    def serving(self, aggregator: str, r: int) -> bool:
+        """``aggregator`` is alive and its heartbeats say it is in round r at this peer's
+        epoch: serving us (late, or waiting for a contribution that was lost)."""
+        m = self.membership.members.get(aggregator)
+        return (m is not None and m.status == ALIVE and m.round == r
+                and m.epoch == self.epoch)
+
     def behind(self, peer_id: str, r: int) -> bool:
         """Heartbeats show ``peer_id`` in a round before r."""
         m = self.membership.members.get(peer_id)

@@ -763,16 +763,33 @@ class Node:
             self._maybe_crash(r, "wait", "serve")
             deadline = (self.clock.now() + self.timing.round_timeout_s
                         + self.timing.aggregate_grace_s)
+            extended = False
             while True:
                 await self._wait_until(
                     lambda a=aggregator, again=resend: core.stop_waiting_for(a, r, again), deadline)
-                if not (resend and not core.behind(aggregator, r)
+                if (resend and not core.behind(aggregator, r)
                         and core.usable_result(r) is None and mem.is_live(aggregator)):
-                    break
-                resend = False
-                log.info("%s: round %d: %s reached the round; sending it our knowledge again",
-                         self.id, r, aggregator)
-                await self._send_to(aggregator, knowledge)
+                    resend = False
+                    log.info("%s: round %d: %s reached the round; sending it our knowledge "
+                             "again", self.id, r, aggregator)
+                    await self._send_to(aggregator, knowledge)
+                    continue
+                if (not extended and core.usable_result(r) is None and not core.cohort_past(r)
+                        and core.serving(aggregator, r)):
+                    # Its heartbeats say it is alive and serving this very epoch: it may be
+                    # waiting for our knowledge (lost), or be late. Once: send it again and
+                    # wait another round_timeout_s + aggregate_grace_s before failing over
+                    # (found by hfl-sim --buggify seed 3022: failing over from a live, late
+                    # aggregator cost the whole cohort its round).
+                    extended = True
+                    log.info("%s: round %d: aggregator %s (epoch %d) is late but serving; "
+                             "sending our knowledge again and waiting once more", self.id, r,
+                             aggregator, self.epoch)
+                    await self._send_to(aggregator, knowledge)
+                    deadline = (self.clock.now() + self.timing.round_timeout_s
+                                + self.timing.aggregate_grace_s)
+                    continue
+                break
             if core.usable_result(r) is None and core.cohort_past(r):
                 # A heartbeat can overtake the result it follows (a delayed or retried
                 # send): give the result a short grace before leaving the round.

@@ -252,6 +252,14 @@ REGRESSIONS = {
         {**QUICKSTART_TIMING, "heartbeat_interval_s": 0.2, "suspect_after_s": 0.7275407682823183,
          "dead_after_s": 1.5982994671629016, "round_timeout_s": 3.645279340767326,
          "aggregate_grace_s": 0.1755069152503385}, 14.47),
+    "late aggregator (learning, buggify seed 3022): 20 % loss, p1 late and waiting for a "
+    "lost contribution; everyone failed over from it": sim.Scenario(
+        3022, Net(drop=0.2, duplicate=0.125, reorder=0.25, delay_s=0.589001831763985),
+        [F(8.52, "pause", ("p3",), 1.76), F(8.71, "crash", ("p2",), 2.2),
+         F(9.49, "crash", ("p3",), 0.25), F(11.81, "partition", ("p3",), 1.86)],
+        {**QUICKSTART_TIMING, "heartbeat_interval_s": 0.1, "suspect_after_s": 0.3213586193584231,
+         "dead_after_s": 0.8459624186862517, "round_timeout_s": 2.1761521193734694,
+         "aggregate_grace_s": 0.03007070123198463}, 13.67),
     "simulator (exit, seed 94): a peer killed while stopped never ended": sim.Scenario(
         94, Net(drop=0.03, duplicate=0.05, delay_s=5.883137371588397),
         [F(9.0, "pause", ("p4",), 5.25), F(11.44, "pause", ("p4",), 5.25),
