@@ -225,7 +225,7 @@ class Checker:
             self._metrics(peer, rows)
             if outcomes.get(peer) == "ok":
                 self._learning(peer, rows)
-            elif outcomes.get(peer) != "ok":
+            else:
                 self.fail("exit", f"{peer}: {outcomes.get(peer)} (simulated t={end_t:.1f}s)")
         return self.violations
 
@@ -532,7 +532,7 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     violations = checker.check({p: Path(cfgs[p].run_dir) for p in ids}, outcomes, sc.calm_at, end_t)
     h = hashlib.sha256(net.digest().encode())
     for e in checker.events:
-        h.update(json.dumps({k: v for k, v in e.items()}, sort_keys=True, default=str).encode())
+        h.update(json.dumps(e, sort_keys=True, default=str).encode())
     kept = None
     if violations or opts.keep is not None:
         kept = (opts.keep or Path(tempfile.gettempdir())) / f"hfl-sim-seed{seed}"
@@ -666,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  fault   {line}")
                 for v in res.violations:
                     print(f"  VIOLATED {v}")
+                print("  network: " + ", ".join(f"{n} {what}" for what, n in sorted(res.counts.items())))
                 print(f"  run dirs kept in {res.run_dir}")
                 print(f"  replay: {_replay_command(argv, seed)}", flush=True)
             elif not args.quiet:

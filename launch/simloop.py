@@ -129,7 +129,10 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def frozen_until(self, peer: str) -> float | None:
         until = self._frozen.get(peer)
-        return until if until is not None and until > self._now else None
+        if until is not None and until <= self._now:
+            del self._frozen[peer]  # thawed: call_soon goes back to its fast path
+            until = None
+        return until
 
     def call_soon(self, callback, *args, context=None):
         if self._frozen:

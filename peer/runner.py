@@ -328,8 +328,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         entered_path.unlink(missing_ok=True)
 
     def enter_round(r: int) -> None:
-        if cfg.node.checkpoint:
-            write_atomic(entered_path, str(r).encode())
+        write_atomic(entered_path, str(r).encode())
 
     algorithm, num_classes = build_algorithm(cfg)
     spec = model_spec(cfg, algorithm.model.input_shape, num_classes)
@@ -382,7 +381,8 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         seeds=seeds, shared=shared, allowed_peers=frozenset(identity.allowed) if identity else None,
         quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
         stop_if_alone=stop_if_alone, run_blocking=run_blocking, hold_round=recorder.hold,
-        observer=observer, on_enter_round=enter_round, sit_out_through=sit_out_through,
+        observer=observer, on_enter_round=enter_round if cfg.node.checkpoint else None,
+        sit_out_through=sit_out_through,
     )
     recorder.node = node
     watcher = asyncio.create_task(watch_join(
