@@ -861,10 +861,7 @@ class Node:
         info.update(contributors=len(used))
         quorum = self.core.quorum()
         if len(used) < quorum:
-            log.warning("%s: round %d: %d contribution(s), below the quorum of %d: keeping the "
-                        "local model", self.id, r, len(used), quorum)
-            info.update(below_quorum=True)
-            return {}
+            return self._short_of_quorum(r, len(used), quorum, info, "keeping the local model")
         info.update(learned_from=len(set(used) - {self.id}))
         return {self.id: result}
 
@@ -909,6 +906,16 @@ class Node:
             await self._wait_until(lambda: core.committed(r) is not None, self.clock.now() + grace)
         return core.committed(r)
 
+    NO_RESULT = "no result published, keeping the local model"
+
+    def _short_of_quorum(self, r: int, count: int, quorum: int, info: dict,
+                         outcome: str) -> dict[str, Payload]:
+        """Say (and record) that round r's contributions fell short of the quorum."""
+        log.warning("%s: round %d: %d contribution(s), below the quorum of %d: %s",
+                    self.id, r, count, quorum, outcome)
+        info.update(below_quorum=True)
+        return {}
+
     def _discard_unused_results(self, r: int, used_epoch: int | None) -> None:
         """Results of round ``r`` for epochs this peer never reached are dropped, loudly:
         it never saw the failures that would have made them current."""
@@ -930,11 +937,9 @@ class Node:
         info.update(timed_out=not complete)
         if 1 + len(promised) < quorum:
             # A minority (one side of a partition, a lone restarted peer) never publishes.
-            log.warning("%s: round %d: %d contribution(s), below the quorum of %d: no result "
-                        "published, keeping the local model", self.id, r, 1 + len(promised), quorum)
-            info.update(aggregator=None, below_quorum=True, contributors=1 + len(promised))
+            info.update(aggregator=None, contributors=1 + len(promised))
             self._discard_unused_results(r, self.epoch)
-            return {}
+            return self._short_of_quorum(r, 1 + len(promised), quorum, info, self.NO_RESULT)
         decision, earlier = core.proposal(r, promised)
         if decision == "abstain":
             log.warning("%s: round %d: a contributor accepted a result of an earlier epoch that "
@@ -962,10 +967,8 @@ class Node:
         self._discard_unused_results(r, self.epoch)
         info.update(contributors=len(used))
         if len(used) < quorum:
-            log.warning("%s: round %d: %d contribution(s), below the quorum of %d: no result "
-                        "published, keeping the local model", self.id, r, len(used), quorum)
-            info.update(aggregator=None, below_quorum=True)
-            return {}
+            info.update(aggregator=None)
+            return self._short_of_quorum(r, len(used), quorum, info, self.NO_RESULT)
         msg = AggregateResult(**self._envelope(), round=r, epoch=self.epoch, kind=result.kind,
                               contributors=used, meta=result.meta, tensors=result.tensors)
         digest = core.accept(msg)
