@@ -106,12 +106,22 @@ class CohortConfig:
                                           "to everyone and aggregates itself: no peer can set the "
                                           "model), auto (every_peer where the knowledge is small: "
                                           "heads, prototypes, logits; aggregator for full weights)"})
+    fanout: int | None = field(
+        default=None, metadata={"min": 1, "help": "broadcast-mode methods (and every_peer "
+                                                  "rounds): send each round's knowledge to this "
+                                                  "many peers, chosen by a seeded rotation "
+                                                  "(docs/runtime.md, Sampled exchange); None: "
+                                                  "to every live peer, as the papers do"})
 
     def validate(self) -> None:
         try:  # torch-free: a plugin class is imported only when the peer is built or checked
             check_algorithm_name(self.algorithm)
         except ValueError as exc:
             raise ConfigError("algorithm", str(exc)) from None
+
+
+#: timing.membership auto: SWIM-style failure detection from this cohort size on.
+SWIM_FROM = 16
 
 
 @dataclass(frozen=True)
@@ -129,8 +139,16 @@ class TimingConfig:
         default=120.0, metadata={"gt": 0, "help": "how long to wait for min_peers before round 1"}
     )
     send_timeout_s: float = field(default=2.0, metadata={"gt": 0})
-    gossip_fanout: int = field(default=3, metadata={"min": 1})
+    gossip_fanout: int = field(
+        default=3, metadata={"min": 1, "help": "members each gossip goes to; with swim, also the "
+                                               "helpers of an indirect probe"})
     lookahead_rounds: int = field(default=2, metadata={"min": 0})
+    membership: Literal["auto", "full", "swim"] = field(
+        default="auto", metadata={"help": "failure detection: full (a heartbeat to every member "
+                                          "each interval: O(N) messages per peer), swim (probe one "
+                                          "member per interval, indirect probes, piggybacked "
+                                          "failure news: O(1) per peer), auto (swim from "
+                                          f"{SWIM_FROM} peers: node.min_peers)"})
 
     def validate(self) -> None:
         if not self.heartbeat_interval_s < self.suspect_after_s < self.dead_after_s:

@@ -18,6 +18,7 @@ implements each of its rules.
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,9 @@ class PeerCore:
         # have acked a result there; restarted, it forgot what: it sits them out (no
         # contribution, no ack), as an acceptor that crashed for good would.
         self.sit_out_through = 0
+        # cohort.fanout: the peers whose knowledge this round is scheduled to reach us
+        # (None: every live peer's; see exchange_plan).
+        self.sources: set[str] | None = None
 
     # ================================================================ admission
 
@@ -350,7 +354,7 @@ class PeerCore:
         awaited = []
         for p in mem.live_peers():
             m = mem.members[p]
-            if p in got or m.round > r:
+            if p in got or m.round > r or (self.sources is not None and p not in self.sources):
                 continue
             # Behind only on fresh evidence: a heartbeat that arrived after this round
             # began (a busy peer's last word may simply be old).
@@ -361,6 +365,25 @@ class PeerCore:
                 continue
             awaited.append(p)
         return awaited
+
+    def exchange_plan(self, r: int, fanout: int, key: str) -> tuple[list[str], set[str]]:
+        """``cohort.fanout``: (the peers this peer sends its round-r knowledge to, the
+        peers whose round-r knowledge it waits for).
+
+        The rotation order is shuffled with a seed every peer derives from ``key``
+        (the cohort's name and seed) and r; each peer sends to the ``fanout`` peers
+        after it in that ring and hears from the ``fanout`` before it, so anyone can
+        check who was scheduled to teach whom. Over rounds a peer's teachers are a
+        uniformly random ``fanout``-subset of the others (docs/runtime.md, Sampled
+        exchange). Dead and departed peers are not skipped (a receiver does not wait
+        for a sender that is not live), so views need not agree on liveness."""
+        mem = self.membership  # members that left stay: the ring must not move as peers finish
+        ring = sorted([self.id, *(p for p, m in mem.members.items() if m.vouched)])
+        random.Random(f"{key}:{r}").shuffle(ring)
+        n, i = len(ring), ring.index(self.id)
+        k = min(fanout, n - 1)
+        return ([ring[(i + j) % n] for j in range(1, k + 1)],
+                {ring[(i - j) % n] for j in range(1, k + 1)})
 
     def served_elsewhere(self, r: int, epoch: int) -> bool:
         """A peer at ``epoch`` of round r sent its knowledge to another aggregator than

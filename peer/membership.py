@@ -19,6 +19,26 @@ remembered in ``reported_left``, for the join count only). A peer confirmed by
 its own word keeps its address for that incarnation: a different address at
 the same incarnation is a conflict the node refuses (:meth:`address_conflict`).
 
+Two ways to watch the others (``mode``, from ``timing.membership``):
+
+- ``full``: every member sends a heartbeat to every other each interval, and a
+  member silent for ``suspect_after_s`` / ``dead_after_s`` is suspect / dead.
+  O(N) messages per peer per interval: fine for tens of peers.
+- ``swim`` (SWIM's failure detector, Das, Gupta and Motivala 2002, adapted so
+  that a death is still only ever declared on the peer's own evidence): each
+  interval a peer probes one member (a randomized round-robin over the view)
+  and the members it currently depends on (the round's aggregator), and
+  expects a heartbeat back. Silence counts only from a probe nobody answered:
+  a member that owes an answer for ``suspect_after_s`` is suspect, for
+  ``dead_after_s`` dead. A suspicion or death is news, piggybacked on the
+  next heartbeats for ``O(log N)`` hops (infection-style dissemination); a
+  peer that hears it and has no fresher word of its own *suspects* the member
+  and probes it itself every interval, crediting the reporter with the first
+  ``suspect_after_s`` of silence (so the member is dead to it after
+  ``dead_after_s - suspect_after_s`` of its own unanswered probes; one answer
+  clears it). A third party can make a peer look, never decide. O(1) messages
+  per peer per interval, whatever N.
+
 Incarnations order a peer's lives: a message from a higher incarnation means
 the peer restarted (it is alive again and its round may have gone back); a
 message from a lower one is from a dead process and is ignored.
@@ -26,6 +46,8 @@ message from a lower one is from a dead process and is ignored.
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass, field
 
 from hfl.protocol.messages import MemberRecord
@@ -48,6 +70,9 @@ class Member:
     # Where gossip says this peer, silent to us, now is (a restart elsewhere): a place to
     # greet it, never its address: only its own answer moves it (see merge).
     lead: str | None = None
+    # swim: when a probe to it went out that it has not answered yet (None: it owes
+    # nothing); its silence counts from then.
+    expect_since: float | None = None
 
     @property
     def vouched(self) -> bool:
@@ -77,6 +102,11 @@ class Membership:
     #: Peers we never met that a member reported as left (a late joiner counts them
     #: as having been in the cohort; nothing else trusts this third-party word).
     reported_left: set[str] = field(default_factory=set)
+    mode: str = "full"  # "full" or "swim" (module docstring)
+    rng: random.Random = field(default_factory=random.Random)
+    #: swim: news of failures and departures to piggyback: peer id -> [record, sends left]
+    rumors: dict[str, list] = field(default_factory=dict)
+    _probe_order: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ events
 
@@ -127,6 +157,7 @@ class Membership:
             m.lead = None
         m.status = ALIVE
         m.last_heard = now
+        m.expect_since = None
         m.confirmed = True
         if round is not None:  # within one life a peer's round only goes forward
             if round > m.round:
@@ -161,7 +192,10 @@ class Membership:
         if m is None or incarnation < m.incarnation:
             return None
         old, m.status, m.incarnation = m.status, LEFT, incarnation
-        return None if old == LEFT else Change(peer_id, old, LEFT, "left")
+        if old == LEFT:
+            return None
+        self._spread(m)
+        return Change(peer_id, old, LEFT, "left")
 
     def merge(self, records: list[MemberRecord], now: float) -> list[str]:
         """Take suggestions from a member's gossiped view. Returns the ids new to us.
@@ -196,21 +230,109 @@ class Membership:
         for m in self.members.values():
             if m.status in (ALIVE, SUSPECT):
                 m.last_heard += seconds
+                if m.expect_since is not None:
+                    m.expect_since += seconds
 
     def tick(self, now: float) -> list[Change]:
-        """Advance failure detection to time ``now``."""
+        """Advance failure detection to time ``now``. In ``full`` mode silence counts
+        from the last message; in ``swim`` mode only from an unanswered probe."""
         changes = []
         for m in self.members.values():
             if m.status in (DEAD, LEFT):
                 continue
-            silent = now - m.last_heard
+            if self.mode == "swim":
+                if m.expect_since is None:
+                    continue
+                silent = now - m.expect_since
+                what = "no answer to probes"
+            else:
+                silent = now - m.last_heard
+                what = "silent"
             if silent >= self.dead_after_s:
-                changes.append(Change(m.peer_id, m.status, DEAD, f"silent for {silent:.1f}s"))
+                changes.append(Change(m.peer_id, m.status, DEAD, f"{what} for {silent:.1f}s"))
                 m.status = DEAD
             elif silent >= self.suspect_after_s and m.status == ALIVE:
-                changes.append(Change(m.peer_id, m.status, SUSPECT, f"silent for {silent:.1f}s"))
+                changes.append(Change(m.peer_id, m.status, SUSPECT, f"{what} for {silent:.1f}s"))
                 m.status = SUSPECT
+            else:
+                continue
+            if self.mode == "swim":
+                self._spread(m)
         return changes
+
+    # ------------------------------------------------------------------ swim
+
+    def expect(self, peer_id: str, now: float) -> None:
+        """A probe went to ``peer_id``: it owes an answer from ``now`` (unless it
+        already owed one)."""
+        m = self.members.get(peer_id)
+        if m is not None and m.expect_since is None and m.status not in (DEAD, LEFT):
+            m.expect_since = now
+
+    def next_probe(self, candidates: list[str]) -> str | None:
+        """The member to probe this interval: SWIM's randomized round-robin (each
+        candidate once per pass over a fresh shuffle), so every member is probed
+        within two passes and, cohort-wide, about once per interval."""
+        allowed = set(candidates)
+        while self._probe_order:
+            p = self._probe_order.pop()
+            if p in allowed:
+                return p
+        if not candidates:
+            return None
+        self._probe_order = list(candidates)
+        self.rng.shuffle(self._probe_order)
+        return self._probe_order.pop()
+
+    def hear_news(self, records: list[MemberRecord], sender: str, now: float) -> list[Change]:
+        """Failure news piggybacked by ``sender`` (records with status suspect, dead or
+        left). A member we heard from ourselves within ``suspect_after_s`` is not
+        touched (we know better); otherwise it becomes *suspect* and owes us an answer
+        as if ``suspect_after_s`` of silence had passed: we probe it every interval,
+        and it is dead to us only after ``dead_after_s - suspect_after_s`` more of our
+        own unanswered probes. News is passed on. Departures of peers we never met
+        are remembered for the join count, as from gossip."""
+        changes = []
+        for r in records:
+            if r.peer_id == self.self_id or r.status == ALIVE:
+                continue
+            m = self.members.get(r.peer_id)
+            if m is None:
+                if r.status == LEFT:
+                    self.reported_left.add(r.peer_id)
+                continue
+            if (m.status != ALIVE or (m.confirmed and r.incarnation < m.incarnation)
+                    or now - m.last_heard < self.suspect_after_s):
+                continue
+            m.status = SUSPECT
+            since = now - self.suspect_after_s
+            m.expect_since = since if m.expect_since is None else min(m.expect_since, since)
+            changes.append(Change(m.peer_id, ALIVE, SUSPECT, f"{sender} reports it {r.status}"))
+            self._spread(m)
+        return changes
+
+    def _spread(self, m: Member) -> None:
+        """Queue news of ``m``'s status for ~3 log2(N) piggybacked sends."""
+        sends = 3 * math.ceil(math.log2(len(self.members) + 2))
+        record = MemberRecord(peer_id=m.peer_id, address=m.address,
+                              incarnation=max(m.incarnation, 0), status=m.status)
+        self.rumors[m.peer_id] = [record, sends]
+
+    def news(self, limit: int) -> list[MemberRecord]:
+        """Up to ``limit`` pieces of news for one message, the least spread first; each
+        send counts against its budget, and news of a member since heard from alive is
+        dropped (the member answers for itself)."""
+        for p in [p for p, m in self.members.items() if p in self.rumors and m.status == ALIVE]:
+            del self.rumors[p]
+        picked = sorted(self.rumors, key=lambda p: -self.rumors[p][1])[:limit]
+        out = []
+        for p in picked:
+            entry = self.rumors[p]
+            out.append(entry[0])
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self.rumors[p]
+        return out
 
     # ------------------------------------------------------------------ queries
 
@@ -249,16 +371,23 @@ class Membership:
         m = self.members.get(peer_id)
         return m.address if m else None
 
-    def records(self) -> list[MemberRecord]:
+    def records(self, sample: int | None = None, rng: random.Random | None = None,
+                ) -> list[MemberRecord]:
+        """Our view as member records, ourselves first; with ``sample``, ourselves and
+        at most ``sample - 1`` members drawn with ``rng`` (a bounded gossip)."""
         own = MemberRecord(
             peer_id=self.self_id, address=self.self_address, incarnation=self.incarnation
         )
+        members = sorted(self.members.values(), key=lambda m: m.peer_id)
+        if sample is not None and len(members) > sample - 1:
+            members = sorted((rng or self.rng).sample(members, max(sample - 1, 0)),
+                             key=lambda m: m.peer_id)
         # A member restored from a checkpoint has incarnation -1 until heard from;
         # the wire only carries incarnations >= 0.
         return [own] + [
             MemberRecord(peer_id=m.peer_id, address=m.address, incarnation=max(m.incarnation, 0),
                          status=m.status)
-            for m in sorted(self.members.values(), key=lambda m: m.peer_id)
+            for m in members
         ]
 
     def max_live_round(self) -> int:

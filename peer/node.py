@@ -31,7 +31,7 @@ from typing import Any
 
 from hfl.algorithms.base import Algorithm, Payload, aggregates_everywhere
 from hfl.peer.clock import MonotonicClock
-from hfl.peer.config import CohortConfig, FaultConfig, TimingConfig
+from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
 from hfl.peer.core import PeerCore, payload_digest
 from hfl.peer.membership import Membership
 from hfl.peer.rounds import fold_rounds
@@ -62,6 +62,16 @@ from hfl.protocol import (
 )
 
 log = logging.getLogger("hfl.peer")
+
+#: Message types that keep the membership (counted apart in the metrics: what
+#: timing.membership costs).
+MEMBERSHIP_TYPES = frozenset({"hello", "welcome", "gossip", "heartbeat", "leave"})
+#: swim: failure news piggybacked on one heartbeat, at most.
+NEWS_PER_MESSAGE = 6
+#: swim: member records in one anti-entropy gossip, at most (a sample of the view).
+GOSSIP_SAMPLE = 32
+#: swim: hellos sent in one tick, at most (a late joiner greets a big cohort in steps).
+GREETINGS_PER_TICK = 256
 
 
 @dataclass
@@ -133,7 +143,15 @@ class Node:
         self.limits = limits or Limits()
         self.rng = random.Random(f"{seed}:{peer_id}:{incarnation}")
         self.dropped: Counter[str] = Counter()
+        self.sent: Counter[str] = Counter()  # messages handed to the transport, by type
+        # Failure detection (peer/membership.py): full heartbeats, or SWIM from SWIM_FROM
+        # peers on (auto).
+        choice = getattr(timing, "membership", "auto")
+        self.swim = choice == "swim" or (choice == "auto" and min_peers >= SWIM_FROM)
         self._wakeup = asyncio.Event()
+        # Peers this round depends on (its aggregator candidates): with swim, probed every
+        # interval, so their deaths and rounds are seen as fast as with full heartbeats.
+        self._contacts: set[str] = set()
         self._tasks: dict[asyncio.Task, None] = {}  # a dict: cancelled in a fixed order
         # No elected aggregator: every peer aggregates the round's knowledge itself.
         self.everywhere = aggregates_everywhere(getattr(cohort, "aggregate_at", "auto"), algorithm)
@@ -142,8 +160,14 @@ class Node:
         self.core = PeerCore(peer_id, mode=algorithm.mode, everywhere=self.everywhere,
                              lookahead=timing.lookahead_rounds, start_round=start_round,
                              quorum=quorum, allowed_peers=allowed_peers, cohort_size=min_peers)
+        fanout = getattr(cohort, "fanout", None)
+        if fanout is not None and algorithm.mode != "broadcast":
+            raise ValueError(f"cohort.fanout: applies to broadcast-mode methods (fedh2l, mdhfl, "
+                             f"...); {cohort.algorithm} runs in {algorithm.mode} mode. Remove "
+                             "cohort.fanout")
         self._handshake_info = {**algorithm.handshake_info(), **(shared or {}),
-                                **({"aggregate_everywhere": 1} if self.everywhere else {})}
+                                **({"aggregate_everywhere": 1} if self.everywhere else {}),
+                                **({"fanout": fanout} if fanout is not None else {})}
         self._metrics: list[dict[str, Any]] = []  # one line per evaluated round
         # Evaluate, record and checkpoint every N rounds (and after the last): the
         # rounds between are folded into the next line (fold_rounds).
@@ -187,6 +211,7 @@ class Node:
         self.membership = Membership(
             self.id, advertised_address(self.transport.address, self.advertise), self.incarnation,
             self.timing.suspect_after_s, self.timing.dead_after_s,
+            mode="swim" if self.swim else "full", rng=random.Random(f"{self.rng.random()}"),
         )
         now = self.clock.now()
         for peer_id, address in self.known_members:  # from a checkpoint
@@ -255,6 +280,7 @@ class Node:
             address, frames, self.timing.send_timeout_s if timeout_s is None else timeout_s,
             peer_id=peer_id,
         )
+        self.sent[msg.TYPE] += ok
         if not ok:
             log.debug("%s: %s to %s not sent (unreachable or timed out)", self.id, msg.TYPE, address)
         return ok
@@ -280,6 +306,7 @@ class Node:
                 wait = timeout if m.status == "alive" else 0.0
                 sends.append(self.transport.send(address, frames, wait, peer_id=p))
         results = await asyncio.gather(*sends)
+        self.sent[msg.TYPE] += sum(results)
         return sum(results)
 
     def _reply_soon(self, address: str, msg: Message, peer_id: str) -> None:
@@ -351,7 +378,9 @@ class Node:
         if change:
             log.info("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
                      change.reason)
-        if isinstance(msg, (Welcome, Gossip)):
+        if isinstance(msg, Heartbeat):
+            self._on_heartbeat(msg, now)
+        elif isinstance(msg, (Welcome, Gossip)):
             if isinstance(msg, Welcome) and msg.sender in mem.members:
                 mem.members[msg.sender].greeted = True
             suggested = [r for r in msg.members
@@ -393,6 +422,33 @@ class Node:
             log.warning("%s: %s reports %s: %s", self.id, msg.sender, clip(msg.code),
                         clip(msg.reason, 300))
         self._wakeup.set()
+
+    def _on_heartbeat(self, msg: Heartbeat, now: float) -> None:
+        """Failure news it carries, and the probes it asks for (timing.membership swim;
+        a full-mode peer answers probes too, so a mixed cohort still works)."""
+        mem = self.membership
+        if msg.members:
+            news = [r for r in msg.members if self.allowed_peers is None or r.peer_id in self.allowed_peers]
+            for change in mem.hear_news(news, msg.sender, now):
+                log.info("%s: %s %s -> %s (%s); probing it", self.id, change.peer_id, change.old,
+                         change.new, change.reason)
+        if msg.probe:  # answer: to the member that asked for an indirect probe, or the sender
+            to = msg.relay or msg.sender
+            address = mem.address_of(to)
+            if address is not None and to != self.id:
+                self._reply_soon(address, self._heartbeat(), to)
+        if msg.target and msg.target not in (self.id, msg.sender):
+            # An indirect probe: ask the target to answer the sender itself, over its own
+            # link (our word that it lives would be a third party's).
+            address = mem.address_of(msg.target)
+            if address is not None:
+                self._reply_soon(address, self._heartbeat(probe=1, relay=msg.sender), msg.target)
+
+    def _heartbeat(self, **probe: Any) -> Heartbeat:
+        return Heartbeat(
+            **self._envelope(), round=self.round, epoch=self.epoch,
+            absorbed_round=self.core.absorbed[0], absorbed_digest=self.core.absorbed[1],
+            members=self.membership.news(NEWS_PER_MESSAGE) if self.swim else [], **probe)
 
     def _serve_seeds(self, msg: SeedRequest) -> None:
         if self.seeds is None:
@@ -443,9 +499,13 @@ class Node:
         if change:
             log.info("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
                      change.reason)
+        if msg.introduced and msg.sender in mem.members:
+            # It holds us in its view already (it greets a member gossip suggested): it
+            # takes our messages, and needs no member list, nor our hello.
+            mem.members[msg.sender].greeted = True
         self._reply_soon(msg.address, Welcome(
-            **self._envelope(), address=mem.self_address, round=self.round, members=mem.records()),
-            msg.sender)
+            **self._envelope(), address=mem.self_address, round=self.round,
+            members=[] if msg.introduced else mem.records()), msg.sender)
         self._wakeup.set()
 
     def _incompatibility(self, msg: Hello) -> tuple[str, Any, Any] | None:
@@ -462,12 +522,13 @@ class Node:
                 return name, theirs, ours
         return None
 
-    def _hello(self) -> Hello:
+    def _hello(self, introduced: bool = False) -> Hello:
         return Hello(
             **self._envelope(), address=self.membership.self_address, cohort=self.cohort.name,
             algorithm=self.cohort.algorithm, num_classes=self.num_classes,
             rounds=self.cohort.rounds, round=self.round, shared=self._handshake_info,
             capabilities=[self.alg.mode, f"protocol:{PROTOCOL_VERSION}"],
+            introduced=int(introduced),
         )
 
     # ================================================================ ticking
@@ -520,11 +581,18 @@ class Node:
         # address with no checkpoint (killed before its first), it remembers nobody, and
         # drops our heartbeats as "unknown peer" until our hello introduces us.
         regreet = tick % max(1, round(self.timing.dead_after_s / self.timing.heartbeat_interval_s)) == 0
+        # Members greeted in our view (introduced: they need not send a member list back).
+        places = []
         for m in mem.members.values():
             if (not m.greeted and m.status != "left") or (regreet and m.status == "dead"):
-                greetings.append(self._send(m.address, self._hello(), 0.05, m.peer_id))
+                places.append((m.address, m.peer_id))
             if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
-                greetings.append(self._send(m.lead, self._hello(), 0.05, m.peer_id))
+                places.append((m.lead, m.peer_id))
+        if self.swim:  # a late joiner greets a big cohort over a few ticks, not at once
+            places = places[:GREETINGS_PER_TICK]
+        if places:
+            hello = self._hello(introduced=True)
+            greetings += [self._send(a, hello, 0.05, peer) for a, peer in places]
         # Hellos first: a heartbeat racing ahead of our hello on a socket that is
         # still connecting reaches a peer that does not know us yet, and is dropped.
         await asyncio.gather(*greetings)
@@ -537,15 +605,51 @@ class Node:
         # A peer that only said hello to us does not know us either until our welcome
         # reaches it, and that travels on another connection than our heartbeats.
         targets = [p for p in mem.gossip_targets() if mem.members[p].greeted]
-        if targets:
-            sends.append(self._broadcast(targets, Heartbeat(
-                **self._envelope(), round=self.round, epoch=self.epoch,
-                absorbed_round=self.core.absorbed[0], absorbed_digest=self.core.absorbed[1]), 0.05))
+        if targets and self.swim:
+            sends += self._probe(targets)
+            if tick % 2 == 0:  # anti-entropy: a bounded sample of the view to one member
+                sample = mem.records(sample=GOSSIP_SAMPLE, rng=self.rng)
+                sends.append(self._send_to(self.rng.choice(targets),
+                                           Gossip(**self._envelope(), members=sample), 0.05))
+        elif targets:
+            sends.append(self._broadcast(targets, self._heartbeat(), 0.05))
             if tick % 2 == 0:
                 fanout = self.rng.sample(targets, min(self.timing.gossip_fanout, len(targets)))
                 sends.append(self._broadcast(fanout, Gossip(**self._envelope(),
                                                             members=mem.records()), 0.05))
         await asyncio.gather(*sends)
+
+    #: swim: members owing an answer that are probed indirectly in one tick, at most.
+    INDIRECT_PER_TICK = 8
+
+    def _probe(self, targets: list[str]) -> list:
+        """This interval's probes (timing.membership swim): the next member of the
+        randomized round-robin, the members this round depends on (``_contacts``: its
+        aggregator candidates, so their deaths and rounds are seen at the full-mode
+        latency), and every member that still owes an answer; a member silent for an
+        interval after a probe is also probed through ``gossip_fanout`` others, which
+        ask it to answer us directly."""
+        mem, now = self.membership, self.clock.now()
+        live = [p for p in targets if mem.members[p].status in ("alive", "suspect")]
+        owing = [p for p in live if mem.members[p].expect_since is not None]
+        direct = set(owing) | (self._contacts & set(live))
+        nxt = mem.next_probe(live)
+        if nxt is not None:
+            direct.add(nxt)
+        sends = []
+        if direct:
+            probes = sorted(direct)
+            sends.append(self._broadcast(probes, self._heartbeat(probe=1), 0.05))
+            for p in probes:
+                mem.expect(p, now)
+        late = [p for p in owing if now - mem.members[p].expect_since
+                >= self.timing.heartbeat_interval_s][:self.INDIRECT_PER_TICK]
+        for p in late:
+            helpers = [q for q in live if q != p and mem.members[q].status == "alive"
+                       and mem.members[q].expect_since is None]
+            for h in self.rng.sample(helpers, min(self.timing.gossip_fanout, len(helpers))):
+                sends.append(self._send_to(h, self._heartbeat(target=p), 0.05))
+        return sends
 
     # ================================================================ waiting
 
@@ -635,6 +739,7 @@ class Node:
                 self.round = target
                 self.buffer.advance(self.round)
             await self._one_round(self.round)
+            self._contacts = set()
             self.round += 1
             self.buffer.advance(self.round)
             self.core.forget_before(self.round)
@@ -644,6 +749,7 @@ class Node:
         self.core.round_began = t_start
         self.epoch = 0  # heartbeats say epoch 0 until this round fails over
         sent0, recv0 = self.transport.stats.bytes_sent, self.transport.stats.bytes_received
+        membership0 = sum(self.sent[t] for t in MEMBERSHIP_TYPES)
         compute = 0.0
 
         async def work(fn, *args):
@@ -686,6 +792,7 @@ class Node:
             self._window_keys.update(metrics)
             metrics.update(await work(self.alg.evaluate))
         stats = self.transport.stats
+        membership_sent = sum(self.sent[t] for t in MEMBERSHIP_TYPES)
         record = {
             "peer": self.id, "round": r, "time": wall_start,
             "round_time_s": self.clock.now() - t_start, "compute_s": compute,
@@ -693,6 +800,9 @@ class Node:
             "live_peers": len(self.membership.live_view()),
             "bytes_sent": stats.bytes_sent - sent0, "bytes_received": stats.bytes_received - recv0,
             "total_bytes_sent": stats.bytes_sent, "total_bytes_received": stats.bytes_received,
+            # membership messages sent (hello, welcome, gossip, heartbeat, leave): this
+            # round's and in all; what timing.membership costs
+            "membership_sent": membership_sent - membership0, "total_membership_sent": membership_sent,
             "dropped": sum(self.dropped.values()), "incarnation": self.incarnation,
             # (round, peer) pairs seen so far whose aggregate differed from ours
             "aggregate_disagreements": sum(len(p) for p in self.disagreements.values()),
@@ -725,12 +835,23 @@ class Node:
         return Payload(kind=msg.kind, tensors=dict(msg.tensors), meta=dict(msg.meta))
 
     async def _exchange(self, r: int, payload: Payload | None, info: dict) -> dict[str, Payload]:
-        """Decentralized round: everyone's knowledge to everyone, until the deadline."""
-        mem = self.membership
-        await self._broadcast(mem.live_peers(), self._knowledge(r, payload))
+        """Decentralized round: everyone's knowledge to everyone (with ``cohort.fanout``
+        k: to the k peers a seeded rotation names, PeerCore.exchange_plan), until the
+        deadline."""
+        mem, core = self.membership, self.core
+        targets = mem.live_peers()
+        fanout = getattr(self.cohort, "fanout", None)
+        if fanout is not None and fanout < len(mem.members):
+            scheduled, core.sources = core.exchange_plan(
+                r, fanout, f"{self.cohort.name}:{self.cohort.seed}")
+            targets = [p for p in scheduled if mem.is_live(p)]
+        await self._broadcast(targets, self._knowledge(r, payload))
         self._maybe_crash(r, "wait")
         deadline = self.clock.now() + self.timing.round_timeout_s
-        complete = await self._wait_until(lambda: not self.core.awaited(r), deadline)
+        try:
+            complete = await self._wait_until(lambda: not core.awaited(r), deadline)
+        finally:
+            core.sources = None
         got = self.buffer.received(r)
         knowledge = {p: self._payload(m) for p, m in sorted(got.items()) if m.kind != "none"}
         info.update(received_from=len(got), timed_out=not complete,
@@ -751,6 +872,7 @@ class Node:
                 break
             aggregator, self.epoch = elected
             info.update(aggregator=aggregator, epoch=self.epoch)
+            self._contacts = self._candidates(r, self.epoch)
             if aggregator == self.id:
                 return await self._serve(r, payload, info, work)
             knowledge = self._knowledge(r, payload, self.epoch)
@@ -865,6 +987,12 @@ class Node:
         info.update(learned_from=len(set(used) - {self.id}))
         return {self.id: result}
 
+    def _candidates(self, r: int, epoch: int) -> set[str]:
+        """The other peers the rotation names for round r's epochs 0 .. ``epoch``: whom
+        this peer's round depends on (and who waits on it)."""
+        order = self.membership.rotation_order()
+        return {order[(r + e) % len(order)] for e in range(min(epoch + 1, len(order)))} - {self.id}
+
     async def _sit_out(self, r: int, info: dict) -> dict[str, Payload]:
         """An earlier life of this peer entered round r and may have acked a result it no
         longer knows: no contribution, no ack (as an acceptor that crashed for good).
@@ -873,6 +1001,7 @@ class Node:
         log.warning("%s: round %d: an earlier life of this peer was in this round and may have "
                     "acked a result it no longer knows: sitting the round out", self.id, r)
         core = self.core
+        self._contacts = self._candidates(r, 0)
         deadline = self.clock.now() + self.timing.round_timeout_s + self.timing.aggregate_grace_s
         await self._wait_until(lambda: core.committed_result(r) is not None or core.cohort_past(r),
                                deadline)
@@ -1008,10 +1137,18 @@ class Node:
             log.critical("%s: injected crash in round %d (%s)", self.id, r, f.crash_phase)
             self._crash(f.exit_code)
 
+    #: swim: members a goodbye goes to directly, at most.
+    LEAVE_FANOUT = 16
+
     async def _leave(self, reason: str) -> None:
         if self.membership is None or self.transport is None:
             return
         targets = [p for p in self.membership.gossip_targets() if self.membership.is_live(p)]
+        if self.swim and len(targets) > self.LEAVE_FANOUT:
+            # A goodbye to a sample: the news spreads from there (each receiver passes it
+            # on; the others then probe us, find us gone and mark us dead).
+            targets = sorted(set(self.rng.sample(targets, self.LEAVE_FANOUT))
+                             | (self._contacts & set(targets)))
         if targets:  # best effort and brief: a peer that already closed must not delay our exit
             await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
                                                  round=self.round), timeout_s=0.2)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 #: Member status values carried in the membership view.
 MEMBER_STATUSES = ("alive", "suspect", "dead", "left")
@@ -56,6 +56,9 @@ class Hello(Message):
     round: int = 0
     shared: dict[str, int] = field(default_factory=dict)
     capabilities: list[str] = field(default_factory=list)
+    # 1: the sender already holds the receiver in its view (gossip suggested it), so
+    # the receiver's welcome carries no member list and it needs not greet back.
+    introduced: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +82,13 @@ class Gossip(Message):
 @dataclass(frozen=True, kw_only=True)
 class Heartbeat(Message):
     """Liveness signal; also tells the receiver which round the sender is in, and
-    the aggregator epoch it is at in that round."""
+    the aggregator epoch it is at in that round.
+
+    With ``timing.membership: swim`` it is also the failure detector's probe: a
+    heartbeat with ``probe`` 1 asks for a heartbeat back (to ``relay`` if set: an
+    indirect probe on that member's behalf), one with ``target`` asks the receiver
+    to probe that member for the sender, and ``members`` piggybacks news of
+    failures and departures (PROTOCOL.md, "Membership")."""
 
     TYPE: ClassVar[str] = "heartbeat"
     round: int
@@ -88,6 +97,10 @@ class Heartbeat(Message):
     # its arrays, so peers that absorbed different aggregates for one round notice.
     absorbed_round: int = 0
     absorbed_digest: str = ""
+    probe: int = 0
+    relay: str = ""
+    target: str = ""
+    members: list[MemberRecord] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
