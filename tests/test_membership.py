@@ -429,3 +429,120 @@ def test_peers_with_the_same_view_elect_the_same_aggregator_for_every_round_and_
             b.rotation_order(), b.is_live, r, e
         )
         assert elect(a.rotation_order(), a.is_live, r, e)[0] != "p2"
+
+
+# ---------------------------------------------------------------------------- swim
+
+
+def swim(self_id: str = "a", peers: str = "bcdefgh") -> Membership:
+    m = Membership(self_id, f"mem://{self_id}", 0, SUSPECT_S, DEAD_S, mode="swim",
+                   rng=__import__("random").Random(7))
+    for p in peers:
+        m.heard_from(p, 0, now=0.0, address=f"mem://{p}")
+    return m
+
+
+def test_swim_counts_silence_only_from_an_unanswered_probe():
+    m = swim()
+    assert m.tick(100.0) == []  # nobody owes us anything: a quiet member is not suspect
+    m.expect("b", 100.0)
+    m.expect("b", 101.0)  # a second probe does not restart the wait
+    assert m.tick(101.9) == []
+    assert [(c.peer_id, c.new) for c in m.tick(102.0)] == [("b", SUSPECT)]
+    assert [(c.peer_id, c.new) for c in m.tick(105.0)] == [("b", DEAD)]
+    assert m.members["c"].status == ALIVE
+
+
+def test_swim_an_answer_clears_what_a_member_owed():
+    m = swim()
+    m.expect("b", 10.0)
+    m.tick(12.5)
+    assert m.members["b"].status == SUSPECT
+    m.heard_from("b", 0, now=13.0)
+    assert m.members["b"].status == ALIVE and m.members["b"].expect_since is None
+    assert m.tick(30.0) == []
+
+
+def test_swim_a_pause_is_not_the_members_silence():
+    m = swim()
+    m.expect("b", 10.0)
+    m.paused(60.0)
+    assert m.tick(71.0) == []
+
+
+def test_news_makes_a_peer_look_never_decide():
+    m = swim()
+    m.heard_from("c", 0, now=9.0)
+    changes = m.hear_news([rec("b", status=DEAD), rec("c", status=DEAD)], "d", now=10.0)
+    # c spoke to us 1 s ago (fresher than the news): untouched; b is only suspect
+    assert [(c.peer_id, c.new) for c in changes] == [("b", SUSPECT)]
+    assert m.members["c"].status == ALIVE
+    # dead only after dead_after_s - suspect_after_s of our *own* unanswered probes
+    assert m.tick(12.9) == []
+    assert [(c.peer_id, c.new) for c in m.tick(13.0)] == [("b", DEAD)]
+
+
+def test_news_is_cleared_by_one_answer():
+    m = swim()
+    m.hear_news([rec("b", status=SUSPECT)], "d", now=10.0)
+    m.heard_from("b", 0, now=10.5)
+    assert m.tick(20.0) == [] and m.members["b"].status == ALIVE
+    assert "b" not in {r.peer_id for r in m.news(6)}  # and is not passed on
+
+
+def test_news_of_an_older_life_or_of_a_stranger_changes_nothing():
+    m = swim()
+    m.heard_from("b", 2, now=0.0)  # b restarted: incarnation 2
+    assert m.hear_news([rec("b", incarnation=1, status=DEAD)], "d", now=10.0) == []
+    assert m.hear_news([rec("zz", status=DEAD)], "d", now=10.0) == []
+    assert "zz" not in m.members
+    m.hear_news([rec("yy", status=LEFT)], "d", now=10.0)
+    assert "yy" in m.reported_left and "yy" not in m.members  # for the join count only
+
+
+def test_news_never_marks_a_member_left():
+    m = swim()
+    m.hear_news([rec("b", status=LEFT)], "d", now=10.0)
+    assert m.members["b"].status == SUSPECT
+    assert "b" in m.rotation_order()  # still in the order and the quorum
+
+
+def test_news_spreads_for_about_three_log2_n_sends_then_stops():
+    m = swim()
+    m.expect("b", 0.0)
+    m.tick(DEAD_S)
+    budget = 3 * 4  # 7 members: ceil(log2(9)) = 4
+    sent = sum(1 for _ in range(50) if any(r.peer_id == "b" for r in m.news(6)))
+    assert sent == budget
+    assert m.news(6) == []
+
+
+def test_news_per_message_is_bounded_and_freshest_first():
+    m = swim(peers="bcdefghijk")
+    for p in "bcdefghijk":
+        m.expect(p, 0.0)
+    m.tick(SUSPECT_S)
+    assert len(m.news(6)) == 6
+    m.expect("b", 0.0)
+    m.tick(DEAD_S)  # every member is dead now: fresh news of all of them
+    assert len(m.news(6)) == 6
+
+
+def test_the_probe_round_robin_visits_every_member_once_per_pass():
+    m = swim()
+    members = sorted(m.members)
+    first = [m.next_probe(members) for _ in members]
+    second = [m.next_probe(members) for _ in members]
+    assert sorted(first) == members and sorted(second) == members
+    assert first != second  # a fresh shuffle each pass
+    assert m.next_probe([]) is None
+    m2 = swim()
+    m2.next_probe(members)
+    assert m2.next_probe(["c"]) == "c"  # members that left the candidates are skipped
+
+
+def test_a_bounded_gossip_sample_always_names_the_sender():
+    m = swim(peers="bcdefghijk")
+    sample = m.records(sample=4)
+    assert len(sample) == 4 and sample[0].peer_id == "a"
+    assert len({r.peer_id for r in sample}) == 4
