@@ -90,7 +90,7 @@ class SlurmConfig:
 @dataclass(frozen=True)
 class ExperimentConfig:
     name: str = field(metadata={"pattern": ID_PATTERN})
-    peers: int = field(metadata={"min": 1, "max": 256})
+    peers: int = field(metadata={"min": 1, "max": 4096})  # a view holds at most 4096 (PROTOCOL.md)
     run_dir: str = field(default="runs/{name}", metadata={"help": "{name} expands"})
     host: str = "127.0.0.1"
     devices: str = field(

@@ -107,6 +107,19 @@ class Membership:
     #: swim: news of failures and departures to piggyback: peer id -> [record, sends left]
     rumors: dict[str, list] = field(default_factory=dict)
     _probe_order: list[str] = field(default_factory=list)
+    # Caches for what the round engine asks on every wake-up (O(1) instead of O(N) per
+    # message, which a thousand peers in one process need): the rotation order, keyed
+    # by a version bumped on each change that can move it, and the highest live round.
+    _version: int = 0
+    _ids: list[str] = field(default_factory=list)  # every member ever added, in order
+    _owing: set[str] = field(default_factory=set)  # swim: members with expect_since set
+    _order: tuple = ((-1, -1), ())
+    _max_round: int | None = None
+
+    def _touch(self) -> None:
+        """A member joined, left, changed status or was vouched for: drop the caches."""
+        self._version += 1
+        self._max_round = None
 
     # ------------------------------------------------------------------ events
 
@@ -132,6 +145,8 @@ class Membership:
             if round is not None:
                 self.members[peer_id].round = round
                 self.members[peer_id].epoch = epoch or 0
+            self._ids.append(peer_id)
+            self._touch()
             return Change(peer_id, "unknown", ALIVE, "joined")
         may_move = self.address_conflict(peer_id, incarnation, address) is None
         if not m.confirmed and incarnation >= 0 and incarnation != m.incarnation:
@@ -143,6 +158,7 @@ class Membership:
         if incarnation == m.incarnation and m.status == LEFT:
             return None
         change = None
+        was_vouched = m.vouched
         if incarnation > m.incarnation:
             reason = (f"restarted (incarnation {incarnation})" if m.incarnation >= 0
                       else "heard from (known from our checkpoint)")
@@ -158,12 +174,17 @@ class Membership:
         m.status = ALIVE
         m.last_heard = now
         m.expect_since = None
+        self._owing.discard(peer_id)
         m.confirmed = True
         if round is not None:  # within one life a peer's round only goes forward
             if round > m.round:
                 m.round, m.epoch = round, 0
+                if self._max_round is not None:
+                    self._max_round = max(self._max_round, round)
             if epoch is not None and round == m.round:
                 m.epoch = epoch
+        if change is not None or not was_vouched:
+            self._touch()
         return change
 
     def address_conflict(self, peer_id: str, incarnation: int, address: str | None) -> str | None:
@@ -194,6 +215,9 @@ class Membership:
         old, m.status, m.incarnation = m.status, LEFT, incarnation
         if old == LEFT:
             return None
+        m.expect_since = None
+        self._owing.discard(peer_id)
+        self._touch()
         self._spread(m)
         return Change(peer_id, old, LEFT, "left")
 
@@ -219,7 +243,10 @@ class Membership:
                 self.reported_left.add(r.peer_id)
                 continue
             self.members[r.peer_id] = Member(r.peer_id, r.address, r.incarnation, ALIVE, now)
+            self._ids.append(r.peer_id)
             new.append(r.peer_id)
+        if new:
+            self._touch()
         return new
 
     def paused(self, seconds: float) -> None:
@@ -237,12 +264,14 @@ class Membership:
         """Advance failure detection to time ``now``. In ``full`` mode silence counts
         from the last message; in ``swim`` mode only from an unanswered probe."""
         changes = []
-        for m in self.members.values():
+        # swim: only members that owe an answer can change (sorted: the same order in
+        # every run, whatever the hash seed)
+        watched = ([self.members[p] for p in sorted(self._owing)] if self.mode == "swim"
+                   else self.members.values())
+        for m in watched:
             if m.status in (DEAD, LEFT):
                 continue
             if self.mode == "swim":
-                if m.expect_since is None:
-                    continue
                 silent = now - m.expect_since
                 what = "no answer to probes"
             else:
@@ -251,6 +280,8 @@ class Membership:
             if silent >= self.dead_after_s:
                 changes.append(Change(m.peer_id, m.status, DEAD, f"{what} for {silent:.1f}s"))
                 m.status = DEAD
+                m.expect_since = None  # nothing more owed: greeted again, not probed
+                self._owing.discard(m.peer_id)
             elif silent >= self.suspect_after_s and m.status == ALIVE:
                 changes.append(Change(m.peer_id, m.status, SUSPECT, f"{what} for {silent:.1f}s"))
                 m.status = SUSPECT
@@ -258,6 +289,8 @@ class Membership:
                 continue
             if self.mode == "swim":
                 self._spread(m)
+        if changes:
+            self._touch()
         return changes
 
     # ------------------------------------------------------------------ swim
@@ -268,21 +301,37 @@ class Membership:
         m = self.members.get(peer_id)
         if m is not None and m.expect_since is None and m.status not in (DEAD, LEFT):
             m.expect_since = now
+            self._owing.add(peer_id)
 
-    def next_probe(self, candidates: list[str]) -> str | None:
+    def probeable(self, peer_id: str) -> bool:
+        """A member to probe: alive or suspect, and it knows us (answered our hello)."""
+        m = self.members.get(peer_id)
+        return m is not None and m.status in (ALIVE, SUSPECT) and m.greeted
+
+    def next_probe(self) -> str | None:
         """The member to probe this interval: SWIM's randomized round-robin (each
-        candidate once per pass over a fresh shuffle), so every member is probed
-        within two passes and, cohort-wide, about once per interval."""
-        allowed = set(candidates)
-        while self._probe_order:
-            p = self._probe_order.pop()
-            if p in allowed:
-                return p
-        if not candidates:
-            return None
-        self._probe_order = list(candidates)
-        self.rng.shuffle(self._probe_order)
-        return self._probe_order.pop()
+        probeable member once per pass over a fresh shuffle), so every member is
+        probed within two passes and, cohort-wide, about once per interval. O(1) per
+        call, O(N) once per pass."""
+        for _ in range(2):
+            while self._probe_order:
+                p = self._probe_order.pop()
+                if self.probeable(p):
+                    return p
+            self._probe_order = [p for p in self._ids if self.probeable(p)]
+            self.rng.shuffle(self._probe_order)
+        return None
+
+    def random_members(self, k: int, rng: random.Random, ok=None) -> list[str]:
+        """Up to ``k`` distinct random members for which ``ok(member)`` holds (all, if no
+        ``ok``), in O(k) for a big view (a draw, not a scan)."""
+        out: list[str] = []
+        for p in rng.sample(self._ids, min(len(self._ids), 3 * k + 3)):
+            if len(out) == k:
+                break
+            if ok is None or ok(self.members[p]):
+                out.append(p)
+        return out
 
     def hear_news(self, records: list[MemberRecord], sender: str, now: float) -> list[Change]:
         """Failure news piggybacked by ``sender`` (records with status suspect, dead or
@@ -307,8 +356,11 @@ class Membership:
             m.status = SUSPECT
             since = now - self.suspect_after_s
             m.expect_since = since if m.expect_since is None else min(m.expect_since, since)
+            self._owing.add(m.peer_id)
             changes.append(Change(m.peer_id, ALIVE, SUSPECT, f"{sender} reports it {r.status}"))
             self._spread(m)
+        if changes:
+            self._touch()
         return changes
 
     def _spread(self, m: Member) -> None:
@@ -360,8 +412,11 @@ class Membership:
         never run, gossiped to some peers, can neither split the cohort's elections
         nor raise the quorum out of reach.
         """
-        return sorted([self.self_id, *(p for p, m in self.members.items()
-                                       if m.status != LEFT and m.vouched)])
+        key = (self._version, len(self.members))
+        if self._order[0] != key:
+            self._order = (key, tuple(sorted([self.self_id, *(p for p, m in self.members.items()
+                                                             if m.status != LEFT and m.vouched)])))
+        return list(self._order[1])
 
     def gossip_targets(self) -> list[str]:
         """Who to heartbeat and gossip to: every member that has not left."""
@@ -378,10 +433,11 @@ class Membership:
         own = MemberRecord(
             peer_id=self.self_id, address=self.self_address, incarnation=self.incarnation
         )
-        members = sorted(self.members.values(), key=lambda m: m.peer_id)
-        if sample is not None and len(members) > sample - 1:
-            members = sorted((rng or self.rng).sample(members, max(sample - 1, 0)),
-                             key=lambda m: m.peer_id)
+        if sample is not None and len(self.members) > sample - 1:
+            members = sorted((self.members[p] for p in self.random_members(
+                max(sample - 1, 0), rng or self.rng)), key=lambda m: m.peer_id)
+        else:
+            members = sorted(self.members.values(), key=lambda m: m.peer_id)
         # A member restored from a checkpoint has incarnation -1 until heard from;
         # the wire only carries incarnations >= 0.
         return [own] + [
@@ -391,8 +447,10 @@ class Membership:
         ]
 
     def max_live_round(self) -> int:
-        rounds = [m.round for m in self.members.values() if m.status in (ALIVE, SUSPECT)]
-        return max(rounds, default=0)
+        if self._max_round is None:
+            self._max_round = max((m.round for m in self.members.values()
+                                   if m.status in (ALIVE, SUSPECT)), default=0)
+        return self._max_round
 
 
 def elect(order: list[str], is_live, round: int, epoch: int) -> tuple[str, int] | None:

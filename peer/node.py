@@ -152,6 +152,7 @@ class Node:
         # Peers this round depends on (its aggregator candidates): with swim, probed every
         # interval, so their deaths and rounds are seen as fast as with full heartbeats.
         self._contacts: set[str] = set()
+        self._to_greet = True  # swim: members may wait for our hello (scan the view)
         self._tasks: dict[asyncio.Task, None] = {}  # a dict: cancelled in a fixed order
         # No elected aggregator: every peer aggregates the round's knowledge itself.
         self.everywhere = aggregates_everywhere(getattr(cohort, "aggregate_at", "auto"), algorithm)
@@ -376,8 +377,8 @@ class Node:
             change = mem.heard_from(msg.sender, msg.incarnation, now, address=address, round=round_,
                                     epoch=epoch_)
         if change:
-            log.info("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
-                     change.reason)
+            self._log_change(change)
+            self._to_greet = True  # joined or restarted: it may need our hello
         if isinstance(msg, Heartbeat):
             self._on_heartbeat(msg, now)
         elif isinstance(msg, (Welcome, Gossip)):
@@ -386,7 +387,8 @@ class Node:
             suggested = [r for r in msg.members
                          if self.allowed_peers is None or r.peer_id in self.allowed_peers]
             for new in mem.merge(suggested, now):
-                log.info("%s: learned of %s via %s", self.id, new, msg.sender)
+                log.debug("%s: learned of %s via %s", self.id, new, msg.sender)
+                self._to_greet = True
         elif isinstance(msg, Knowledge):
             reason = self.buffer.offer_knowledge(msg)
             if reason:
@@ -422,6 +424,13 @@ class Node:
             log.warning("%s: %s reports %s: %s", self.id, msg.sender, clip(msg.code),
                         clip(msg.reason, 300))
         self._wakeup.set()
+
+    def _log_change(self, change) -> None:
+        # A join is one line per member and peer: a million lines for a thousand peers
+        # (with swim), so those go to debug there; every other change is news.
+        level = logging.DEBUG if self.swim and change.old == "unknown" else logging.INFO
+        log.log(level, "%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
+                change.reason)
 
     def _on_heartbeat(self, msg: Heartbeat, now: float) -> None:
         """Failure news it carries, and the probes it asks for (timing.membership swim;
@@ -497,8 +506,8 @@ class Node:
         change = mem.heard_from(msg.sender, msg.incarnation, now, address=msg.address,
                                 round=msg.round)
         if change:
-            log.info("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
-                     change.reason)
+            self._log_change(change)
+            self._to_greet = True  # joined or restarted: it may need our hello
         if msg.introduced and msg.sender in mem.members:
             # It holds us in its view already (it greets a member gossip suggested): it
             # takes our messages, and needs no member list, nor our hello.
@@ -582,12 +591,16 @@ class Node:
         # drops our heartbeats as "unknown peer" until our hello introduces us.
         regreet = tick % max(1, round(self.timing.dead_after_s / self.timing.heartbeat_interval_s)) == 0
         # Members greeted in our view (introduced: they need not send a member list back).
+        # With swim the scan (O(N)) runs while someone is left to greet, and once per
+        # dead_after_s: a thousand peers in one process must not each scan every tick.
         places = []
-        for m in mem.members.values():
-            if (not m.greeted and m.status != "left") or (regreet and m.status == "dead"):
-                places.append((m.address, m.peer_id))
-            if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
-                places.append((m.lead, m.peer_id))
+        if not self.swim or regreet or self._to_greet:
+            for m in mem.members.values():
+                if (not m.greeted and m.status != "left") or (regreet and m.status == "dead"):
+                    places.append((m.address, m.peer_id))
+                if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
+                    places.append((m.lead, m.peer_id))
+            self._to_greet = len(places) > GREETINGS_PER_TICK
         if self.swim:  # a late joiner greets a big cohort over a few ticks, not at once
             places = places[:GREETINGS_PER_TICK]
         if places:
@@ -604,14 +617,17 @@ class Node:
         # dropped, while a later heartbeat gets through) and would drop ours as unknown.
         # A peer that only said hello to us does not know us either until our welcome
         # reaches it, and that travels on another connection than our heartbeats.
-        targets = [p for p in mem.gossip_targets() if mem.members[p].greeted]
-        if targets and self.swim:
-            sends += self._probe(targets)
-            if tick % 2 == 0:  # anti-entropy: a bounded sample of the view to one member
+        if self.swim:
+            sends += self._probe()
+            target = mem.random_members(1, self.rng, lambda m: m.greeted and m.status != "left")
+            if tick % 2 == 0 and target:  # anti-entropy: a bounded sample of the view
                 sample = mem.records(sample=GOSSIP_SAMPLE, rng=self.rng)
-                sends.append(self._send_to(self.rng.choice(targets),
-                                           Gossip(**self._envelope(), members=sample), 0.05))
-        elif targets:
+                sends.append(self._send_to(target[0], Gossip(**self._envelope(), members=sample),
+                                           0.05))
+            await asyncio.gather(*sends)
+            return
+        targets = [p for p in mem.gossip_targets() if mem.members[p].greeted]
+        if targets:
             sends.append(self._broadcast(targets, self._heartbeat(), 0.05))
             if tick % 2 == 0:
                 fanout = self.rng.sample(targets, min(self.timing.gossip_fanout, len(targets)))
@@ -622,7 +638,7 @@ class Node:
     #: swim: members owing an answer that are probed indirectly in one tick, at most.
     INDIRECT_PER_TICK = 8
 
-    def _probe(self, targets: list[str]) -> list:
+    def _probe(self) -> list:
         """This interval's probes (timing.membership swim): the next member of the
         randomized round-robin, the members this round depends on (``_contacts``: its
         aggregator candidates, so their deaths and rounds are seen at the full-mode
@@ -630,10 +646,9 @@ class Node:
         interval after a probe is also probed through ``gossip_fanout`` others, which
         ask it to answer us directly."""
         mem, now = self.membership, self.clock.now()
-        live = [p for p in targets if mem.members[p].status in ("alive", "suspect")]
-        owing = [p for p in live if mem.members[p].expect_since is not None]
-        direct = set(owing) | (self._contacts & set(live))
-        nxt = mem.next_probe(live)
+        owing = sorted(p for p in mem._owing if mem.probeable(p))
+        direct = set(owing) | {p for p in self._contacts if mem.probeable(p)}
+        nxt = mem.next_probe()
         if nxt is not None:
             direct.add(nxt)
         sends = []
@@ -645,9 +660,11 @@ class Node:
         late = [p for p in owing if now - mem.members[p].expect_since
                 >= self.timing.heartbeat_interval_s][:self.INDIRECT_PER_TICK]
         for p in late:
-            helpers = [q for q in live if q != p and mem.members[q].status == "alive"
-                       and mem.members[q].expect_since is None]
-            for h in self.rng.sample(helpers, min(self.timing.gossip_fanout, len(helpers))):
+            helpers = mem.random_members(
+                self.timing.gossip_fanout, self.rng,
+                lambda m, p=p: m.peer_id != p and m.status == "alive" and m.greeted
+                and m.expect_since is None)
+            for h in helpers:
                 sends.append(self._send_to(h, self._heartbeat(target=p), 0.05))
         return sends
 

@@ -530,15 +530,18 @@ def test_news_per_message_is_bounded_and_freshest_first():
 
 def test_the_probe_round_robin_visits_every_member_once_per_pass():
     m = swim()
+    for member in m.members.values():
+        member.greeted = True
     members = sorted(m.members)
-    first = [m.next_probe(members) for _ in members]
-    second = [m.next_probe(members) for _ in members]
+    first = [m.next_probe() for _ in members]
+    second = [m.next_probe() for _ in members]
     assert sorted(first) == members and sorted(second) == members
     assert first != second  # a fresh shuffle each pass
-    assert m.next_probe([]) is None
-    m2 = swim()
-    m2.next_probe(members)
-    assert m2.next_probe(["c"]) == "c"  # members that left the candidates are skipped
+    # dead members and members that do not know us yet are not probed
+    m.members["b"].status = DEAD
+    m.members["c"].greeted = False
+    assert {m.next_probe() for _ in range(30)} == set(members) - {"b", "c"}
+    assert swim().next_probe() is None  # nobody answered our hello yet
 
 
 def test_a_bounded_gossip_sample_always_names_the_sender():
