@@ -374,7 +374,7 @@ class Membership:
         """Up to ``limit`` pieces of news for one message, the least spread first; each
         send counts against its budget, and news of a member since heard from alive is
         dropped (the member answers for itself)."""
-        for p in [p for p, m in self.members.items() if p in self.rumors and m.status == ALIVE]:
+        for p in [p for p in self.rumors if self.members[p].status == ALIVE]:
             del self.rumors[p]
         picked = sorted(self.rumors, key=lambda p: -self.rumors[p][1])[:limit]
         out = []

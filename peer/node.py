@@ -69,7 +69,7 @@ MEMBERSHIP_TYPES = frozenset({"hello", "welcome", "gossip", "heartbeat", "leave"
 #: swim: failure news piggybacked on one heartbeat, at most.
 NEWS_PER_MESSAGE = 6
 #: swim: member records in one anti-entropy gossip, at most (a sample of the view).
-GOSSIP_SAMPLE = 32
+GOSSIP_SAMPLE = 16
 #: swim: hellos sent in one tick, at most (a late joiner greets a big cohort in steps).
 GREETINGS_PER_TICK = 256
 
@@ -898,7 +898,11 @@ class Node:
             # what it got meanwhile (or never get it: it was not listening yet): once its
             # heartbeats show it in round r, the knowledge goes once more (an exact repeat
             # of a copy the receiver holds is ignored there, not counted as a drop).
-            resend = core.behind(aggregator, r)
+            # With swim the aggregator's round is known from its last answer, which may
+            # predate this round: only fresh word that it is behind counts (else a
+            # thousand members would all send twice).
+            resend = core.behind(aggregator, r) and (
+                not self.swim or mem.members[aggregator].last_heard >= core.round_began)
             self._maybe_crash(r, "wait", "serve")
             deadline = (self.clock.now() + self.timing.round_timeout_s
                         + self.timing.aggregate_grace_s)
