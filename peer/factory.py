@@ -303,6 +303,9 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
         alg_cls = get_algorithm(cfg.cohort.algorithm)
     except (ValueError, ImportError) as exc:  # e.g. a plugin that does not import
         raise ConfigError("cohort.algorithm", str(exc)) from None
+    if cfg.cohort.fanout is not None and alg_cls.mode != "broadcast":
+        raise ConfigError("cohort.fanout", f"applies to broadcast-mode methods (fedh2l, mdhfl); "
+                          f"{cfg.cohort.algorithm} runs in {alg_cls.mode} mode: remove it")
     alg_cfg = build(alg_cls.Config, cfg.algorithm, "algorithm")
     torch.manual_seed(cfg.cohort.seed)  # the same initial weights for the same architecture
     try:

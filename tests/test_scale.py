@@ -12,6 +12,7 @@ import asyncio
 import collections
 import json
 import re
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -187,3 +188,32 @@ def test_a_killed_peer_is_dead_to_every_other_within_dead_after_plus_log_n_inter
     assert delays[0] >= timing["dead_after_s"] - timing["suspect_after_s"]
     bound = timing["dead_after_s"] + 2 * 3.6 * timing["heartbeat_interval_s"] * 4  # log2(12) = 3.6
     assert delays[-1] <= bound, delays
+
+
+# ---------------------------------------------------------------------------- fanout, configured
+
+
+def test_fanout_is_refused_for_methods_that_aggregate(tmp_path):
+    from hfl.peer.configtools import ConfigError
+    from hfl.peer.factory import build_algorithm
+
+    cfg = cohort_cfgs(tmp_path, 2, cohort={"fanout": 1})[0]  # fedavg: aggregator mode
+    with pytest.raises(ConfigError) as err:
+        build_algorithm(cfg)
+    assert err.value.path == "cohort.fanout" and "broadcast" in err.value.detail
+
+
+def test_a_broadcast_cohort_with_fanout_learns_from_exactly_its_scheduled_teachers(tmp_path):
+    # MDH-FL, 6 peers, fanout 2, on the simulator (no faults): every peer's every round
+    # learned from its 2 scheduled teachers, and the invariants hold.
+    scenario = sim.Scenario(seed=0, network=sim.NetworkFaults(), timing={}, faults=[],
+                            calm_at=0.0)
+    experiment = Path(__file__).resolve().parent.parent / "examples" / "mdhfl_digits.yaml"
+    opts = sim.SimOptions(experiment=str(experiment), peers=6, rounds=3,
+                          overrides=["defaults.cohort.fanout=2"], keep=tmp_path)
+    res = sim.run_seed(0, opts, scenario)
+    assert not res.violations, res.violations
+    rows = [json.loads(line) for f in tmp_path.rglob("metrics.jsonl")
+            for line in f.read_text().splitlines()]
+    assert len(rows) == 6 * 3
+    assert {(r["learned_from"], r["received_from"], r["teachers"]) for r in rows} == {(2, 2, 2.0)}
