@@ -1,0 +1,569 @@
+"""One in-process run of bench/scale.py: N peers in this process, one event loop.
+
+    python bench/_scale_worker.py SPEC.json
+
+Not a benchmark by itself: ``bench/scale.py`` writes SPEC.json (the experiment file,
+``kill_after``, where to write the result, optionally ``hfl_src``) and starts this
+script with a timeout. What it does mirrors ``hfl-launch EXP --in-process``
+(:mod:`hfl.launch.inprocess`): it expands the experiment with
+:func:`hfl.launch.experiment.expand`, moves the plans to the in-memory transport with
+:func:`hfl.launch.inprocess.in_memory`, logs every peer's lines to ``<run dir>/peers.log``
+and runs :func:`hfl.peer.runner.run_peer` for each plan on one ``MemoryHub``. On top:
+
+* **Counting.** ``InMemoryTransport.send`` is wrapped (the class attribute, before any
+  peer starts): every send that delivered (the original returned True) is counted
+  by its header's ``type`` (``msgpack.unpackb(frames[0])["type"]``), per sender, with
+  its bytes, in one-second buckets of wall time. *Membership* messages are every type
+  but :data:`NOT_MEMBERSHIP`, so a new type (a probe, say) counts as membership.
+* **A kill.** Once every peer has written its metrics line for round ``kill_after``
+  (seen at once in that line's log record, and from ``metrics.jsonl`` every second),
+  the peer with the highest index dies as a SIGKILLed process would: its transport's
+  ``send`` returns False without delivering (no goodbye gets out), its address leaves
+  the hub and its inbox is gone (sends to it fail), then its ``run_peer`` task is
+  cancelled. ``t_kill`` is ``time.monotonic()`` at that moment.
+* **Detection.** A handler on the ``hfl`` logger notes ``time.monotonic()`` of the
+  first ``"<observer>: <victim> (alive|suspect) -> dead"`` line of each observer (the
+  node's membership-change line, ``"%s: %s %s -> %s (%s)"``); detection time is that
+  minus ``t_kill``. Other ``-> suspect`` / ``-> dead`` lines (about live peers, or
+  about the victim before the kill) are counted as false suspicions / deaths.
+
+``hfl_src`` (bench/scale.py --hfl-src DIR): :func:`use_hfl_from` makes ``import hfl``
+load the packages of checkout DIR instead of the editable install. bench/scale.py also
+calls it from a ``sitecustomize.py`` it writes, so that the processes ``hfl-launch``
+starts import the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.abc
+import importlib.util
+import json
+import logging
+import re
+import resource
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+#: Header types that are not membership traffic (everything else is).
+NOT_MEMBERSHIP = frozenset(
+    {"knowledge", "aggregate", "ack", "commit", "seed_request", "seed_chunk", "error"}
+)
+POLL_S = 0.05  # how often the kill task checks who finished round kill_after
+RESCAN_S = 1.0  # how often it also reads the metrics files (if the log lines change)
+BUCKET_S = 0.1  # message counts are kept per BUCKET_S of wall time
+PROGRESS_S = 15.0  # a progress line on stdout (bench/scale.py keeps it in its log)
+
+
+# --------------------------------------------------------------------------- hfl from a checkout
+
+
+class _CheckoutFinder(importlib.abc.MetaPathFinder):
+    """``hfl`` -> an empty package; ``hfl.<layer>`` -> ``<root>/<layer>/`` (the repository
+    root is the package: pyproject.toml maps hfl.peer to peer/, and so on)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def find_spec(self, name, path, target=None):
+        if name == "hfl":
+            return importlib.util.spec_from_loader("hfl", None, is_package=True)
+        if name.startswith("hfl.") and name.count(".") == 1:
+            layer = Path(self.root) / name.split(".")[1]
+            if not (layer / "__init__.py").exists():
+                return None
+            return importlib.util.spec_from_file_location(
+                name, layer / "__init__.py", submodule_search_locations=[str(layer)]
+            )
+        return None  # hfl.peer.node etc.: found through hfl.peer's own path
+
+
+def use_hfl_from(root: str) -> None:
+    """Import ``hfl`` from checkout ``root`` from now on (call before anything imports it).
+
+    Drops the editable install's finder from ``sys.meta_path`` and puts one first that
+    maps ``hfl.<layer>`` to ``root/<layer>`` (as /tmp/oldboot.py did)."""
+    if any(isinstance(f, _CheckoutFinder) for f in sys.meta_path):
+        return
+    if any(m == "hfl" or m.startswith("hfl.") for m in sys.modules):
+        raise RuntimeError("use_hfl_from: hfl is already imported")
+    sys.meta_path[:] = [
+        f for f in sys.meta_path if not ("editable" in repr(f).lower() and "hfl" in repr(f).lower())
+    ]
+    sys.meta_path.insert(0, _CheckoutFinder(str(Path(root).resolve())))
+
+
+# --------------------------------------------------------------------------- counting
+
+
+class MessageCounter:
+    """Delivered messages by header type: totals, per sender, per second of wall time."""
+
+    def __init__(self) -> None:
+        import msgpack
+
+        self._unpack = msgpack.unpackb
+        self.by_type: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # type -> [msgs, bytes]
+        self.by_sender: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        # int(time.time() / BUCKET_S) -> [membership msgs, all msgs, membership bytes, all bytes]
+        self.buckets: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        self._last_frame: Any = None  # a broadcast sends one encoded frame list N times
+        self._last_type = ""
+
+    def add(self, sender: str, frames) -> None:
+        head = frames[0]
+        if head is self._last_frame:
+            kind = self._last_type
+        else:
+            try:
+                kind = str(self._unpack(bytes(head), raw=False).get("type", "?"))
+            except Exception:
+                kind = "?"
+            self._last_frame, self._last_type = head, kind
+        nbytes = sum(memoryview(f).nbytes for f in frames)
+        t = self.by_type[kind]
+        t[0] += 1
+        t[1] += nbytes
+        self.by_sender[sender][kind] += 1
+        member = kind not in NOT_MEMBERSHIP
+        s = self.buckets[int(time.time() / BUCKET_S)]
+        s[0] += member
+        s[1] += 1
+        s[2] += nbytes if member else 0
+        s[3] += nbytes
+
+    def install(self, transport_cls) -> None:
+        original = transport_cls.send
+
+        async def counted_send(transport, address, frames, *args, **kwargs):
+            ok = await original(transport, address, frames, *args, **kwargs)
+            if ok is True:
+                self.add(transport.peer_id, frames)
+            return ok
+
+        transport_cls.send = counted_send
+
+    def totals(self) -> dict[str, int]:
+        member = [v for k, v in self.by_type.items() if k not in NOT_MEMBERSHIP]
+        return {
+            "messages": sum(v[0] for v in self.by_type.values()),
+            "bytes": sum(v[1] for v in self.by_type.values()),
+            "membership_messages": sum(v[0] for v in member),
+            "membership_bytes": sum(v[1] for v in member),
+        }
+
+    def within(self, start: float, end: float) -> list[float]:
+        """[membership msgs, all msgs, membership bytes, all bytes] sent from ``start`` to
+        ``end`` (unix time; a bucket cut by either end counts in proportion)."""
+        sums = [0.0] * 4
+        for b, counts in self.buckets.items():
+            lo, hi = b * BUCKET_S, (b + 1) * BUCKET_S
+            share = max(0.0, min(hi, end) - max(lo, start)) / BUCKET_S
+            if share:
+                for i in range(4):
+                    sums[i] += counts[i] * share
+        return sums
+
+
+# --------------------------------------------------------------------------- detection
+
+
+class MembershipWatch(logging.Handler):
+    """The node's membership-change lines: ``<observer>: <peer> <old> -> <new> (<why>)``."""
+
+    LINE = re.compile(r"^(?P<obs>\S+): (?P<peer>\S+) (?P<old>\w+) -> (?P<new>suspect|dead)\b")
+    ROUND = re.compile(r"^(?P<peer>\S+) round (?P<round>\d+)/\d+ ")  # MetricsWriter's line
+
+    def __init__(self, victim: str) -> None:
+        super().__init__(logging.INFO)
+        self.victim = victim
+        self.t_kill: float | None = None
+        self.dead_at: dict[str, float] = {}  # observer -> first "victim -> dead" after the kill
+        self.false_suspect = 0  # a live peer (or the victim before its kill) -> suspect
+        self.false_dead = 0
+        self.slow_ticks = 0  # "tick N took longer than ...": the loop is overloaded
+        self.last_round: dict[str, int] = {}  # peer -> last round whose metrics line was logged
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+        except Exception:
+            return
+        if " -> " not in msg:
+            if " took longer than " in msg:
+                self.slow_ticks += 1
+            elif " round " in msg and (m := self.ROUND.match(msg)):
+                r = int(m["round"])
+                if r > self.last_round.get(m["peer"], 0):
+                    self.last_round[m["peer"]] = r
+            return
+        m = self.LINE.match(msg)
+        if m is None:
+            return
+        now = time.monotonic()
+        if m["peer"] == self.victim and self.t_kill is not None:
+            if m["new"] == "dead" and m["old"] in ("alive", "suspect"):
+                self.dead_at.setdefault(m["obs"], now)
+        elif m["new"] == "dead":
+            self.false_dead += 1
+        else:
+            self.false_suspect += 1
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        text = (run_dir / "metrics.jsonl").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def last_round(run_dir: Path) -> int:
+    return max((int(r.get("round", 0)) for r in read_metrics(run_dir)), default=0)
+
+
+def load_plans(spec: dict[str, Any], notes: list[str]):
+    """The experiment's plans on the in-memory transport (as hfl-launch --in-process)."""
+    from hfl.launch.experiment import ExperimentConfig, expand, load_experiment
+    from hfl.launch.inprocess import in_memory
+    from hfl.peer.configtools import ConfigError, build, load_yaml
+
+    path = spec["experiment"]
+    try:
+        exp = load_experiment(path)
+    except ConfigError as err:
+        if getattr(err, "path", None) != "peers":
+            raise
+        # The experiment schema caps `peers` for hfl-launch; one process is not bound
+        # by it. Build with a small cohort, then widen it (and check it again).
+        data = load_yaml(path)
+        n = int(data["peers"])
+        small = {**data, "peers": 2, "peer_overrides": {}}
+        exp = dataclasses.replace(
+            build(ExperimentConfig, small), peers=n, peer_overrides=data.get("peer_overrides") or {}
+        )
+        exp.validate()
+        notes.append(f"experiment refused peers={n} ({err.detail}); run in-process past that cap")
+    # Ports only shape the tcp:// addresses that in_memory replaces: none is bound.
+    plans = expand(exp, gpus=[], ports=list(range(20000, 20000 + exp.peers)))
+    return exp, in_memory(plans)
+
+
+async def run_cohort(
+    plans,
+    victim_index: int,
+    kill_after: int,
+    counter: MessageCounter,
+    watch: MembershipWatch,
+    state: dict[str, Any],
+    checkpoint,
+) -> list[Any]:
+    """Run every plan's peer to its end; ``checkpoint(metrics)`` is called with each
+    progress line (it writes the numbers so far, for a run that will not finish in time)."""
+    from hfl.peer.runner import run_peer
+    from hfl.peer.transport import MemoryHub
+
+    hub = MemoryHub()
+    victim = plans[victim_index]
+    run_dirs = {p.id: Path(p.config.run_dir) for p in plans}
+    rounds = plans[0].config.cohort.rounds
+    ended: dict[str, float] = {}
+    tasks: dict[str, asyncio.Task] = {}
+    for p in plans:
+        task = asyncio.create_task(run_peer(p.config, hub=hub), name=p.id)
+        task.add_done_callback(lambda t, pid=p.id: ended.setdefault(pid, time.monotonic()))
+        tasks[p.id] = task
+    state.update(started=time.monotonic(), kill_after=kill_after, ended=ended)
+
+    async def kill_when_ready() -> None:
+        # Who finished round kill_after: at once from the metrics lines' log records,
+        # and from the metrics files every RESCAN_S (should that log line change).
+        pending, rescan = set(run_dirs), time.monotonic() + RESCAN_S
+        while pending:
+            await asyncio.sleep(POLL_S)
+            if tasks[victim.id].done():
+                state["no_kill"] = (
+                    f"{victim.id} ended before every peer finished round {kill_after}"
+                )
+                return
+            pending = {
+                pid
+                for pid in pending
+                if not tasks[pid].done() and watch.last_round.get(pid, 0) < kill_after
+            }
+            if pending and time.monotonic() > rescan:
+                reached = await asyncio.to_thread(
+                    lambda ids=tuple(pending): {
+                        p for p in ids if last_round(run_dirs[p]) >= kill_after
+                    }
+                )
+                pending -= reached
+                rescan = time.monotonic() + RESCAN_S
+        transport = hub.endpoints.pop(victim.config.node.listen, None)
+        if transport is None:
+            state["no_kill"] = f"{victim.id}'s transport was not on the hub"
+            return
+
+        async def lost(*args, **kwargs) -> bool:  # the process is gone: nothing leaves it
+            return False
+
+        transport.send = lost
+        if hasattr(transport, "_inbox"):
+            transport._inbox = None
+        watch.t_kill = state["t_kill"] = time.monotonic()
+        state["t_kill_unix"] = time.time()
+        state["running_at_kill"] = sorted(
+            pid for pid, t in tasks.items() if pid != victim.id and not t.done()
+        )
+        tasks[victim.id].cancel()
+        await asyncio.sleep(1.0)
+        state["victim_tasks_left"] = sorted(
+            t.get_name()
+            for t in asyncio.all_tasks()
+            if t.get_name().startswith(f"{victim.id}:") and not t.done()
+        )
+
+    async def progress() -> None:
+        t0 = time.monotonic()
+        while True:
+            await asyncio.sleep(PROGRESS_S)
+            # files are read off the loop: N peers' metrics must not stall their heartbeats
+            metrics = await asyncio.to_thread(
+                lambda: {p: read_metrics(d) for p, d in run_dirs.items()}
+            )
+            done = [
+                max((int(r.get("round", 0)) for r in recs), default=0) for recs in metrics.values()
+            ]
+            tot = counter.totals()
+            print(
+                f"[{time.monotonic() - t0:7.1f}s] rounds min {min(done)} max {max(done)} of "
+                f"{rounds}; {sum(t.done() for t in tasks.values())} peers ended; "
+                f"{tot['messages']} msgs ({tot['membership_messages']} membership); "
+                f"{watch.slow_ticks} slow ticks",
+                flush=True,
+            )
+            checkpoint(metrics)
+
+    helpers = [
+        asyncio.create_task(kill_when_ready(), name="scale:kill"),
+        asyncio.create_task(progress(), name="scale:progress"),
+    ]
+    try:
+        return await asyncio.gather(*tasks.values(), return_exceptions=True)
+    finally:
+        for h in helpers:
+            h.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+
+
+def summarize(
+    plans,
+    results: list[Any] | None,
+    victim_index: int,
+    counter: MessageCounter,
+    watch: MembershipWatch,
+    state: dict[str, Any],
+    metrics: dict[str, list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """The run's numbers (``results`` None: the run is still going, numbers so far)."""
+    n = len(plans)
+    victim = plans[victim_index].id
+    rounds = plans[0].config.cohort.rounds
+    if metrics is None:
+        metrics = {p.id: read_metrics(Path(p.config.run_dir)) for p in plans}
+    records = [
+        r
+        for recs in metrics.values()
+        for r in recs
+        if isinstance(r.get("time"), (int, float))
+        and isinstance(r.get("round_time_s"), (int, float))
+    ]
+    span = (
+        max(r["time"] + r["round_time_s"] for r in records) - min(r["time"] for r in records)
+        if records
+        else None
+    )
+    covered = sum(int(r.get("span", 1)) for r in records)
+    # bytes per round: over the configured rounds, or (still running) the rounds done so far
+    per_rounds = rounds if results is not None else max(1.0, covered / n)
+    finals = []
+    for recs in metrics.values():
+        acc = recs[-1].get("global_acc", recs[-1].get("test_acc")) if recs else None
+        if isinstance(acc, (int, float)):
+            finals.append(acc)
+    max_live = {
+        pid: max((int(r.get("live_peers", 0)) for r in recs), default=0)
+        for pid, recs in metrics.items()
+    }
+
+    # Detection, over the observers still running when the victim died.
+    observers = state.get("running_at_kill", [])
+    ended = state.get("ended", {})
+    detected = {o: watch.dead_at[o] - state["t_kill"] for o in observers if o in watch.dead_at}
+    late = [o for o in observers if o not in detected]
+
+    tot = counter.totals()
+    run_s = (max(ended.values()) if results is not None and ended else time.monotonic()) - state[
+        "started"
+    ]
+    first = min((r["time"] for r in records), default=0.0)
+    in_span = counter.within(first, first + span) if span else None
+    outcomes: dict[str, list[str]] = defaultdict(list)
+    for p, r in zip(plans, results or [], strict=False):
+        if p.id == victim and isinstance(r, asyncio.CancelledError):
+            outcomes["killed (victim)"].append(p.id)
+        elif isinstance(r, BaseException):
+            outcomes[f"{type(r).__name__}: {str(r)[:300]}"].append(p.id)
+        else:
+            outcomes["ok"].append(p.id)
+    member_sent = sorted(
+        sum(v for k, v in kinds.items() if k not in NOT_MEMBERSHIP)
+        for kinds in counter.by_sender.values()
+    )
+    return {
+        "n": n,
+        "rounds": rounds,
+        "victim": victim,
+        "run_s": run_s,
+        "rounds_span_s": span,
+        "mean_round_s": sum(r["round_time_s"] for r in records) / covered if covered else None,
+        # rates over the rounds span (whole seconds inside it), then over the whole run
+        "membership_msgs_per_peer_s": in_span[0] / n / span if in_span else None,
+        "msgs_per_peer_s": in_span[1] / n / span if in_span else None,
+        "membership_msgs_per_peer_s_whole_run": tot["membership_messages"] / n / run_s
+        if run_s
+        else None,
+        "msgs_per_peer_s_whole_run": tot["messages"] / n / run_s if run_s else None,
+        "bytes_per_peer_round": tot["bytes"] / n / per_rounds,
+        "membership_bytes_per_peer_round": tot["membership_bytes"] / n / per_rounds,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "final_acc": statistics.fmean(finals) if finals else None,
+        "completed_all_rounds": sum(
+            1
+            for recs in metrics.values()
+            if max((int(r.get("round", 0)) for r in recs), default=0) >= rounds
+        ),
+        "full_cohort_peers": sum(1 for v in max_live.values() if v >= n),
+        "max_live_peers_min": min(max_live.values(), default=0),
+        "t_kill_unix": state.get("t_kill_unix"),
+        "no_kill": None
+        if "t_kill" in state
+        else (
+            state.get("no_kill")
+            or f"the cohort ended before every peer's round {state['kill_after']} was seen"
+        ),
+        "observers": len(observers),
+        "detected": len(detected),
+        "never_detected": len(late),
+        "never_detected_ids": late[:20],
+        "detect_median_s": statistics.median(detected.values()) if detected else None,
+        "detect_max_s": max(detected.values()) if detected else None,
+        "detect_s": dict(sorted(detected.items())),
+        "observers_ended_before_detect": sum(1 for o in late if o in ended),
+        "false_suspicions": watch.false_suspect,
+        "false_deaths": watch.false_dead,
+        "slow_ticks": watch.slow_ticks,
+        "victim_tasks_left": state.get("victim_tasks_left"),
+        "totals": tot,
+        "by_type": {
+            k: {"messages": v[0], "bytes": v[1]} for k, v in sorted(counter.by_type.items())
+        },
+        "membership_msgs_per_sender": {
+            "min": member_sent[0] if member_sent else None,
+            "median": statistics.median(member_sent) if member_sent else None,
+            "max": member_sent[-1] if member_sent else None,
+        },
+        "outcomes": {
+            k: (v if len(v) <= 5 else [*v[:5], f"... {len(v)} peers"]) for k, v in outcomes.items()
+        },
+    }
+
+
+def main(argv: list[str]) -> int:
+    t0 = time.monotonic()
+    spec = json.loads(Path(argv[1]).read_text())
+    if spec.get("hfl_src"):
+        use_hfl_from(spec["hfl_src"])
+    notes: list[str] = []
+    import hfl.peer
+    from hfl.peer.transport import InMemoryTransport
+
+    exp, plans = load_plans(spec, notes)
+    run_dir = exp.resolved_run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    victim_index = len(plans) - 1
+    counter = MessageCounter()
+    counter.install(InMemoryTransport)
+    watch = MembershipWatch(plans[victim_index].id)
+    root = logging.getLogger("hfl")
+    to_file = logging.FileHandler(run_dir / "peers.log")  # as hfl-launch --in-process
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root.addHandler(to_file)
+    root.addHandler(watch)
+    root.setLevel(logging.INFO)
+    setup_s = time.monotonic() - t0
+    print(
+        f"{len(plans)} peers in one process, hfl from {Path(hfl.peer.__file__).parent.parent}; "
+        f"set up in {setup_s:.1f}s; victim {plans[victim_index].id} after round "
+        f"{spec['kill_after']}",
+        flush=True,
+    )
+    state: dict[str, Any] = {}
+
+    def write(results: list[Any] | None, metrics=None) -> dict[str, Any]:
+        out = summarize(plans, results, victim_index, counter, watch, state, metrics)
+        out.update(
+            setup_s=setup_s,
+            wall_s=time.monotonic() - t0,
+            notes=notes,
+            partial=results is None,
+            hfl_from=str(Path(hfl.peer.__file__).parent.parent),
+        )
+        tmp = Path(spec["out"] + ".tmp")
+        tmp.write_text(json.dumps(out, indent=2, default=str) + "\n")
+        tmp.replace(spec["out"])  # whole or not at all, should the timeout strike now
+        return out
+
+    try:
+        results = asyncio.run(
+            run_cohort(
+                plans,
+                victim_index,
+                int(spec["kill_after"]),
+                counter,
+                watch,
+                state,
+                lambda metrics: write(None, metrics),
+            )
+        )
+    finally:
+        root.removeHandler(to_file)
+        root.removeHandler(watch)
+        to_file.close()
+    out = write(results)
+    print(
+        f"done in {out['wall_s']:.1f}s: {out['completed_all_rounds']}/{len(plans)} peers did "
+        f"every round; detection {out['detected']}/{out['observers']}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
