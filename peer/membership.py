@@ -254,13 +254,11 @@ class Membership:
         stalled event loop): nobody's silence over that time is evidence against
         them, since we were not listening. Called before the next :meth:`tick`, so
         a paused peer reads its inbox before it declares anyone dead."""
-        if self.mode == "swim":  # silence counts only from unanswered probes: O(owing)
-            for p in self._owing:
-                self.members[p].expect_since += seconds
-            return
         for m in self.members.values():
             if m.status in (ALIVE, SUSPECT):
                 m.last_heard += seconds
+                if m.expect_since is not None:
+                    m.expect_since += seconds
 
     def tick(self, now: float) -> list[Change]:
         """Advance failure detection to time ``now``. In ``full`` mode silence counts

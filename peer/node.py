@@ -557,11 +557,6 @@ class Node:
                 self.membership.paused(stood_still)
                 self._paused_s += stood_still
                 await asyncio.sleep(0)  # let the receive loop drain what arrived meanwhile
-            elif self.swim and stood_still > interval / 2:
-                # A late tick (a starved CPU: hundreds of peers on a few cores): the
-                # answers we owe our probes may sit unread. Not evidence against anyone
-                # (Lifeguard's local health, in its simplest form); nor a pause to warn of.
-                self.membership.paused(stood_still)
             last = now
             try:
                 # Bounded: a stuck send must never stop failure detection. asyncio.timeout,
@@ -640,9 +635,8 @@ class Node:
                                                             members=mem.records()), 0.05))
         await asyncio.gather(*sends)
 
-    #: swim: members owing an answer that are probed again (and indirectly) in one tick.
-    OWING_PER_TICK = 8
-    INDIRECT_PER_TICK = 4
+    #: swim: members owing an answer that are probed indirectly in one tick, at most.
+    INDIRECT_PER_TICK = 8
 
     def _probe(self) -> list:
         """This interval's probes (timing.membership swim): the next member of the
@@ -652,10 +646,7 @@ class Node:
         interval after a probe is also probed through ``gossip_fanout`` others, which
         ask it to answer us directly."""
         mem, now = self.membership, self.clock.now()
-        # Members owing an answer the longest first, a bounded number per tick: under a
-        # wave of suspicions (an overloaded machine) probing must not add to the load.
-        owing = sorted((p for p in mem._owing if mem.probeable(p)),
-                       key=lambda p: (mem.members[p].expect_since, p))[:self.OWING_PER_TICK]
+        owing = sorted(p for p in mem._owing if mem.probeable(p))
         direct = set(owing) | {p for p in self._contacts if mem.probeable(p)}
         nxt = mem.next_probe()
         if nxt is not None:
@@ -1140,15 +1131,11 @@ class Node:
         # result again each heartbeat to the live members that have not acked (a lost
         # result or a lost ack must not cost the whole cohort its round).
         hb = self.timing.heartbeat_interval_s
-        window = max(self.timing.aggregate_grace_s, 4 * hb)
-        deadline = self.clock.now() + window
-        # With swim (big cohorts) at most four copies in the window: a result to hundreds
-        # of slow members every interval would bury them (and our queues) in copies.
-        period = max(hb, window / 4) if self.swim else hb
+        deadline = self.clock.now() + max(self.timing.aggregate_grace_s, 4 * hb)
         while True:
             acked = await self._wait_until(
                 lambda: core.acked(r, self.epoch, digest) >= quorum or core.cohort_past(r),
-                min(deadline, self.clock.now() + period))
+                min(deadline, self.clock.now() + hb))
             if acked or self.clock.now() >= deadline:
                 break
             await self._broadcast(core.not_acked(r, self.epoch, digest), msg)
