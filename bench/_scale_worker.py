@@ -31,6 +31,10 @@ and runs :func:`hfl.peer.runner.run_peer` for each plan on one ``MemoryHub``. On
 load the packages of checkout DIR instead of the editable install. bench/scale.py also
 calls it from a ``sitecustomize.py`` it writes, so that the processes ``hfl-launch``
 starts import the same code.
+
+bench/scale.py imports this module's counting and metrics helpers
+(:class:`MessageCounter`, :func:`round_stats`, ...) for its forked and sim modes; it
+imports nothing of ``hfl`` at import time, so that :func:`use_hfl_from` can run first.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +107,18 @@ def use_hfl_from(root: str) -> None:
 
 
 class MessageCounter:
-    """Delivered messages by header type: totals, per sender, per second of wall time."""
+    """Messages by header type: totals, per sender, per ``bucket_s`` of ``clock()``
+    (wall time here; bench/scale.py --sim counts at the simulator's virtual time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, bucket_s: float = BUCKET_S) -> None:
         import msgpack
 
         self._unpack = msgpack.unpackb
+        self._clock = clock
+        self.bucket_s = bucket_s
         self.by_type: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # type -> [msgs, bytes]
         self.by_sender: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        # int(time.time() / BUCKET_S) -> [membership msgs, all msgs, membership bytes, all bytes]
+        # int(clock() / bucket_s) -> [membership msgs, all msgs, membership bytes, all bytes]
         self.buckets: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         self._last_frame: Any = None  # a broadcast sends one encoded frame list N times
         self._last_type = ""
@@ -131,7 +139,7 @@ class MessageCounter:
         t[1] += nbytes
         self.by_sender[sender][kind] += 1
         member = kind not in NOT_MEMBERSHIP
-        s = self.buckets[int(time.time() / BUCKET_S)]
+        s = self.buckets[int(self._clock() / self.bucket_s)]
         s[0] += member
         s[1] += 1
         s[2] += nbytes if member else 0
@@ -159,15 +167,55 @@ class MessageCounter:
 
     def within(self, start: float, end: float) -> list[float]:
         """[membership msgs, all msgs, membership bytes, all bytes] sent from ``start`` to
-        ``end`` (unix time; a bucket cut by either end counts in proportion)."""
+        ``end`` (clock time; a bucket cut by either end counts in proportion)."""
         sums = [0.0] * 4
         for b, counts in self.buckets.items():
-            lo, hi = b * BUCKET_S, (b + 1) * BUCKET_S
-            share = max(0.0, min(hi, end) - max(lo, start)) / BUCKET_S
+            lo, hi = b * self.bucket_s, (b + 1) * self.bucket_s
+            share = max(0.0, min(hi, end) - max(lo, start)) / self.bucket_s
             if share:
                 for i in range(4):
                     sums[i] += counts[i] * share
         return sums
+
+    def rates(
+        self, n: int, in_span: list[float] | None, span: float | None, run_s: float, per_rounds
+    ) -> dict[str, float | None]:
+        """Per peer: messages per second over the rounds span (``in_span``: :meth:`within`
+        it, ``span`` s long), then over the whole run (``run_s``); bytes per round."""
+        tot = self.totals()
+        return {
+            "membership_msgs_per_peer_s": in_span[0] / n / span if in_span else None,
+            "msgs_per_peer_s": in_span[1] / n / span if in_span else None,
+            "membership_msgs_per_peer_s_whole_run": tot["membership_messages"] / n / run_s
+            if run_s
+            else None,
+            "msgs_per_peer_s_whole_run": tot["messages"] / n / run_s if run_s else None,
+            "bytes_per_peer_round": tot["bytes"] / n / per_rounds,
+            "membership_bytes_per_peer_round": tot["membership_bytes"] / n / per_rounds,
+        }
+
+    def breakdown(self) -> dict[str, Any]:
+        """The result's ``totals``, ``by_type`` and ``membership_msgs_per_sender``."""
+        member_sent = sorted(
+            sum(v for k, v in kinds.items() if k not in NOT_MEMBERSHIP)
+            for kinds in self.by_sender.values()
+        )
+        return {
+            "totals": self.totals(),
+            "by_type": {
+                k: {"messages": v[0], "bytes": v[1]} for k, v in sorted(self.by_type.items())
+            },
+            "membership_msgs_per_sender": {
+                "min": member_sent[0] if member_sent else None,
+                "median": statistics.median(member_sent) if member_sent else None,
+                "max": member_sent[-1] if member_sent else None,
+            },
+        }
+
+
+def clip_outcomes(outcomes: dict[str, list[str]]) -> dict[str, list[str]]:
+    """outcome -> peers, each list cut to its first five peers and a count."""
+    return {k: (v if len(v) <= 5 else [*v[:5], f"... {len(v)} peers"]) for k, v in outcomes.items()}
 
 
 # --------------------------------------------------------------------------- detection
@@ -234,8 +282,71 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def max_round(recs: list[dict[str, Any]]) -> int:
+    """The last round a peer's metrics lines reached (0: none)."""
+    return max((int(r.get("round", 0)) for r in recs), default=0)
+
+
 def last_round(run_dir: Path) -> int:
-    return max((int(r.get("round", 0)) for r in read_metrics(run_dir)), default=0)
+    return max_round(read_metrics(run_dir))
+
+
+@dataclasses.dataclass
+class RoundStats:
+    """A cohort's metrics lines summed up (:func:`round_stats`)."""
+
+    records: list[dict[str, Any]]  # the lines with a round_time_s (and a time, if asked)
+    covered: int  # rounds those lines cover (a line's "span", else 1)
+    mean_round_s: float | None
+    final_acc: float | None  # mean of each peer's last global_acc (else test_acc)
+    max_live: dict[str, int]  # peer -> the most live_peers it saw
+    full_cohort: int  # peers whose live_peers reached N
+    completed: int  # peers that reached the last round
+
+    @property
+    def start(self) -> float:
+        """The first round's start (metrics ``time``; 0.0 without lines)."""
+        return min((r["time"] for r in self.records), default=0.0)
+
+    @property
+    def span(self) -> float | None:
+        """First round start to last round end (``time`` + ``round_time_s``)."""
+        if not self.records:
+            return None
+        return max(r["time"] + r["round_time_s"] for r in self.records) - self.start
+
+
+def round_stats(
+    metrics: dict[str, list[dict[str, Any]]], rounds: int, n: int, timed: bool = True
+) -> RoundStats:
+    """What the peers' metrics lines (peer -> lines) say of a cohort of ``n`` and
+    ``rounds`` rounds; ``timed``: only lines with a ``time`` count (for :attr:`span`)."""
+    records = [
+        r
+        for recs in metrics.values()
+        for r in recs
+        if (not timed or isinstance(r.get("time"), (int, float)))
+        and isinstance(r.get("round_time_s"), (int, float))
+    ]
+    covered = sum(int(r.get("span", 1)) for r in records)
+    finals = []
+    for recs in metrics.values():
+        acc = recs[-1].get("global_acc", recs[-1].get("test_acc")) if recs else None
+        if isinstance(acc, (int, float)):
+            finals.append(acc)
+    max_live = {
+        pid: max((int(r.get("live_peers", 0)) for r in recs), default=0)
+        for pid, recs in metrics.items()
+    }
+    return RoundStats(
+        records=records,
+        covered=covered,
+        mean_round_s=sum(r["round_time_s"] for r in records) / covered if covered else None,
+        final_acc=statistics.fmean(finals) if finals else None,
+        max_live=max_live,
+        full_cohort=sum(1 for v in max_live.values() if v >= n),
+        completed=sum(1 for recs in metrics.values() if max_round(recs) >= rounds),
+    )
 
 
 def load_plans(spec: dict[str, Any], notes: list[str]):
@@ -347,9 +458,7 @@ async def run_cohort(
             metrics = await asyncio.to_thread(
                 lambda: {p: read_metrics(d) for p, d in run_dirs.items()}
             )
-            done = [
-                max((int(r.get("round", 0)) for r in recs), default=0) for recs in metrics.values()
-            ]
+            done = [max_round(recs) for recs in metrics.values()]
             tot = counter.totals()
             print(
                 f"[{time.monotonic() - t0:7.1f}s] rounds min {min(done)} max {max(done)} of "
@@ -387,30 +496,10 @@ def summarize(
     rounds = plans[0].config.cohort.rounds
     if metrics is None:
         metrics = {p.id: read_metrics(Path(p.config.run_dir)) for p in plans}
-    records = [
-        r
-        for recs in metrics.values()
-        for r in recs
-        if isinstance(r.get("time"), (int, float))
-        and isinstance(r.get("round_time_s"), (int, float))
-    ]
-    span = (
-        max(r["time"] + r["round_time_s"] for r in records) - min(r["time"] for r in records)
-        if records
-        else None
-    )
-    covered = sum(int(r.get("span", 1)) for r in records)
+    stats = round_stats(metrics, rounds, n)
+    span = stats.span
     # bytes per round: over the configured rounds, or (still running) the rounds done so far
-    per_rounds = rounds if results is not None else max(1.0, covered / n)
-    finals = []
-    for recs in metrics.values():
-        acc = recs[-1].get("global_acc", recs[-1].get("test_acc")) if recs else None
-        if isinstance(acc, (int, float)):
-            finals.append(acc)
-    max_live = {
-        pid: max((int(r.get("live_peers", 0)) for r in recs), default=0)
-        for pid, recs in metrics.items()
-    }
+    per_rounds = rounds if results is not None else max(1.0, stats.covered / n)
 
     # Detection, over the observers still running when the victim died.
     observers = state.get("running_at_kill", [])
@@ -418,11 +507,10 @@ def summarize(
     detected = {o: watch.dead_at[o] - state["t_kill"] for o in observers if o in watch.dead_at}
     late = [o for o in observers if o not in detected]
 
-    tot = counter.totals()
     run_s = (max(ended.values()) if results is not None and ended else time.monotonic()) - state[
         "started"
     ]
-    first = min((r["time"] for r in records), default=0.0)
+    first = stats.start
     in_span = counter.within(first, first + span) if span else None
     outcomes: dict[str, list[str]] = defaultdict(list)
     for p, r in zip(plans, results or [], strict=False):
@@ -432,35 +520,20 @@ def summarize(
             outcomes[f"{type(r).__name__}: {str(r)[:300]}"].append(p.id)
         else:
             outcomes["ok"].append(p.id)
-    member_sent = sorted(
-        sum(v for k, v in kinds.items() if k not in NOT_MEMBERSHIP)
-        for kinds in counter.by_sender.values()
-    )
     return {
         "n": n,
         "rounds": rounds,
         "victim": victim,
         "run_s": run_s,
         "rounds_span_s": span,
-        "mean_round_s": sum(r["round_time_s"] for r in records) / covered if covered else None,
+        "mean_round_s": stats.mean_round_s,
         # rates over the rounds span (whole seconds inside it), then over the whole run
-        "membership_msgs_per_peer_s": in_span[0] / n / span if in_span else None,
-        "msgs_per_peer_s": in_span[1] / n / span if in_span else None,
-        "membership_msgs_per_peer_s_whole_run": tot["membership_messages"] / n / run_s
-        if run_s
-        else None,
-        "msgs_per_peer_s_whole_run": tot["messages"] / n / run_s if run_s else None,
-        "bytes_per_peer_round": tot["bytes"] / n / per_rounds,
-        "membership_bytes_per_peer_round": tot["membership_bytes"] / n / per_rounds,
+        **counter.rates(n, in_span, span, run_s, per_rounds),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "final_acc": statistics.fmean(finals) if finals else None,
-        "completed_all_rounds": sum(
-            1
-            for recs in metrics.values()
-            if max((int(r.get("round", 0)) for r in recs), default=0) >= rounds
-        ),
-        "full_cohort_peers": sum(1 for v in max_live.values() if v >= n),
-        "max_live_peers_min": min(max_live.values(), default=0),
+        "final_acc": stats.final_acc,
+        "completed_all_rounds": stats.completed,
+        "full_cohort_peers": stats.full_cohort,
+        "max_live_peers_min": min(stats.max_live.values(), default=0),
         "t_kill_unix": state.get("t_kill_unix"),
         "no_kill": None
         if "t_kill" in state
@@ -480,18 +553,8 @@ def summarize(
         "false_deaths": watch.false_dead,
         "slow_ticks": watch.slow_ticks,
         "victim_tasks_left": state.get("victim_tasks_left"),
-        "totals": tot,
-        "by_type": {
-            k: {"messages": v[0], "bytes": v[1]} for k, v in sorted(counter.by_type.items())
-        },
-        "membership_msgs_per_sender": {
-            "min": member_sent[0] if member_sent else None,
-            "median": statistics.median(member_sent) if member_sent else None,
-            "max": member_sent[-1] if member_sent else None,
-        },
-        "outcomes": {
-            k: (v if len(v) <= 5 else [*v[:5], f"... {len(v)} peers"]) for k, v in outcomes.items()
-        },
+        **counter.breakdown(),
+        "outcomes": clip_outcomes(outcomes),
     }
 
 

@@ -71,6 +71,7 @@ after the victim's last round; the row then says so and has no detection time.)
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import dataclasses
 import json
@@ -88,6 +89,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as c
+import _scale_worker as w
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -112,10 +114,6 @@ SIM_TIMING = {
     "aggregate_grace_s": 10.0,
 }
 SIM_BUCKET_S = 0.1  # message counts are kept per this much virtual time
-#: Header types that are not membership traffic (the same rule as _scale_worker.py's).
-NOT_MEMBERSHIP = frozenset(
-    {"knowledge", "aggregate", "ack", "commit", "seed_request", "seed_chunk", "error"}
-)
 #: Plot style per mode: (marker, line style, legend name).
 MODE_STYLES = {
     "inprocess": ("o", "-", "in-process"),
@@ -452,10 +450,7 @@ def read_metrics(run_dir: Path, ids: list[str]) -> dict[str, list[dict[str, Any]
 def progress_note(run_dir: Path, ids: list[str], rounds: int) -> str:
     """How far a run that did not finish got, from its metrics files (the victim,
     ``ids[-1]``, left out)."""
-    last = [
-        max((int(r.get("round", 0)) for r in recs), default=0)
-        for recs in read_metrics(run_dir, ids[:-1]).values()
-    ]
+    last = [w.max_round(recs) for recs in read_metrics(run_dir, ids[:-1]).values()]
     if not last:
         return "no metrics"
     return (
@@ -472,21 +467,96 @@ def others(contention: dict[str, float]) -> str:
     return c.fmt(c.others_share(contention), "{:.0%}")
 
 
+def begin_run(
+    mode: str, n: int, args: argparse.Namespace
+) -> tuple[dict[str, Any], tuple[Path, Path, list[str], Path] | None]:
+    """The run's row, and its experiment file written and run dir cleared: (row, (file,
+    run dir, peer ids, log)), or (row, None): a --set this hfl refuses, the row says so."""
+    row = new_row(args, mode, n)
+    try:
+        path, run_dir, ids, notes = experiment_file(mode, n, args)
+    except ValueError as err:  # ConfigError: e.g. a --set this hfl refuses
+        row["status"] = f"failed: {err}"
+        return row, None
+    row["notes"] += notes
+    fresh(run_dir)
+    return row, (path, run_dir, ids, LOG_DIR / f"scale-{run_dir.name}.log")
+
+
+def worker_files(run_dir: Path) -> tuple[Path, Path]:
+    """(result, spec) paths of a worker run (in-process or sim); an old result is removed."""
+    result_path = SCALE_DIR / f"{run_dir.name}.result.json"
+    result_path.unlink(missing_ok=True)
+    return result_path, SCALE_DIR / f"{run_dir.name}.spec.json"
+
+
+def run_worker(
+    cmd: list[str],
+    result_path: Path,
+    run_dir: Path,
+    log: Path,
+    row: dict[str, Any],
+    args: argparse.Namespace,
+    env: dict[str, str],
+    contention: bool = False,
+) -> tuple[dict[str, Any] | None, bool]:
+    """Run a worker process under the timeout: (its result or None, whether it failed:
+    then the row's status says how). ``contention``: measure others' CPU meanwhile."""
+    busy = c.Contention() if contention else None
+    rc, wall, out = c.run_cmd(cmd, args.timeout, log, env)
+    if busy is not None:
+        row["contention"] = busy.stop()
+    row.update(wall_s=wall, exit_status=rc, run_dir=str(run_dir), log=str(log))
+    res = json.loads(result_path.read_text()) if result_path.exists() else None
+    failed = rc != 0 or res is None or bool(res.get("partial"))
+    if failed:
+        row["status"] = (
+            f"did not finish in {args.timeout:.0f} s"
+            if rc == 124
+            else f"failed: {last_error(out) or f'exit status {rc}'}"
+        )
+    return res, failed
+
+
+def result_columns(res: dict[str, Any], n: int) -> dict[str, Any]:
+    """The table's columns from a worker's result (in-process or sim)."""
+    return {
+        "s_per_round": res.get("mean_round_s"),
+        "rounds_span_s": res.get("rounds_span_s"),
+        "membership_msgs_per_peer_s": res.get("membership_msgs_per_peer_s"),
+        "msgs_per_peer_s": res.get("msgs_per_peer_s"),
+        "bytes_per_peer_round": res.get("bytes_per_peer_round"),
+        "membership_bytes_per_peer_round": res.get("membership_bytes_per_peer_round"),
+        "peak_mb": res.get("peak_rss_mb"),
+        "detect_median_s": res.get("detect_median_s"),
+        "detect_max_s": res.get("detect_max_s"),
+        "full_cohort": f"{res.get('full_cohort_peers')}/{n}",
+        "acc": res.get("final_acc"),
+        "completed": res.get("completed_all_rounds"),
+    }
+
+
+def outcome_notes(res: dict[str, Any], expected: tuple[str, ...]) -> list[str]:
+    """A note per outcome of the result's peers other than the ``expected`` ones."""
+    bad = {k: v for k, v in (res.get("outcomes") or {}).items() if k not in expected}
+    return [f"{', '.join(map(str, v))}: {k}" for k, v in bad.items()]
+
+
+def note_survivors(row: dict[str, Any], n: int) -> None:
+    """An ok row whose survivors did not all do every round says how many did."""
+    if row["ok"] and row.get("completed", 0) < n - 1:
+        row["status"] = f"{row['completed']}/{n - 1} survivors did every round"
+
+
 # --------------------------------------------------------------------------- in-process
 
 
 def run_inprocess(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
-    row = new_row(args, "inprocess", n)
-    try:
-        path, run_dir, ids, notes = experiment_file("inprocess", n, args)
-    except ValueError as err:  # ConfigError: e.g. a --set this hfl refuses
-        row["status"] = f"failed: {err}"
+    row, prepared = begin_run("inprocess", n, args)
+    if prepared is None:
         return row
-    row["notes"] += notes
-    fresh(run_dir)
-    result_path = SCALE_DIR / f"{run_dir.name}.result.json"
-    result_path.unlink(missing_ok=True)
-    spec_path = SCALE_DIR / f"{run_dir.name}.spec.json"
+    path, run_dir, ids, log = prepared
+    result_path, spec_path = worker_files(run_dir)
     spec_path.write_text(
         json.dumps(
             {
@@ -497,19 +567,10 @@ def run_inprocess(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict
             }
         )
     )
-    log = LOG_DIR / f"scale-{run_dir.name}.log"
     print(f"\n[in-process N={n}] {_rel(path)} -> {_rel(run_dir)} (log {_rel(log)})", flush=True)
-    busy = c.Contention()
-    rc, wall, out = c.run_cmd([sys.executable, str(WORKER), str(spec_path)], args.timeout, log, env)
-    row["contention"] = busy.stop()
-    row.update(wall_s=wall, exit_status=rc, run_dir=str(run_dir), log=str(log))
-    res = json.loads(result_path.read_text()) if result_path.exists() else None
-    if rc != 0 or res is None or res.get("partial"):
-        row["status"] = (
-            f"did not finish in {args.timeout:.0f} s"
-            if rc == 124
-            else f"failed: {last_error(out) or f'exit status {rc}'}"
-        )
+    cmd = [sys.executable, str(WORKER), str(spec_path)]
+    res, failed = run_worker(cmd, result_path, run_dir, log, row, args, env, contention=True)
+    if failed:
         row["notes"].append(progress_note(run_dir, ids, args.rounds))
         if res is None:
             return row
@@ -517,30 +578,11 @@ def run_inprocess(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict
             f"numbers as of {res['wall_s']:.0f} s into the run (the worker's last progress line)"
         )
     row["worker"] = res
-    row.update(
-        ok=not res.get("partial"),
-        status=row["status"] or "ok",
-        s_per_round=res.get("mean_round_s"),
-        rounds_span_s=res.get("rounds_span_s"),
-        membership_msgs_per_peer_s=res.get("membership_msgs_per_peer_s"),
-        msgs_per_peer_s=res.get("msgs_per_peer_s"),
-        bytes_per_peer_round=res.get("bytes_per_peer_round"),
-        membership_bytes_per_peer_round=res.get("membership_bytes_per_peer_round"),
-        peak_mb=res.get("peak_rss_mb"),
-        detect_median_s=res.get("detect_median_s"),
-        detect_max_s=res.get("detect_max_s"),
-        full_cohort=f"{res.get('full_cohort_peers')}/{n}",
-        acc=res.get("final_acc"),
-        completed=res.get("completed_all_rounds"),
-    )
+    row.update(ok=not res.get("partial"), status=row["status"] or "ok", **result_columns(res, n))
     row["notes"] += res.get("notes", [])
-    if row["ok"] and res.get("completed_all_rounds", 0) < n - 1:
-        row["status"] = f"{res['completed_all_rounds']}/{n - 1} survivors did every round"
+    note_survivors(row, n)
     row["notes"] += detection_notes(res)
-    bad = {
-        k: v for k, v in (res.get("outcomes") or {}).items() if k not in ("ok", "killed (victim)")
-    }
-    row["notes"] += [f"{', '.join(map(str, v))}: {k}" for k, v in bad.items()]
+    row["notes"] += outcome_notes(res, expected=("ok", "killed (victim)"))
     return row
 
 
@@ -734,16 +776,11 @@ def _reap_orphans(wait_s: float) -> list[int]:
 
 
 def run_forked(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
-    row = new_row(args, "forked", n)
-    try:
-        path, run_dir, ids, notes = experiment_file("forked", n, args)
-    except ValueError as err:  # ConfigError: e.g. a --set this hfl refuses
-        row["status"] = f"failed: {err}"
+    row, prepared = begin_run("forked", n, args)
+    if prepared is None:
         return row
-    row["notes"] += notes
-    fresh(run_dir)
+    path, run_dir, ids, log = prepared
     victim = ids[-1]
-    log = LOG_DIR / f"scale-{run_dir.name}.log"
     cmd = [
         sys.executable,
         "-m",
@@ -851,8 +888,7 @@ def run_forked(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[st
     row["peak_mb"] = sum(cohort.hwm_kb.values()) / 1024 if cohort.hwm_kb else None
     row["peak_pss_mb"] = cohort.peak_pss_kb / 1024 if cohort.peak_pss_kb else None
     row["peers_seen_in_proc"] = len(cohort.hwm_kb)
-    if row["ok"] and row.get("completed", 0) < n - 1:
-        row["status"] = f"{row['completed']}/{n - 1} survivors did every round"
+    note_survivors(row, n)
     if row.get("membership_metric_keys"):
         row["notes"].append(
             "membership msgs from the peers' metrics key(s) "
@@ -871,43 +907,19 @@ def forked_measures(
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     n = len(ids)
-    metrics = read_metrics(run_dir, ids)
-    records = [
-        r
-        for recs in metrics.values()
-        for r in recs
-        if isinstance(r.get("time"), (int, float))
-        and isinstance(r.get("round_time_s"), (int, float))
-    ]
-    span = (
-        max(r["time"] + r["round_time_s"] for r in records) - min(r["time"] for r in records)
-        if records
-        else None
-    )
-    covered = sum(int(r.get("span", 1)) for r in records)
-    finals = [
-        recs[-1].get("global_acc", recs[-1].get("test_acc")) for recs in metrics.values() if recs
-    ]
-    finals = [a for a in finals if isinstance(a, (int, float))]
-    max_live = {
-        pid: max((int(r.get("live_peers", 0)) for r in recs), default=0)
-        for pid, recs in metrics.items()
-    }
+    stats = w.round_stats(read_metrics(run_dir, ids), args.rounds, n)
+    records, span, covered = stats.records, stats.span, stats.covered
     sent = sum(
         r.get("bytes_sent", 0) for r in records if isinstance(r.get("bytes_sent"), (int, float))
     )
     out: dict[str, Any] = {
         "rounds_span_s": span,
-        "s_per_round": sum(r["round_time_s"] for r in records) / covered if covered else None,
+        "s_per_round": stats.mean_round_s,
         "bytes_per_peer_round": sent / covered if covered else None,
-        "acc": statistics.fmean(finals) if finals else None,
-        "full_cohort": f"{sum(1 for v in max_live.values() if v >= n)}/{n}",
-        "full_cohort_peers": sum(1 for v in max_live.values() if v >= n),
-        "completed": sum(
-            1
-            for recs in metrics.values()
-            if max((int(r.get("round", 0)) for r in recs), default=0) >= args.rounds
-        ),
+        "acc": stats.final_acc,
+        "full_cohort": f"{stats.full_cohort}/{n}",
+        "full_cohort_peers": stats.full_cohort,
+        "completed": stats.completed,
         "membership_msgs_per_peer_s": "n/a",
         "msgs_per_peer_s": "n/a",
         "membership_bytes_per_peer_round": "n/a",
@@ -932,7 +944,7 @@ def forked_measures(
         elif span:
             out["membership_msgs_per_peer_s"] = total / n / span
     # Detection: the survivors' "<victim> (alive|suspect) -> dead" log lines.
-    line = re.compile(r"^(?P<obs>\S+): (?P<peer>\S+) (?P<old>\w+) -> (?P<new>suspect|dead)\b")
+    line = w.MembershipWatch.LINE
     detected, false_suspect, false_dead, slow = {}, 0, 0, 0
     for pid in ids:
         for ts, _, msg in c.log_lines(run_dir / pid / "peer.log"):
@@ -985,18 +997,12 @@ def sim_timing(sets: list[str]) -> dict[str, float]:
 
 
 def run_sim(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
-    row = new_row(args, "sim", n)
+    row, prepared = begin_run("sim", n, args)
     row["others_cpu"] = "n/a"  # virtual time: others' CPU moves the wall seconds only
-    try:
-        path, run_dir, ids, notes = experiment_file("sim", n, args)
-    except ValueError as err:  # ConfigError: e.g. a --set this hfl refuses
-        row["status"] = f"failed: {err}"
+    if prepared is None:
         return row
-    row["notes"] += notes
-    fresh(run_dir)
-    result_path = SCALE_DIR / f"{run_dir.name}.result.json"
-    result_path.unlink(missing_ok=True)
-    spec_path = SCALE_DIR / f"{run_dir.name}.spec.json"
+    path, run_dir, ids, log = prepared
+    result_path, spec_path = worker_files(run_dir)
     spec = {
         "experiment": str(path),
         "peers": n,
@@ -1011,7 +1017,6 @@ def run_sim(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, 
         "out": str(result_path),
     }
     spec_path.write_text(json.dumps(spec, indent=2))
-    log = LOG_DIR / f"scale-{run_dir.name}.log"
     print(
         f"\n[sim N={n}] {spec['rounds']} rounds, {ids[-1]} SIGKILLed at virtual "
         f"t={SIM_KILL_AT_S:g}s, restarted {SIM_DOWN_S:g}s later -> {_rel(run_dir)} "
@@ -1019,32 +1024,14 @@ def run_sim(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, 
         flush=True,
     )
     cmd = [sys.executable, str(Path(__file__).resolve()), SIM_WORKER_ARG, str(spec_path)]
-    rc, wall, out = c.run_cmd(cmd, args.timeout, log, env)
-    row.update(wall_s=wall, exit_status=rc, run_dir=str(run_dir), log=str(log))
-    res = json.loads(result_path.read_text()) if result_path.exists() else None
-    if rc != 0 or res is None:
-        row["status"] = (
-            f"did not finish in {args.timeout:.0f} s"
-            if rc == 124
-            else f"failed: {last_error(out) or f'exit status {rc}'}"
-        )
+    res, failed = run_worker(cmd, result_path, run_dir, log, row, args, env)
+    if failed:
         return row
     row["sim"] = res
     row.update(
         ok=True,
         status="ok",
-        s_per_round=res.get("mean_round_s"),
-        rounds_span_s=res.get("rounds_span_s"),
-        membership_msgs_per_peer_s=res.get("membership_msgs_per_peer_s"),
-        msgs_per_peer_s=res.get("msgs_per_peer_s"),
-        bytes_per_peer_round=res.get("bytes_per_peer_round"),
-        membership_bytes_per_peer_round=res.get("membership_bytes_per_peer_round"),
-        peak_mb=res.get("peak_rss_mb"),
-        detect_median_s=res.get("detect_median_s"),
-        detect_max_s=res.get("detect_max_s"),
-        full_cohort=f"{res.get('full_cohort_peers')}/{n}",
-        acc=res.get("final_acc"),
-        completed=res.get("completed_all_rounds"),
+        **result_columns(res, n),
         victim=res.get("victim"),
         violations=len(res.get("violations", [])),
     )
@@ -1067,63 +1054,13 @@ def run_sim(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, 
         + (f"; not: {', '.join(res['never_detected_ids'])}" if res.get("never_detected") else "")
     )
     row["notes"] += detection_notes({**res, "observers": 0})  # false suspicions, slow ticks
-    bad = {k: v for k, v in (res.get("outcomes") or {}).items() if k != "ok"}
-    row["notes"] += [f"{', '.join(map(str, v))}: {k}" for k, v in bad.items()]
+    row["notes"] += outcome_notes(res, expected=("ok",))
     return row
 
 
-class SimCounter:
-    """Messages put on the simulated network, by header type, at their virtual time."""
-
-    def __init__(self) -> None:
-        import msgpack
-
-        self._unpack = msgpack.unpackb
-        self.by_type: dict[str, list[int]] = {}  # type -> [msgs, bytes]
-        self.by_sender: dict[str, list[int]] = {}  # peer -> [membership msgs, all msgs]
-        # int(virtual t / SIM_BUCKET_S) -> [membership msgs, all msgs, membership bytes, bytes]
-        self.buckets: dict[int, list[int]] = {}
-        self._last_frame: Any = None  # a broadcast sends one encoded frame list N times
-        self._last_type = ""
-
-    def add(self, sender: str, frames: Any) -> None:
-        import asyncio
-
-        head = frames[0]
-        if head is self._last_frame:
-            kind = self._last_type
-        else:
-            try:
-                kind = str(self._unpack(bytes(head), raw=False).get("type", "?"))
-            except Exception:  # noqa: BLE001 - not a header we know: counted as "?"
-                kind = "?"
-            self._last_frame, self._last_type = head, kind
-        nbytes = sum(memoryview(f).nbytes for f in frames)
-        member = kind not in NOT_MEMBERSHIP
-        t = self.by_type.setdefault(kind, [0, 0])
-        t[0] += 1
-        t[1] += nbytes
-        s = self.by_sender.setdefault(sender, [0, 0])
-        s[0] += member
-        s[1] += 1
-        now = asyncio.get_running_loop().time()
-        b = self.buckets.setdefault(int(now / SIM_BUCKET_S), [0, 0, 0, 0])
-        b[0] += member
-        b[1] += 1
-        b[2] += nbytes if member else 0
-        b[3] += nbytes
-
-    def within(self, start: float, end: float) -> list[float]:
-        """[membership msgs, msgs, membership bytes, bytes] from ``start`` to ``end``
-        (virtual s; a bucket cut by either end counts in proportion)."""
-        sums = [0.0] * 4
-        for b, counts in self.buckets.items():
-            lo, hi = b * SIM_BUCKET_S, (b + 1) * SIM_BUCKET_S
-            share = max(0.0, min(hi, end) - max(lo, start)) / SIM_BUCKET_S
-            if share:
-                for i in range(4):
-                    sums[i] += counts[i] * share
-        return sums
+def loop_time() -> float:
+    """The running event loop's clock: the simulator's virtual time."""
+    return asyncio.get_running_loop().time()
 
 
 #: A node's membership-change line in sim.log ("%(vt)10.3f %(levelname)-7s %(message)s").
@@ -1174,7 +1111,7 @@ def sim_worker(spec_path: Path) -> int:
         calm_at=restart_at + 1.0,
     )
     print(f"{n} peers on the simulator; victim {victim}; {scenario.describe()}", flush=True)
-    counter = SimCounter()
+    counter = w.MessageCounter(clock=loop_time, bucket_s=SIM_BUCKET_S)
     original = SimNetwork.send
 
     def counted(net, src, address, frames):
@@ -1205,21 +1142,7 @@ def sim_worker(spec_path: Path) -> int:
         for e in events
         if e["event"] == "round" and e["peer"] == victim and e["t"] <= kill_at
     ]
-    metrics = {pid: read_metrics(kept, [pid])[pid] for pid in ids}
-    records = [
-        r
-        for recs in metrics.values()
-        for r in recs
-        if isinstance(r.get("round_time_s"), (int, float))
-    ]
-    covered = sum(int(r.get("span", 1)) for r in records)
-    finals = [
-        recs[-1].get("global_acc", recs[-1].get("test_acc")) for recs in metrics.values() if recs
-    ]
-    finals = [a for a in finals if isinstance(a, (int, float))]
-    max_live = [
-        max((int(r.get("live_peers", 0)) for r in recs), default=0) for recs in metrics.values()
-    ]
+    stats = w.round_stats(read_metrics(kept, ids), rounds, n, timed=False)
 
     # Detection: each survivor's first "<victim> (alive|suspect) -> dead" between the
     # kill and the restart; other -> suspect/dead lines are false (the victim's before
@@ -1249,14 +1172,10 @@ def sim_worker(spec_path: Path) -> int:
     seen = [dead_at[o] for o in observers if o in dead_at]
     late = [o for o in observers if o not in dead_at]
 
-    tot = {k: sum(v[i] for v in counter.by_type.values()) for i, k in enumerate(("msgs", "bytes"))}
-    member = [v for k, v in counter.by_type.items() if k not in NOT_MEMBERSHIP]
-    tot_member = [sum(v[0] for v in member), sum(v[1] for v in member)]
     in_span = counter.within(min(starts), max(ends)) if span else None
     outcomes: dict[str, list[str]] = {}
     for pid, what in sorted(res.outcomes.items()):
         outcomes.setdefault(what, []).append(pid)
-    member_sent = sorted(v[0] for v in counter.by_sender.values())
     out = {
         "n": n,
         "rounds": rounds,
@@ -1274,25 +1193,14 @@ def sim_worker(spec_path: Path) -> int:
         "delivered": res.delivered,
         "rounds_span_s": span,
         "rounds_span_from_s": min(starts) if starts else None,
-        "mean_round_s": sum(r["round_time_s"] for r in records) / covered if covered else None,
+        "mean_round_s": stats.mean_round_s,
         # over the virtual rounds span, then over the whole simulated run
-        "membership_msgs_per_peer_s": in_span[0] / n / span if in_span else None,
-        "msgs_per_peer_s": in_span[1] / n / span if in_span else None,
-        "membership_msgs_per_peer_s_whole_run": tot_member[0] / n / res.simulated_s
-        if res.simulated_s
-        else None,
-        "msgs_per_peer_s_whole_run": tot["msgs"] / n / res.simulated_s if res.simulated_s else None,
-        "bytes_per_peer_round": tot["bytes"] / n / rounds,
-        "membership_bytes_per_peer_round": tot_member[1] / n / rounds,
+        **counter.rates(n, in_span, span, res.simulated_s, rounds),
         "peak_rss_mb": rss / 1024,
         "rss_growth_mb": (rss - rss0) / 1024,
-        "final_acc": statistics.fmean(finals) if finals else None,
-        "completed_all_rounds": sum(
-            1
-            for recs in metrics.values()
-            if max((int(r.get("round", 0)) for r in recs), default=0) >= rounds
-        ),
-        "full_cohort_peers": sum(1 for v in max_live if v >= n),
+        "final_acc": stats.final_acc,
+        "completed_all_rounds": stats.completed,
+        "full_cohort_peers": stats.full_cohort,
         "victim_last_round_at_kill": max(victim_rounds, default=0),
         "observers": len(observers),
         "detected": len(seen),
@@ -1304,23 +1212,8 @@ def sim_worker(spec_path: Path) -> int:
         "false_suspicions": false_suspect,
         "false_deaths": false_dead,
         "slow_ticks": slow,
-        "totals": {
-            "messages": tot["msgs"],
-            "bytes": tot["bytes"],
-            "membership_messages": tot_member[0],
-            "membership_bytes": tot_member[1],
-        },
-        "by_type": {
-            k: {"messages": v[0], "bytes": v[1]} for k, v in sorted(counter.by_type.items())
-        },
-        "membership_msgs_per_sender": {
-            "min": member_sent[0] if member_sent else None,
-            "median": statistics.median(member_sent) if member_sent else None,
-            "max": member_sent[-1] if member_sent else None,
-        },
-        "outcomes": {
-            k: (v if len(v) <= 5 else [*v[:5], f"... {len(v)} peers"]) for k, v in outcomes.items()
-        },
+        **counter.breakdown(),
+        "outcomes": w.clip_outcomes(outcomes),
         "kept": str(kept),
     }
     tmp = Path(spec["out"] + ".tmp")
