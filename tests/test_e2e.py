@@ -52,6 +52,13 @@ def experiment(tmp_path: Path, rounds: int, faults=(), train=None, timing=None, 
     return path
 
 
+def ctrl_c_reaches_it() -> None:
+    """In a launcher started to be sent SIGINT: take SIGINT as a terminal's Ctrl-C, even
+    when these tests run with it ignored (a job started with & by a non-interactive
+    shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def launch(path: Path, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet", *args],
@@ -202,7 +209,7 @@ def test_stopping_the_launcher_stops_every_peer(tmp_path, sig):
     path = experiment(tmp_path, rounds=10_000)
     proc = subprocess.Popen(
         [sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it,
     )
     metrics_file = tmp_path / "run" / "p0" / "metrics.jsonl"
     deadline = time.monotonic() + 120

@@ -17,6 +17,8 @@ import pytest
 import yaml
 from conftest import free_tcp_port
 
+from tests.test_e2e import ctrl_c_reaches_it
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 TIMING = {"heartbeat_interval_s": 0.2, "suspect_after_s": 0.8, "dead_after_s": 1.6,
@@ -69,7 +71,8 @@ def test_an_interrupted_launch_resumes_on_its_ports_as_one_cohort_and_a_rerun_is
     run = tmp_path / "run"
     path = experiment(tmp_path, rounds=10_000)
     proc = subprocess.Popen([sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_reaches_it)
     wait_for(run / "p0" / "metrics.jsonl")
     wait_for(run / "p1" / "metrics.jsonl")
     proc.send_signal(signal.SIGINT)
@@ -134,7 +137,7 @@ def test_ctrl_c_through_a_closed_pipe_still_stops_the_peers_and_writes_results(t
     # `hfl-launch ... 2>&1 | tee log` and Ctrl-C: tee dies with the launcher's pipe.
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen([sys.executable, "-m", "hfl.launch.cli", str(path), "--start", start],
-                            stdout=write_fd, stderr=write_fd)
+                            stdout=write_fd, stderr=write_fd, preexec_fn=ctrl_c_reaches_it)
     os.close(write_fd)
     wait_for(run / "p0" / "metrics.jsonl")
     os.close(read_fd)  # the pipe's reader is gone: every later write fails with EPIPE
