@@ -619,8 +619,9 @@ class Node:
         # reaches it, and that travels on another connection than our heartbeats.
         if self.swim:
             sends += self._probe()
-            target = mem.random_members(1, self.rng, lambda m: m.greeted and m.status != "left")
-            if tick % 2 == 0 and target:  # anti-entropy: a bounded sample of the view
+            target = (mem.random_members(1, self.rng, lambda m: m.greeted and m.status != "left")
+                      if tick % 2 == 0 else [])  # drawn only when this tick gossips
+            if target:  # anti-entropy: a bounded sample of the view
                 sample = mem.records(sample=GOSSIP_SAMPLE, rng=self.rng)
                 sends.append(self._send_to(target[0], Gossip(**self._envelope(), members=sample),
                                            0.05))
