@@ -136,7 +136,8 @@ class TimingConfig:
         default=10.0, metadata={"min": 0, "help": "extra wait for the aggregator's result"}
     )
     join_timeout_s: float = field(
-        default=120.0, metadata={"gt": 0, "help": "how long to wait for min_peers before round 1"}
+        default=120.0, metadata={"gt": 0, "help": "how long to wait for min_peers before round 1, "
+                                                  "counted from the last peer that arrived"}
     )
     send_timeout_s: float = field(default=2.0, metadata={"gt": 0})
     gossip_fanout: int = field(

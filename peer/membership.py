@@ -28,12 +28,15 @@ Two ways to watch the others (``mode``, from ``timing.membership``):
   that a death is still only ever declared on the peer's own evidence): each
   interval a peer probes one member (a randomized round-robin over the view)
   and the members it currently depends on (the round's aggregator), and
-  expects a heartbeat back. Silence counts only from a probe nobody answered:
+  expects a heartbeat back; a member that owes an answer is probed again after
+  1, 2, 4, ... intervals. Silence counts only from a probe nobody answered:
   a member that owes an answer for ``suspect_after_s`` is suspect, for
-  ``dead_after_s`` dead. A suspicion or death is news, piggybacked on the
-  next heartbeats for ``O(log N)`` hops (infection-style dissemination); a
-  peer that hears it and has no fresher word of its own *suspects* the member
-  and probes it itself every interval, crediting the reporter with the first
+  ``dead_after_s`` dead, both stretched by :meth:`Membership.patience` while
+  the answers to this peer's probes come slowly (a loaded machine). A
+  suspicion or death is news, piggybacked on the next heartbeats for
+  ``O(log N)`` hops (infection-style dissemination); a peer that hears it and
+  has no fresher word of its own *suspects* the member and probes it itself,
+  crediting the reporter with the first
   ``suspect_after_s`` of silence (so the member is dead to it after
   ``dead_after_s - suspect_after_s`` of its own unanswered probes; one answer
   clears it). A third party can make a peer look, never decide. O(1) messages
@@ -48,11 +51,18 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 from hfl.protocol.messages import MemberRecord
 
 ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
+
+#: swim: the most a peer stretches its suspicion and death timeouts when the answers to
+#: its probes come slowly (Lifeguard's local health multiplier also stops at 8 + 1).
+PATIENCE_MAX = 8.0
+#: swim: answer times kept for the estimate, and how many it needs before it counts.
+ANSWER_WINDOW, ANSWER_MIN = 64, 8
 
 
 @dataclass
@@ -71,8 +81,13 @@ class Member:
     # greet it, never its address: only its own answer moves it (see merge).
     lead: str | None = None
     # swim: when a probe to it went out that it has not answered yet (None: it owes
-    # nothing); its silence counts from then.
+    # nothing); its silence counts from then (news of its failure backdates it).
     expect_since: float | None = None
+    # swim: our own unanswered probes to it: when the first went out (the answer time
+    # we measure starts there), how many, and when the last did (re-probes back off).
+    asked_at: float | None = None
+    probes: int = 0
+    probed_at: float = 0.0
 
     @property
     def vouched(self) -> bool:
@@ -115,6 +130,15 @@ class Membership:
     _owing: set[str] = field(default_factory=set)  # swim: members with expect_since set
     _order: tuple = ((-1, -1), ())
     _max_round: int | None = None
+    #: swim: how long the latest answers to our probes took (seconds), for patience()
+    answer_times: deque = field(default_factory=lambda: deque(maxlen=ANSWER_WINDOW))
+    _answers: int = 0  # answer times ever taken: the key of the cached percentile
+    _typical: tuple = (-1, 0.0)
+    #: swim: Lifeguard's local health score, 0 .. PATIENCE_MAX - 1: up by one for each
+    #: answer that came after ``suspect_after_s`` (the configured wait was too hasty),
+    #: down by one for each within half of it. A member that is really dead never answers:
+    #: its death moves nothing, so it does not slow the detection of the next one.
+    health: int = 0
 
     def _touch(self) -> None:
         """A member joined, left, changed status or was vouched for: drop the caches."""
@@ -173,7 +197,18 @@ class Membership:
             m.lead = None
         m.status = ALIVE
         m.last_heard = now
-        m.expect_since = None
+        if m.asked_at is not None:  # how long our probe waited for word from it
+            self.answer_times.append(now - m.asked_at)
+            self._answers += 1
+            # An answer after suspect_after_s: with the configured timeouts we would have
+            # been too hasty (one up); one within half of it is in time (one down).
+            took = now - m.asked_at
+            if took >= self.suspect_after_s:
+                self.health = min(self.health + 1, int(PATIENCE_MAX) - 1)
+            elif took < self.suspect_after_s / 2:
+                self.health = max(self.health - 1, 0)
+        m.expect_since = m.asked_at = None
+        m.probes = 0
         self._owing.discard(peer_id)
         m.confirmed = True
         if round is not None:  # within one life a peer's round only goes forward
@@ -215,7 +250,8 @@ class Membership:
         old, m.status, m.incarnation = m.status, LEFT, incarnation
         if old == LEFT:
             return None
-        m.expect_since = None
+        m.expect_since = m.asked_at = None
+        m.probes = 0
         self._owing.discard(peer_id)
         self._touch()
         self._spread(m)
@@ -259,11 +295,17 @@ class Membership:
                 m.last_heard += seconds
                 if m.expect_since is not None:
                     m.expect_since += seconds
+                if m.asked_at is not None:  # our pause is not their slowness either
+                    m.asked_at += seconds
 
     def tick(self, now: float) -> list[Change]:
         """Advance failure detection to time ``now``. In ``full`` mode silence counts
-        from the last message; in ``swim`` mode only from an unanswered probe."""
+        from the last message; in ``swim`` mode only from an unanswered probe, against
+        the timeouts stretched by :meth:`patience`."""
         changes = []
+        patience = self.patience()
+        suspect_s, dead_s = self.suspect_after_s * patience, self.dead_after_s * patience
+        stretched = f", patience x{patience:.1f}" if patience > 1 else ""
         # swim: only members that owe an answer can change (sorted: the same order in
         # every run, whatever the hash seed)
         watched = ([self.members[p] for p in sorted(self._owing)] if self.mode == "swim"
@@ -277,13 +319,16 @@ class Membership:
             else:
                 silent = now - m.last_heard
                 what = "silent"
-            if silent >= self.dead_after_s:
-                changes.append(Change(m.peer_id, m.status, DEAD, f"{what} for {silent:.1f}s"))
+            if silent >= dead_s:
+                changes.append(Change(m.peer_id, m.status, DEAD,
+                                      f"{what} for {silent:.1f}s{stretched}"))
                 m.status = DEAD
-                m.expect_since = None  # nothing more owed: greeted again, not probed
+                m.expect_since = m.asked_at = None  # nothing more owed: greeted again, not probed
+                m.probes = 0
                 self._owing.discard(m.peer_id)
-            elif silent >= self.suspect_after_s and m.status == ALIVE:
-                changes.append(Change(m.peer_id, m.status, SUSPECT, f"{what} for {silent:.1f}s"))
+            elif silent >= suspect_s and m.status == ALIVE:
+                changes.append(Change(m.peer_id, m.status, SUSPECT,
+                                      f"{what} for {silent:.1f}s{stretched}"))
                 m.status = SUSPECT
             else:
                 continue
@@ -293,15 +338,51 @@ class Membership:
             self._touch()
         return changes
 
+    def patience(self) -> float:
+        """swim: how many times ``suspect_after_s`` and ``dead_after_s`` this peer waits
+        now, and how many intervals apart it probes: 1 to ``PATIENCE_MAX``. Lifeguard's
+        local health (Dadgar et al. 2018): the larger of 1 + :attr:`health` (answers
+        that came after ``suspect_after_s``, less those within half of it) and three times
+        the 75th percentile of the latest answer times over ``suspect_after_s``. On a
+        machine so loaded that answers take seconds (two hundred peers on two cores)
+        silence of a few seconds is no evidence, and every peer waits longer before it
+        blames anyone, and probes less; a dead member still never answers, so it is
+        still found, later. With answers in time both parts fall back to 1 within a
+        few probes, so one real failure does not slow the detection of the next. Always
+        1 in ``full`` mode (no probes, nothing measured)."""
+        if self.mode != "swim":
+            return 1.0
+        if len(self.answer_times) >= ANSWER_MIN and self._typical[0] != self._answers:
+            times = sorted(self.answer_times)
+            self._typical = (self._answers, times[(3 * (len(times) - 1)) // 4])
+        measured = 3 * self._typical[1] / self.suspect_after_s
+        return min(PATIENCE_MAX, max(1.0 + self.health, measured))
+
     # ------------------------------------------------------------------ swim
 
     def expect(self, peer_id: str, now: float) -> None:
         """A probe went to ``peer_id``: it owes an answer from ``now`` (unless it
         already owed one)."""
         m = self.members.get(peer_id)
-        if m is not None and m.expect_since is None and m.status not in (DEAD, LEFT):
-            m.expect_since = now
-            self._owing.add(peer_id)
+        if m is not None and m.status not in (DEAD, LEFT):
+            if m.expect_since is None:
+                m.expect_since = now
+                self._owing.add(peer_id)
+            if m.asked_at is None:
+                m.asked_at = now
+            m.probes += 1
+            m.probed_at = now
+
+    def probe_due(self, peer_id: str, now: float, interval: float) -> bool:
+        """Whether to probe ``peer_id`` now: at once if it owes us nothing from our
+        own probes, else after 1, 2, 4, ... intervals since the last probe. A member
+        that is slow to answer (a loaded machine) is not sent one probe more each
+        interval, which it would then also have to answer; it still gets several
+        chances before ``dead_after_s``."""
+        m = self.members.get(peer_id)
+        if m is None or m.probes == 0:
+            return True
+        return now - m.probed_at >= interval * 2 ** (m.probes - 1) - 1e-9
 
     def probeable(self, peer_id: str) -> bool:
         """A member to probe: alive or suspect, and it knows us (answered our hello)."""
@@ -337,11 +418,13 @@ class Membership:
         """Failure news piggybacked by ``sender`` (records with status suspect, dead or
         left). A member we heard from ourselves within ``suspect_after_s`` is not
         touched (we know better); otherwise it becomes *suspect* and owes us an answer
-        as if ``suspect_after_s`` of silence had passed: we probe it every interval,
-        and it is dead to us only after ``dead_after_s - suspect_after_s`` more of our
-        own unanswered probes. News is passed on. Departures of peers we never met
+        as if ``suspect_after_s`` of silence had passed: we probe it at once (then
+        backing off), and it is dead to us only after ``dead_after_s -
+        suspect_after_s`` more of our own unanswered probes (both times our current
+        patience). News is passed on. Departures of peers we never met
         are remembered for the join count, as from gossip."""
         changes = []
+        patience = self.patience()
         for r in records:
             if r.peer_id == self.self_id or r.status == ALIVE:
                 continue
@@ -351,10 +434,10 @@ class Membership:
                     self.reported_left.add(r.peer_id)
                 continue
             if (m.status != ALIVE or (m.confirmed and r.incarnation < m.incarnation)
-                    or now - m.last_heard < self.suspect_after_s):
+                    or now - m.last_heard < self.suspect_after_s * patience):
                 continue
             m.status = SUSPECT
-            since = now - self.suspect_after_s
+            since = now - self.suspect_after_s * patience
             m.expect_since = since if m.expect_since is None else min(m.expect_since, since)
             self._owing.add(m.peer_id)
             changes.append(Change(m.peer_id, ALIVE, SUSPECT, f"{sender} reports it {r.status}"))

@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,6 +74,9 @@ NEWS_PER_MESSAGE = 6
 GOSSIP_SAMPLE = 16
 #: swim: hellos sent in one tick, at most (a late joiner greets a big cohort in steps).
 GREETINGS_PER_TICK = 256
+#: swim: probes an aggregator candidate gets from the waiting members per interval, about:
+#: each member probes it every ceil(N / this) intervals, at a phase of its own.
+CONTACT_PROBES_PER_TICK = 16
 
 
 @dataclass
@@ -150,8 +155,10 @@ class Node:
         self.swim = choice == "swim" or (choice == "auto" and min_peers >= SWIM_FROM)
         self._wakeup = asyncio.Event()
         # Peers this round depends on (its aggregator candidates): with swim, probed every
-        # interval, so their deaths and rounds are seen as fast as with full heartbeats.
+        # ceil(N / CONTACT_PROBES_PER_TICK) intervals (each interval in cohorts of up to 16).
         self._contacts: set[str] = set()
+        self._probe_calls = 0  # swim: _probe calls so far, and this peer's phase in them
+        self._phase = zlib.crc32(peer_id.encode())
         self._to_greet = True  # swim: members may wait for our hello (scan the view)
         self._tasks: dict[asyncio.Task, None] = {}  # a dict: cancelled in a fixed order
         # No elected aggregator: every peer aggregates the round's knowledge itself.
@@ -618,9 +625,14 @@ class Node:
         # A peer that only said hello to us does not know us either until our welcome
         # reaches it, and that travels on another connection than our heartbeats.
         if self.swim:
-            sends += self._probe()
+            # Lifeguard: while answers come slowly (a loaded machine), probe and gossip
+            # less often too, by the same factor the timeouts are stretched: the detector
+            # must not add load to the load that slows it down.
+            every = math.ceil(mem.patience())
+            if tick % every == 0:
+                sends += self._probe()
             target = (mem.random_members(1, self.rng, lambda m: m.greeted and m.status != "left")
-                      if tick % 2 == 0 else [])  # drawn only when this tick gossips
+                      if tick % (2 * every) == 0 else [])  # drawn only when this tick gossips
             if target:  # anti-entropy: a bounded sample of the view
                 sample = mem.records(sample=GOSSIP_SAMPLE, rng=self.rng)
                 sends.append(self._send_to(target[0], Gossip(**self._envelope(), members=sample),
@@ -643,24 +655,33 @@ class Node:
         """This interval's probes (timing.membership swim): the next member of the
         randomized round-robin, the members this round depends on (``_contacts``: its
         aggregator candidates, so their deaths and rounds are seen at the full-mode
-        latency), and every member that still owes an answer; a member silent for an
-        interval after a probe is also probed through ``gossip_fanout`` others, which
-        ask it to answer us directly."""
+        latency), and the members that still owe an answer, each of these again only
+        after 1, 2, 4, ... intervals (``Membership.probe_due``). A probe that is such
+        a repeat also goes through ``gossip_fanout`` others, which ask the member to
+        answer us directly (SWIM's indirect probe: our own link may be the problem)."""
         mem, now = self.membership, self.clock.now()
-        owing = sorted(p for p in mem._owing if mem.probeable(p))
-        direct = set(owing) | {p for p in self._contacts if mem.probeable(p)}
+        interval = self.timing.heartbeat_interval_s
+        direct = {p for p in mem._owing if mem.probeable(p)}
+        # The contacts: each waiting member probes them every ceil(N / 16) of these
+        # calls, at its own phase, so an aggregator answers about 16 probes an interval
+        # however big the cohort (every member each interval was N probes at it: two
+        # hundred peers on two cores flooded each aggregator in turn until it was
+        # declared dead).
+        period = max(1, math.ceil(len(mem.members) / CONTACT_PROBES_PER_TICK))
+        self._probe_calls += 1
+        if (self._probe_calls + self._phase) % period == 0:
+            direct |= {p for p in self._contacts if mem.probeable(p)}
         nxt = mem.next_probe()
         if nxt is not None:
             direct.add(nxt)
+        probes = sorted(p for p in direct if mem.probe_due(p, now, interval))
         sends = []
-        if direct:
-            probes = sorted(direct)
+        if probes:
             sends.append(self._broadcast(probes, self._heartbeat(probe=1), 0.05))
             for p in probes:
                 mem.expect(p, now)
-        late = [p for p in owing if now - mem.members[p].expect_since
-                >= self.timing.heartbeat_interval_s][:self.INDIRECT_PER_TICK]
-        for p in late:
+        again = [p for p in probes if mem.members[p].probes > 1][:self.INDIRECT_PER_TICK]
+        for p in again:
             helpers = mem.random_members(
                 self.timing.gossip_fanout, self.rng,
                 lambda m, p=p: m.peer_id != p and m.status == "alive" and m.greeted
@@ -725,9 +746,22 @@ class Node:
             # bootstrap peers, or a resumed cohort would split into solo peers.
             return resumed and bool(self.known_members) and not mem.live_peers()
 
+        def arrived() -> int:
+            greeted, departed = others()
+            return len(greeted) + departed
+
         if need > 1:
-            deadline = self.clock.now() + self.timing.join_timeout_s
-            if not await self._wait_until(joined, deadline):
+            # join_timeout_s without anyone new: a cohort still coming together (two
+            # hundred peers started one after another on a busy machine take minutes)
+            # is waited for as long as peers keep arriving.
+            done, count, since = False, arrived(), self.clock.now()
+            while await self._wait_until(lambda: joined() or arrived() > count,
+                                         since + self.timing.join_timeout_s):
+                if joined():
+                    done = True
+                    break
+                count, since = arrived(), self.clock.now()
+            if not done:
                 causes = sorted({c for c in (self.transport.dial_failure(a) for a in
                                              [a for _, a in self.bootstrap]
                                              + [m.address for m in mem.members.values()]) if c})
@@ -737,9 +771,9 @@ class Node:
                         self.cohort.algorithm, [a for _, a in self.bootstrap],
                         self.timing.join_timeout_s, causes, refused=self.dropped["refused"] > 0)
                     return
-                log.warning("%s: only %d of %d peers joined within %.0fs; starting anyway%s",
-                            self.id, len(mem.live_view()), need, self.timing.join_timeout_s,
-                            "".join(f"; {c}" for c in causes))
+                log.warning("%s: only %d of %d peers joined (none new for %.0fs); starting "
+                            "anyway%s", self.id, len(mem.live_view()), need,
+                            self.timing.join_timeout_s, "".join(f"; {c}" for c in causes))
         log.info("%s: cohort %s", self.id, ", ".join(mem.live_view()))
 
     # ================================================================ rounds
@@ -1129,17 +1163,21 @@ class Node:
         await self._broadcast(mem.live_peers(), msg)
         # Acks come one round trip after the result arrives: wait aggregate_grace_s (the
         # time a result is given to travel), at least four heartbeats, and send the
-        # result again each heartbeat to the live members that have not acked (a lost
-        # result or a lost ack must not cost the whole cohort its round).
+        # result again to the live members that have not acked (a lost result or a lost
+        # ack must not cost the whole cohort its round) after 1, 2, 4, ... heartbeats:
+        # acks that are only slow (a loaded machine, a big cohort) must not be answered
+        # with a copy of the result per member each heartbeat, queued for each of them.
         hb = self.timing.heartbeat_interval_s
         deadline = self.clock.now() + max(self.timing.aggregate_grace_s, 4 * hb)
+        wait = hb
         while True:
             acked = await self._wait_until(
                 lambda: core.acked(r, self.epoch, digest) >= quorum or core.cohort_past(r),
-                min(deadline, self.clock.now() + hb))
+                min(deadline, self.clock.now() + wait))
             if acked or self.clock.now() >= deadline:
                 break
             await self._broadcast(core.not_acked(r, self.epoch, digest), msg)
+            wait *= 2
         if core.acked(r, self.epoch, digest) < quorum:
             log.warning("%s: round %d: %d of the %d acks a commit needs %s; not committing, "
                         "keeping the local model", self.id, r, core.acked(r, self.epoch, digest),

@@ -178,8 +178,8 @@ async def watch_join(node, bootstrap: tuple[str, ...], need: int, join_timeout_s
             warned_join = True
             then = ("stopping if nobody joined (--allow-solo trains alone)"
                     if alone_stops and joined == 1 else "training with whoever is there")
-            log.warning("%s: only %d of %d peers joined after %.0fs (%s); waiting until "
-                        "timing.join_timeout_s=%.0fs, then %s",
+            log.warning("%s: only %d of %d peers joined after %.0fs (%s); waiting while "
+                        "more arrive, until none new for timing.join_timeout_s=%.0fs, then %s",
                         node.id, joined, need, waited, ", ".join([node.id, *_greeted(node)]),
                         join_timeout_s, then)
 

@@ -582,6 +582,62 @@ def test_a_peer_of_another_cohort_is_refused(tmp_path, mismatch, caplog):
     )
 
 
+def run_staggered(nodes: list[Node], starts: list[float]) -> dict[str, NodeResult]:
+    """Start each node ``starts[i]`` seconds after the first (a cohort launched peer by
+    peer on a busy machine) and run them all to the end."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+
+        async def start(node: Node, at: float) -> NodeResult:
+            await asyncio.sleep(max(0.0, t0 + at - loop.time()))
+            return await node.run()
+
+        return await asyncio.gather(*(start(nd, at) for nd, at in zip(nodes, starts, strict=True)))
+
+    return dict(zip([nd.id for nd in nodes], asyncio.run(main()), strict=True))
+
+
+def test_the_join_waits_while_peers_keep_arriving(tmp_path, caplog):
+    # The last peer starts after the first one's join_timeout_s has passed, but within
+    # join_timeout_s of the peer before it: the wait counts from the last arrival, so
+    # the first round has the whole cohort (it used to start with three of four).
+    n, join = 4, 2.0
+    cfgs = cohort_cfgs(tmp_path, n, rounds=2, timing={"join_timeout_s": join})
+    hub = MemoryHub()
+    nodes = [build_node(c, hub) for c in cfgs]
+    with caplog.at_level(logging.WARNING, logger="hfl.peer"):
+        results = run_staggered(nodes, [0.0, 0.0, 0.6 * join, 1.3 * join])
+    assert_completed(results, 2)
+    for peer, res in results.items():  # (round 2's count may miss a peer that finished)
+        assert res.metrics[0]["live_peers"] == n, peer
+    assert not [r.getMessage() for r in caplog.records if "peers joined" in r.getMessage()]
+
+
+def test_the_join_gives_up_join_timeout_s_after_the_last_arrival(tmp_path, caplog):
+    # Two of the three peers min_peers asks for: nobody new comes, so the wait ends
+    # join_timeout_s after the second arrived, and the two train together, saying so.
+    join = 1.0
+    cfgs = cohort_cfgs(tmp_path, 3, rounds=2, timing={"join_timeout_s": join})[:2]
+    hub = MemoryHub()
+    nodes = [build_node(c, hub) for c in cfgs]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        results = await asyncio.gather(*(nd.run() for nd in nodes))
+        return results, loop.time() - t0
+
+    with caplog.at_level(logging.WARNING, logger="hfl.peer"):
+        results, took = asyncio.run(main())
+    assert_completed(dict(zip(["p0", "p1"], results, strict=True)), 2)
+    assert all(res.metrics[0]["live_peers"] == 2 for res in results)
+    assert join <= took < join + WAIT_S
+    said = [r.getMessage() for r in caplog.records if "peers joined" in r.getMessage()]
+    assert any("only 2 of 3 peers joined (none new for 1s); starting anyway" in m for m in said)
+
+
 # =========================================================================== shutdown
 
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from hfl.peer.clock import FakeClock
-from hfl.peer.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, elect
+from hfl.peer.membership import ALIVE, DEAD, LEFT, PATIENCE_MAX, SUSPECT, Membership, elect
 from hfl.protocol import MemberRecord
 
 SUSPECT_S, DEAD_S = 2.0, 5.0
@@ -461,6 +461,68 @@ def test_swim_an_answer_clears_what_a_member_owed():
     m.heard_from("b", 0, now=13.0)
     assert m.members["b"].status == ALIVE and m.members["b"].expect_since is None
     assert m.tick(30.0) == []
+
+
+def answer(m: Membership, peer: str, asked: float, after: float) -> None:
+    """Probe ``peer`` at ``asked``; its answer reaches us ``after`` seconds later."""
+    m.expect(peer, asked)
+    m.heard_from(peer, 0, now=asked + after)
+
+
+def test_swim_patience_stretches_the_timeouts_while_answers_come_slowly():
+    m = swim()
+    for i in range(64):  # answers in 10 ms: a healthy cohort
+        answer(m, "cdefgh"[i % 6], 10.0 + i, 0.01)
+    assert m.patience() == 1.0 and m.health == 0
+    for i in range(64):  # the machine is loaded: answers take 1.5 s (still in time, < 2 s)
+        answer(m, "cdefgh"[i % 6], 100.0 + 2 * i, 1.5)
+    # three times the 75th percentile over suspect_after_s: 3 * 1.5 / 2
+    assert m.patience() == pytest.approx(2.25)
+    assert m.health == 0  # every answer came before we would have suspected anyone
+    m.expect("b", 300.0)
+    assert m.tick(300.0 + SUSPECT_S) == []  # 2 s of silence is no evidence now
+    changes = m.tick(300.0 + 2.25 * SUSPECT_S)
+    assert [(c.peer_id, c.new) for c in changes] == [("b", SUSPECT)]
+    assert "patience x2.2" in changes[0].reason
+    assert m.tick(300.0 + DEAD_S) == []
+    assert [(c.peer_id, c.new) for c in m.tick(300.0 + 2.25 * DEAD_S)] == [("b", DEAD)]
+    for i in range(48):  # the load passes: once most answers are fast again, so is the detector
+        answer(m, "cdefgh"[i % 6], 400.0 + i, 0.01)
+    assert m.patience() == 1.0
+
+
+def test_swim_health_rises_with_late_answers_and_a_death_does_not_move_it():
+    m = swim()
+    for i in range(3):  # answers after the suspicion timeout: we were too hasty, 3 times
+        answer(m, "cde"[i], 10.0 * i, SUSPECT_S + 1.0)
+    assert m.health == 3 and m.patience() == 4.0  # 1 + health (too few answers to measure)
+    answer(m, "f", 50.0, 0.01)
+    answer(m, "g", 51.0, 0.01)
+    assert m.health == 1  # each answer in time takes one off
+    answer(m, "f", 52.0, 0.01)
+    assert m.health == 0 and m.patience() == 1.0
+    m.expect("b", 60.0)  # b is really dead: it never answers
+    m.tick(60.0 + SUSPECT_S)
+    assert [(c.peer_id, c.new) for c in m.tick(60.0 + DEAD_S)] == [("b", DEAD)]
+    assert m.health == 0  # a death is not slowness: the next one is found as fast
+    for i in range(40):  # health is capped: the patience never passes PATIENCE_MAX
+        answer(m, "cdefgh"[i % 6], 100.0 + 10 * i, 9.0)
+    assert m.patience() == PATIENCE_MAX
+
+
+def test_swim_a_member_that_owes_an_answer_is_probed_again_after_1_2_4_intervals():
+    m = swim()
+    assert m.probe_due("b", 0.0, 0.5)  # owes nothing: probe it now
+    probed = []
+    t = 0.0
+    while t < 8.0:
+        if m.probe_due("b", t, 0.5):
+            m.expect("b", t)
+            probed.append(t)
+        t = round(t + 0.5, 3)
+    assert probed == [0.0, 0.5, 1.5, 3.5, 7.5]
+    m.heard_from("b", 0, now=8.0)  # an answer ends the episode: the next probe is due at once
+    assert m.probe_due("b", 8.0, 0.5) and m.members["b"].probes == 0
 
 
 def test_swim_a_pause_is_not_the_members_silence():
