@@ -135,9 +135,10 @@ class Membership:
     _answers: int = 0  # answer times ever taken: the key of the cached percentile
     _typical: tuple = (-1, 0.0)
     #: swim: Lifeguard's local health score, 0 .. PATIENCE_MAX - 1: up by one for each
-    #: answer that came after ``suspect_after_s`` (the configured wait was too hasty),
-    #: down by one for each within half of it. A member that is really dead never answers:
-    #: its death moves nothing, so it does not slow the detection of the next one.
+    #: member our own probes found dead, each answer that came after ``suspect_after_s``
+    #: (the configured wait was too hasty) and each of our own intervals that ran a
+    #: whole interval late (:meth:`ran_late`), down by one for each answer within half
+    #: of it (so one real death is forgotten within a few answers).
     health: int = 0
 
     def _touch(self) -> None:
@@ -149,9 +150,14 @@ class Membership:
 
     def heard_from(
         self, peer_id: str, incarnation: int, now: float, address: str | None = None,
-        round: int | None = None, epoch: int | None = None,
+        round: int | None = None, epoch: int | None = None, answer: bool = True,
     ) -> Change | None:
         """Direct evidence that ``peer_id`` is alive. Returns a change, if any.
+
+        ``answer``: the message can be the answer to our probe (a heartbeat that is not
+        itself a probe); only an answer ends the wait that :meth:`patience` measures
+        (a probe of the member's own, crossing ours, says it lives, not how long our
+        probes take).
 
         Returns None and changes nothing when the message comes from an older
         incarnation than we know (a zombie; callers drop such messages), or from
@@ -183,6 +189,7 @@ class Membership:
             return None
         change = None
         was_vouched = m.vouched
+        same_life = incarnation == m.incarnation
         if incarnation > m.incarnation:
             reason = (f"restarted (incarnation {incarnation})" if m.incarnation >= 0
                       else "heard from (known from our checkpoint)")
@@ -197,7 +204,7 @@ class Membership:
             m.lead = None
         m.status = ALIVE
         m.last_heard = now
-        if m.asked_at is not None:  # how long our probe waited for word from it
+        if m.asked_at is not None and answer and same_life:  # how long our probe waited
             self.answer_times.append(now - m.asked_at)
             self._answers += 1
             # An answer after suspect_after_s: with the configured timeouts we would have
@@ -207,8 +214,9 @@ class Membership:
                 self.health = min(self.health + 1, int(PATIENCE_MAX) - 1)
             elif took < self.suspect_after_s / 2:
                 self.health = max(self.health - 1, 0)
-        m.expect_since = m.asked_at = None
-        m.probes = 0
+        m.expect_since = None
+        if answer or not same_life:
+            m.asked_at, m.probes = None, 0
         self._owing.discard(peer_id)
         m.confirmed = True
         if round is not None:  # within one life a peer's round only goes forward
@@ -291,12 +299,19 @@ class Membership:
         them, since we were not listening. Called before the next :meth:`tick`, so
         a paused peer reads its inbox before it declares anyone dead."""
         for m in self.members.values():
+            if m.asked_at is not None:  # our pause is not their slowness either
+                m.asked_at += seconds
             if m.status in (ALIVE, SUSPECT):
                 m.last_heard += seconds
                 if m.expect_since is not None:
                     m.expect_since += seconds
-                if m.asked_at is not None:  # our pause is not their slowness either
-                    m.asked_at += seconds
+
+    def ran_late(self) -> None:
+        """This peer's own interval came a whole interval late or more (its loop, its
+        machine, is overloaded): its answers and its reading of others' answers are
+        slow too, so it is slower to blame (Lifeguard: local health, one up)."""
+        if self.mode == "swim":
+            self.health = min(self.health + 1, int(PATIENCE_MAX) - 1)
 
     def tick(self, now: float) -> list[Change]:
         """Advance failure detection to time ``now``. In ``full`` mode silence counts
@@ -323,9 +338,14 @@ class Membership:
                 changes.append(Change(m.peer_id, m.status, DEAD,
                                       f"{what} for {silent:.1f}s{stretched}"))
                 m.status = DEAD
-                m.expect_since = m.asked_at = None  # nothing more owed: greeted again, not probed
+                m.expect_since = None  # nothing more owed: greeted again, not probed
                 m.probes = 0
                 self._owing.discard(m.peer_id)
+                if self.mode == "swim" and m.asked_at is not None:
+                    # A probe of ours failed (Lifeguard: one up). asked_at stays: if this
+                    # life answers after all, that late answer is measured too (we were
+                    # too hasty); if it never does, answers in time bring health down.
+                    self.health = min(self.health + 1, int(PATIENCE_MAX) - 1)
             elif silent >= suspect_s and m.status == ALIVE:
                 changes.append(Change(m.peer_id, m.status, SUSPECT,
                                       f"{what} for {silent:.1f}s{stretched}"))
@@ -341,10 +361,10 @@ class Membership:
     def patience(self) -> float:
         """swim: how many times ``suspect_after_s`` and ``dead_after_s`` this peer waits
         now, and how many intervals apart it probes: 1 to ``PATIENCE_MAX``. Lifeguard's
-        local health (Dadgar et al. 2018): the larger of 1 + :attr:`health` (answers
-        that came after ``suspect_after_s``, less those within half of it) and three times
-        the 75th percentile of the latest answer times over ``suspect_after_s``. On a
-        machine so loaded that answers take seconds (two hundred peers on two cores)
+        local health (Dadgar et al. 2018): the larger of 1 + :attr:`health` (probes
+        that failed, answers that came after ``suspect_after_s`` and intervals of our
+        own that ran late, less answers within half of it) and three times the 75th percentile of the latest answer times over
+        ``suspect_after_s``. On a machine so loaded that answers take seconds (two hundred peers on two cores)
         silence of a few seconds is no evidence, and every peer waits longer before it
         blames anyone, and probes less; a dead member still never answers, so it is
         still found, later. With answers in time both parts fall back to 1 within a

@@ -382,7 +382,8 @@ class Node:
                 self._spawn(self.transport.forget(address), "forget")
         else:
             change = mem.heard_from(msg.sender, msg.incarnation, now, address=address, round=round_,
-                                    epoch=epoch_)
+                                    epoch=epoch_,
+                                    answer=isinstance(msg, Heartbeat) and not msg.probe)
         if change:
             self._log_change(change)
             self._to_greet = True  # joined or restarted: it may need our hello
@@ -556,6 +557,8 @@ class Node:
         while not self._stopping:
             now = self.clock.now()
             stood_still = now - last - interval
+            if stood_still >= interval:  # this peer is slow (its loop, its machine)
+                self.membership.ran_late()
             if stood_still > max(2 * interval, self.timing.suspect_after_s / 2):
                 # We were not running (SIGSTOP, a stalled loop): the others' silence over
                 # that time is ours, not theirs. Read the inbox before judging anyone.
@@ -653,9 +656,10 @@ class Node:
 
     def _probe(self) -> list:
         """This interval's probes (timing.membership swim): the next member of the
-        randomized round-robin, the members this round depends on (``_contacts``: its
-        aggregator candidates, so their deaths and rounds are seen at the full-mode
-        latency), and the members that still owe an answer, each of these again only
+        randomized round-robin, every ceil(N / 16) calls the members this round depends
+        on (``_contacts``: its aggregator candidates; each call in cohorts of up to 16,
+        so there their deaths and rounds are seen at the full-mode latency), and the
+        members that still owe an answer, each of these again only
         after 1, 2, 4, ... intervals (``Membership.probe_due``). A probe that is such
         a repeat also goes through ``gossip_fanout`` others, which ask the member to
         answer us directly (SWIM's indirect probe: our own link may be the problem)."""

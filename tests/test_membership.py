@@ -491,7 +491,7 @@ def test_swim_patience_stretches_the_timeouts_while_answers_come_slowly():
     assert m.patience() == 1.0
 
 
-def test_swim_health_rises_with_late_answers_and_a_death_does_not_move_it():
+def test_swim_health_rises_with_failed_probes_late_answers_and_late_ticks_and_falls_with_timely_answers():
     m = swim()
     for i in range(3):  # answers after the suspicion timeout: we were too hasty, 3 times
         answer(m, "cde"[i], 10.0 * i, SUSPECT_S + 1.0)
@@ -504,7 +504,21 @@ def test_swim_health_rises_with_late_answers_and_a_death_does_not_move_it():
     m.expect("b", 60.0)  # b is really dead: it never answers
     m.tick(60.0 + SUSPECT_S)
     assert [(c.peer_id, c.new) for c in m.tick(60.0 + DEAD_S)] == [("b", DEAD)]
-    assert m.health == 0  # a death is not slowness: the next one is found as fast
+    assert m.health == 1  # a failed probe (Lifeguard): one up...
+    answer(m, "c", 66.0, 0.01)
+    assert m.health == 0  # ...and one answer in time later the next death is found as fast
+    m.expect("d", 70.0)  # d is declared dead, then answers after all: we were too hasty
+    m.tick(70.0 + SUSPECT_S)
+    m.tick(70.0 + DEAD_S)
+    m.heard_from("d", 0, now=70.0 + DEAD_S + 1.0)
+    assert m.members["d"].status == ALIVE and m.health == 2
+    assert m.answer_times[-1] == pytest.approx(DEAD_S + 1.0)  # the late answer is measured
+    answer(m, "c", 80.0, 0.01)
+    answer(m, "c", 81.0, 0.01)
+    m.ran_late()  # our own interval came a whole interval late: we are the slow one
+    assert m.health == 1
+    answer(m, "c", 90.0, 0.01)
+    assert m.health == 0
     for i in range(40):  # health is capped: the patience never passes PATIENCE_MAX
         answer(m, "cdefgh"[i % 6], 100.0 + 10 * i, 9.0)
     assert m.patience() == PATIENCE_MAX

@@ -190,6 +190,31 @@ def test_a_killed_peer_is_dead_to_every_other_within_dead_after_plus_log_n_inter
     assert delays[-1] <= bound, delays
 
 
+def test_a_swim_cohort_whose_answers_come_after_dead_after_s_learns_patience(tmp_path):
+    # Every message takes 2.2-2.6 s (a round trip over dead_after_s = 4 s: what a loaded
+    # machine looked like to 200 peers on 2 cores). Answers that come late raise each
+    # peer's patience, which stretches its timeouts: after the first minute nobody is
+    # declared dead any more, and every peer runs every round. (Without
+    # patience every probe's answer came after its death: deaths to the end.)
+    peers = [f"p{i:02d}" for i in range(12)]
+    timing = {"heartbeat_interval_s": 0.5, "suspect_after_s": 2.0, "dead_after_s": 4.0,
+              "round_timeout_s": 60.0, "aggregate_grace_s": 20.0}
+    scenario = sim.Scenario(seed=2, network=sim.NetworkFaults(latency_s=(2.2, 2.6)),
+                            timing=timing, faults=[], calm_at=0.0)
+    opts = sim.SimOptions(peers=12, rounds=10, overrides=["defaults.timing.membership=swim"],
+                          keep=tmp_path)
+    res = sim.run_seed(2, opts, scenario)
+    assert not res.violations, res.violations
+    deaths = []
+    for log in tmp_path.rglob("sim.log"):
+        for line in log.read_text().splitlines():
+            m = re.match(r"\s*(\d+\.\d+)\S*\s.*?(p\d+): (p\d+) (alive|suspect) -> dead", line)
+            if m:
+                deaths.append((float(m.group(1)), m.group(2), m.group(3)))
+    assert not [d for d in deaths if d[0] > 60.0], sorted(deaths)[-5:]
+    assert res.peer_rounds == len(peers) * 10, res.peer_rounds
+
+
 # ---------------------------------------------------------------------------- fanout, configured
 
 
