@@ -35,11 +35,9 @@ Two ways to watch the others (``mode``, from ``timing.membership``):
   the answers to this peer's probes come slowly (a loaded machine). A
   suspicion or death is news, piggybacked on the next heartbeats for
   ``O(log N)`` hops (infection-style dissemination); a peer that hears it and
-  has no fresher word of its own *suspects* the member and probes it itself,
-  crediting the reporter with the first
-  ``suspect_after_s`` of silence (so the member is dead to it after
-  ``dead_after_s - suspect_after_s`` of its own unanswered probes; one answer
-  clears it). A third party can make a peer look, never decide. O(1) messages
+  has no fresher word of its own *suspects* the member and probes it itself:
+  the member is dead to it only after ``dead_after_s`` of its own unanswered
+  probes (the reporter's silence is not credited); one answer clears it. A third party can make a peer look, never decide. O(1) messages
   per peer per interval, whatever N.
 
 Incarnations order a peer's lives: a message from a higher incarnation means
@@ -438,10 +436,9 @@ class Membership:
         """Failure news piggybacked by ``sender`` (records with status suspect, dead or
         left). A member we heard from ourselves within ``suspect_after_s`` is not
         touched (we know better); otherwise it becomes *suspect* and owes us an answer
-        as if ``suspect_after_s`` of silence had passed: we probe it at once (then
-        backing off), and it is dead to us only after ``dead_after_s -
-        suspect_after_s`` more of our own unanswered probes (both times our current
-        patience). News is passed on. Departures of peers we never met
+        from now: we probe it at once (then backing off), and it is dead to us only
+        after ``dead_after_s`` of our own unanswered probes (times our current
+        patience), as if we had suspected it ourselves from the start. News is passed on. Departures of peers we never met
         are remembered for the join count, as from gossip."""
         changes = []
         patience = self.patience()
@@ -457,8 +454,10 @@ class Membership:
                     or now - m.last_heard < self.suspect_after_s * patience):
                 continue
             m.status = SUSPECT
-            since = now - self.suspect_after_s * patience
-            m.expect_since = since if m.expect_since is None else min(m.expect_since, since)
+            # No credit for the reporter's silence: on a loaded machine one peer's two
+            # seconds unanswered, credited to everyone it told, had the whole cohort
+            # declare a live aggregator dead two seconds later.
+            m.expect_since = now if m.expect_since is None else m.expect_since
             self._owing.add(m.peer_id)
             changes.append(Change(m.peer_id, ALIVE, SUSPECT, f"{sender} reports it {r.status}"))
             self._spread(m)

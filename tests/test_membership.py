@@ -553,9 +553,10 @@ def test_news_makes_a_peer_look_never_decide():
     # c spoke to us 1 s ago (fresher than the news): untouched; b is only suspect
     assert [(c.peer_id, c.new) for c in changes] == [("b", SUSPECT)]
     assert m.members["c"].status == ALIVE
-    # dead only after dead_after_s - suspect_after_s of our *own* unanswered probes
-    assert m.tick(12.9) == []
-    assert [(c.peer_id, c.new) for c in m.tick(13.0)] == [("b", DEAD)]
+    # dead only after dead_after_s of our *own* unanswered probes (no credit for the
+    # reporter's silence: on a loaded machine that credit killed live aggregators)
+    assert m.tick(14.9) == []
+    assert [(c.peer_id, c.new) for c in m.tick(15.0)] == [("b", DEAD)]
 
 
 def test_news_is_cleared_by_one_answer():
