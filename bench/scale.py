@@ -710,9 +710,12 @@ class Cohort:
                     )
                 except (ValueError, AttributeError):
                     continue
-        if below is not None:
-            return
         now = time.monotonic()
+        if below is not None:  # before the kill: now and then the pids (for the kill, and
+            if len(self.pids) < len(self.ids) and now >= self._next_scan:  # the clean-up)
+                self.find_pids()
+                self._next_scan = now + 10.0
+            return
         if len(self.pids) < len(self.ids) and now >= self._next_scan:
             self.find_pids()
             self._next_scan = now + 2.0
@@ -838,6 +841,9 @@ def run_forked(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[st
                     elif pid is None or not _alive(pid):
                         no_kill = f"{victim}'s process not found (or already ended)"
                     else:
+                        kb = _status_kb(pid, "VmHWM")  # its peak, before it is gone
+                        if kb:
+                            cohort.hwm_kb[victim] = max(cohort.hwm_kb.get(victim, 0), kb)
                         os.kill(pid, signal.SIGKILL)
                         t_kill = time.time()
                         row["victim_last_round_at_kill"] = cohort.last_round[victim]

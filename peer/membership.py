@@ -27,9 +27,10 @@ Two ways to watch the others (``mode``, from ``timing.membership``):
 - ``swim`` (SWIM's failure detector, Das, Gupta and Motivala 2002, adapted so
   that a death is still only ever declared on the peer's own evidence): each
   interval a peer probes one member (a randomized round-robin over the view)
-  and the members it currently depends on (the round's aggregator), and
-  expects a heartbeat back; a member that owes an answer is probed again after
-  1, 2, 4, ... intervals. Silence counts only from a probe nobody answered:
+  and, every ceil(N / 16) intervals, the members it currently depends on (the
+  round's aggregator candidates), and expects a heartbeat back; a member that
+  owes an answer is probed again after 1, 2, 4, ... intervals (and all of it
+  ceil(patience) times less often while answers are slow). Silence counts only from a probe nobody answered:
   a member that owes an answer for ``suspect_after_s`` is suspect, for
   ``dead_after_s`` dead, both stretched by :meth:`Membership.patience` while
   the answers to this peer's probes come slowly (a loaded machine). A
@@ -79,7 +80,7 @@ class Member:
     # greet it, never its address: only its own answer moves it (see merge).
     lead: str | None = None
     # swim: when a probe to it went out that it has not answered yet (None: it owes
-    # nothing); its silence counts from then (news of its failure backdates it).
+    # nothing); its silence counts from then.
     expect_since: float | None = None
     # swim: our own unanswered probes to it: when the first went out (the answer time
     # we measure starts there), how many, and when the last did (re-probes back off).
@@ -365,8 +366,9 @@ class Membership:
         ``suspect_after_s``. On a machine so loaded that answers take seconds (two hundred peers on two cores)
         silence of a few seconds is no evidence, and every peer waits longer before it
         blames anyone, and probes less; a dead member still never answers, so it is
-        still found, later. With answers in time both parts fall back to 1 within a
-        few probes, so one real failure does not slow the detection of the next. Always
+        still found, later. Each answer in time takes one off the health (so one real
+        failure does not slow the detection of the next), and the percentile falls
+        once most of the last 64 answers are in time again. Always
         1 in ``full`` mode (no probes, nothing measured)."""
         if self.mode != "swim":
             return 1.0
@@ -386,6 +388,11 @@ class Membership:
             if m.expect_since is None:
                 m.expect_since = now
                 self._owing.add(peer_id)
+                if (m.asked_at is not None
+                        and now - m.asked_at >= self.dead_after_s * self.patience()):
+                    # It spoke since, just never answered (a lost answer, a life back
+                    # from a death we declared): a stale wait, not an answer time.
+                    m.asked_at, m.probes = None, 0
             if m.asked_at is None:
                 m.asked_at = now
             m.probes += 1
@@ -434,7 +441,8 @@ class Membership:
 
     def hear_news(self, records: list[MemberRecord], sender: str, now: float) -> list[Change]:
         """Failure news piggybacked by ``sender`` (records with status suspect, dead or
-        left). A member we heard from ourselves within ``suspect_after_s`` is not
+        left). A member we heard from ourselves within ``suspect_after_s`` (times our
+        patience) is not
         touched (we know better); otherwise it becomes *suspect* and owes us an answer
         from now: we probe it at once (then backing off), and it is dead to us only
         after ``dead_after_s`` of our own unanswered probes (times our current

@@ -383,7 +383,8 @@ class Node:
         else:
             change = mem.heard_from(msg.sender, msg.incarnation, now, address=address, round=round_,
                                     epoch=epoch_,
-                                    answer=isinstance(msg, Heartbeat) and not msg.probe)
+                                    answer=isinstance(msg, Heartbeat) and not msg.probe
+                                    and not msg.target)
         if change:
             self._log_change(change)
             self._to_greet = True  # joined or restarted: it may need our hello
@@ -750,9 +751,9 @@ class Node:
             # bootstrap peers, or a resumed cohort would split into solo peers.
             return resumed and bool(self.known_members) and not mem.live_peers()
 
-        def arrived() -> int:
-            greeted, departed = others()
-            return len(greeted) + departed
+        def arrived() -> int:  # greeted (whatever its status now) or departed: only grows
+            return (sum(1 for m in mem.members.values() if m.greeted or m.status == "left")
+                    + len(mem.reported_left - set(mem.members)))
 
         if need > 1:
             # join_timeout_s without anyone new: a cohort still coming together (two
@@ -1168,7 +1169,7 @@ class Node:
         # Acks come one round trip after the result arrives: wait aggregate_grace_s (the
         # time a result is given to travel), at least four heartbeats, and send the
         # result again to the live members that have not acked (a lost result or a lost
-        # ack must not cost the whole cohort its round) after 1, 2, 4, ... heartbeats:
+        # ack must not cost the whole cohort its round) after 1, 2, 4, 4, ... heartbeats:
         # acks that are only slow (a loaded machine, a big cohort) must not be answered
         # with a copy of the result per member each heartbeat, queued for each of them.
         hb = self.timing.heartbeat_interval_s
@@ -1181,7 +1182,7 @@ class Node:
             if acked or self.clock.now() >= deadline:
                 break
             await self._broadcast(core.not_acked(r, self.epoch, digest), msg)
-            wait *= 2
+            wait = min(2 * wait, 4 * hb)  # (a copy lost late still gets another)
         if core.acked(r, self.epoch, digest) < quorum:
             log.warning("%s: round %d: %d of the %d acks a commit needs %s; not committing, "
                         "keeping the local model", self.id, r, core.acked(r, self.epoch, digest),

@@ -521,7 +521,24 @@ def test_swim_health_rises_with_failed_probes_late_answers_and_late_ticks_and_fa
     assert m.health == 0
     for i in range(40):  # health is capped: the patience never passes PATIENCE_MAX
         answer(m, "cdefgh"[i % 6], 100.0 + 10 * i, 9.0)
-    assert m.patience() == PATIENCE_MAX
+    assert m.health == PATIENCE_MAX - 1 and m.patience() == PATIENCE_MAX
+
+
+def test_swim_only_an_answer_ends_the_measured_wait():
+    m = swim()
+    m.expect("b", 10.0)
+    m.heard_from("b", 0, now=10.1, answer=False)  # b's own probe, crossing ours
+    assert m.members["b"].status == ALIVE and "b" not in m._owing  # it lives...
+    assert len(m.answer_times) == 0  # ...but that is not how long our probe took
+    m.expect("b", 10.5)  # probed again: the wait still counts from the first probe
+    m.heard_from("b", 0, now=13.0)  # the answer
+    assert list(m.answer_times) == [pytest.approx(3.0)] and m.health == 1
+    m.expect("c", 20.0)  # c's answer is lost; c speaks again much later (not an answer)
+    m.heard_from("c", 0, now=21.0, answer=False)
+    m.expect("c", 40.0)  # a fresh episode: the stale first probe is forgotten
+    assert m.members["c"].asked_at == 40.0 and m.members["c"].probes == 1
+    m.heard_from("c", 0, now=40.01)
+    assert m.answer_times[-1] == pytest.approx(0.01)
 
 
 def test_swim_a_member_that_owes_an_answer_is_probed_again_after_1_2_4_intervals():
