@@ -30,7 +30,8 @@ Two ways to watch the others (``mode``, from ``timing.membership``):
   and, every ceil(N / 16) intervals, the members it currently depends on (the
   round's aggregator candidates), and expects a heartbeat back; a member that
   owes an answer is probed again after 1, 2, 4, ... intervals (and all of it
-  ceil(patience) times less often while answers are slow). Silence counts only from a probe nobody answered:
+  ceil(patience) times less often while answers are slow). Silence counts
+  only from a probe nobody answered:
   a member that owes an answer for ``suspect_after_s`` is suspect, for
   ``dead_after_s`` dead, both stretched by :meth:`Membership.patience` while
   the answers to this peer's probes come slowly (a loaded machine). A
@@ -204,13 +205,13 @@ class Membership:
         m.status = ALIVE
         m.last_heard = now
         if m.asked_at is not None and answer and same_life:  # how long our probe waited
-            self.answer_times.append(now - m.asked_at)
+            took = now - m.asked_at
+            self.answer_times.append(took)
             self._answers += 1
             # An answer after suspect_after_s: with the configured timeouts we would have
             # been too hasty (one up); one within half of it is in time (one down).
-            took = now - m.asked_at
             if took >= self.suspect_after_s:
-                self.health = min(self.health + 1, int(PATIENCE_MAX) - 1)
+                self._health_up()
             elif took < self.suspect_after_s / 2:
                 self.health = max(self.health - 1, 0)
         m.expect_since = None
@@ -305,12 +306,15 @@ class Membership:
                 if m.expect_since is not None:
                     m.expect_since += seconds
 
+    def _health_up(self) -> None:
+        self.health = min(self.health + 1, int(PATIENCE_MAX) - 1)
+
     def ran_late(self) -> None:
         """This peer's own interval came a whole interval late or more (its loop, its
         machine, is overloaded): its answers and its reading of others' answers are
         slow too, so it is slower to blame (Lifeguard: local health, one up)."""
         if self.mode == "swim":
-            self.health = min(self.health + 1, int(PATIENCE_MAX) - 1)
+            self._health_up()
 
     def tick(self, now: float) -> list[Change]:
         """Advance failure detection to time ``now``. In ``full`` mode silence counts
@@ -344,7 +348,7 @@ class Membership:
                     # A probe of ours failed (Lifeguard: one up). asked_at stays: if this
                     # life answers after all, that late answer is measured too (we were
                     # too hasty); if it never does, answers in time bring health down.
-                    self.health = min(self.health + 1, int(PATIENCE_MAX) - 1)
+                    self._health_up()
             elif silent >= suspect_s and m.status == ALIVE:
                 changes.append(Change(m.peer_id, m.status, SUSPECT,
                                       f"{what} for {silent:.1f}s{stretched}"))
@@ -362,9 +366,9 @@ class Membership:
         now, and how many intervals apart it probes: 1 to ``PATIENCE_MAX``. Lifeguard's
         local health (Dadgar et al. 2018): the larger of 1 + :attr:`health` (probes
         that failed, answers that came after ``suspect_after_s`` and intervals of our
-        own that ran late, less answers within half of it) and three times the 75th percentile of the latest answer times over
-        ``suspect_after_s``. On a machine so loaded that answers take seconds (two hundred peers on two cores)
-        silence of a few seconds is no evidence, and every peer waits longer before it
+        own that ran late, less answers within half of it) and three times the 75th
+        percentile of the latest answer times over ``suspect_after_s``. On a machine so
+        loaded that answers take seconds (two hundred peers on two cores) silence of a few seconds is no evidence, and every peer waits longer before it
         blames anyone, and probes less; a dead member still never answers, so it is
         still found, later. Each answer in time takes one off the health (so one real
         failure does not slow the detection of the next), and the percentile falls
