@@ -37,14 +37,18 @@ leaves (hfl.algorithms.dp.PrivacyLedger).
 Secure sum (``secure_sum``): ``off`` — releases travel in the clear (FedProto's
 wire format); ``paillier`` — threshold Paillier (hfl.algorithms.threshold_he):
 in round r each peer sends its encrypted release of round r and its decryption
-share of round r-1's sum; each ciphertext carries its owner's attestation
-(an HMAC per other key holder, under the dealer's pairwise keys); the round-r
-aggregator multiplies the round-r ciphertexts, combines >= t shares of round
+share of round r-1's sum; each ciphertext carries its owner's attestation (an
+Ed25519 signature that every key holder checks alike) and a zero-knowledge
+proof that its owner knows the plaintext, bound to the key, the round and the
+owner; the round-r aggregator leaves out (and names) every contribution whose
+signature or proof fails, multiplies the rest, combines >= t shares of round
 r-1's product into the plaintext sum, and returns the new product with its
-factors, their attestations and the global prototypes of round r-1. A peer
-releases a share only for a product it recomputes from factors each attested
-to it by a distinct key holder, at least ``min_contributors`` of them, for
-that round, once per round. ``plaintext`` —
+factors, their signatures and proofs and the global prototypes of round r-1.
+A peer releases a share only for a product it recomputes from factors of
+distinct key holders, each signed by its owner and proven for that round, at
+least ``min_contributors`` of them, once per round: so no factor can be
+another's ciphertext inverted, an old ciphertext or another member's or
+round's (threshold_he's proofs). ``plaintext`` —
 the same fixed-point arithmetic, timing and release policy without
 encryption, for experiments: identical numbers, no confidentiality.
 Deviation: with a secure sum the global prototypes lag one more round
@@ -195,8 +199,8 @@ class _Plain:
     def shape(self, count: int) -> tuple[tuple[int, ...], np.dtype]:
         return (count,), np.dtype(np.int64)
 
-    def encrypt(self, codes: np.ndarray) -> np.ndarray:
-        return codes.astype(np.int64)
+    def encrypt(self, codes: np.ndarray, round: int, sender: str) -> tuple[np.ndarray, None]:
+        return codes.astype(np.int64), None
 
     def decode(self, arr: np.ndarray) -> list:
         if not isinstance(arr, np.ndarray) or arr.dtype != np.int64 or arr.ndim != 1:
@@ -233,10 +237,29 @@ class _Paillier:
     def shape(self, count: int) -> tuple[tuple[int, ...], np.dtype]:
         return (self.packer.num_plaintexts(count), self.pub.ct_bytes), np.dtype(np.uint8)
 
-    def encrypt(self, codes: np.ndarray) -> np.ndarray:
-        from hfl.algorithms.threshold_he import to_bytes
+    def encrypt(self, codes: np.ndarray, round: int, sender: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ciphertexts (k, W) uint8, the proof that ``sender`` knows their plaintexts in ``round``)."""
+        from hfl.algorithms.threshold_he import prove_plaintexts, proof_context, to_bytes
 
-        return to_bytes([self.pub.encrypt(m) for m in self.packer.pack(codes)], self.pub.ct_bytes)
+        plain = self.packer.pack(codes)
+        cts, rs = zip(*(self.pub.encrypt_with_randomness(m) for m in plain), strict=True)
+        proof = prove_plaintexts(self.pub, proof_context(self.pub, round, sender), plain, rs, cts)
+        return to_bytes(cts, self.pub.ct_bytes), proof
+
+    def factor_problem(self, round: int, owner: str, ct: np.ndarray, proof: Any,
+                       signature: Any) -> str | None:
+        """Why ``ct`` is not a factor ``owner`` made in ``round``: its signature, or its
+        proof of plaintext knowledge, fails. Every key holder gets the same answer."""
+        from hfl.algorithms.threshold_he import digest, proof_context, verify_plaintexts
+
+        why = self.key.verify_attestation(round, owner, digest(ct), signature)
+        if why is not None:
+            return why
+        try:
+            cts = self.decode(ct)
+        except ValueError as exc:
+            return str(exc)
+        return verify_plaintexts(self.pub, proof_context(self.pub, round, owner), cts, proof)
 
     def decode(self, arr: np.ndarray) -> list[int]:
         from hfl.algorithms.threshold_he import from_bytes
@@ -298,7 +321,7 @@ class FedHP(FedProto):
         self.stopped = False  # the privacy budget is spent
         if cfg.noise_multiplier > 0 and not cfg.dp_sgd:
             log.warning("%s: %s", ctx.peer_id, NO_GUARANTEE)
-        self.clamped = 0
+        self.refused_releases = 0  # releases beyond the fixed-point range: refused, not clamped
         self.pending: dict[str, Any] | None = None  # the last product ciphertext, to help decrypt
         self.my_ct: tuple[int, np.ndarray] | None = None  # our last ciphertext, to find it in the product
         self.scheme = None
@@ -397,8 +420,8 @@ class FedHP(FedProto):
 
     def evaluate(self) -> dict[str, float]:
         metrics = {**super().evaluate(), **self.dp_metrics()}
-        if self.scheme is not None:  # values beyond the fixed-point range, clamped before encryption
-            metrics["clamped_values"] = float(self.clamped)
+        if self.scheme is not None:  # releases not sent: values beyond the fixed-point range
+            metrics["refused_releases"] = float(self.refused_releases)
         return metrics
 
     def why_not_everywhere(self) -> str | None:
@@ -415,15 +438,21 @@ class FedHP(FedProto):
         tensors: dict[str, np.ndarray] = {}
         meta: dict[str, Any] = {"round": round}
         rel = self.release(round)
+        codes = None
         if rel is not None:
             values = torch.cat([rel[0].reshape(-1), rel[1]]).double().cpu().numpy()
-            codes, clamped = self.scheme.packer.quantize(values)
-            self.clamped += clamped
-            tensors["ct"] = self.scheme.encrypt(codes)
+            try:
+                codes = self.scheme.packer.quantize(values)
+            except ValueError as exc:  # a clamped sum would be wrong without anyone knowing
+                self.refused_releases += 1
+                log.error("%s: round %d: release not sent: %s", self.ctx.peer_id, round, exc)
+        if codes is not None:
+            tensors["ct"], proof = self.scheme.encrypt(codes, round, self.ctx.peer_id)
             self.my_ct = (round, tensors["ct"])
-            if self.key is not None:  # tell every other key holder this ciphertext is ours
+            if self.key is not None:  # signed for every key holder, with its proof of knowledge
                 from hfl.algorithms.threshold_he import digest
 
+                tensors["ct_proof"] = proof
                 meta["attest"] = self.key.attest(round, digest(tensors["ct"]))
         dshare = self.decryption_share(round)
         if dshare is not None:
@@ -460,7 +489,7 @@ class FedHP(FedProto):
         tensors: dict[str, np.ndarray] = {}
         meta: dict[str, Any] = {"round": round, "excluded": []}
         # 1. this round's releases: multiply (sum) them
-        parts, contributors, attestations = [], [], {}
+        parts, proofs, contributors, attestations = [], [], [], {}
         shape, dtype = self.scheme.shape(self.num_values)
         for peer, c in sorted(contributions.items()):
             if "ct" not in c.tensors:
@@ -479,12 +508,16 @@ class FedHP(FedProto):
                 except ValueError as exc:
                     why = str(exc)
             if why is None and self.key is not None and peer != self.ctx.peer_id:
-                why = self.key.verify_attestation(round, peer, digest(ct), c.meta.get("attest"))
+                # the check every peer will make: a member that fails it is left out here,
+                # so one bad member does not sink the others' sum
+                why = self.scheme.factor_problem(round, peer, ct, c.tensors.get("ct_proof"),
+                                                 c.meta.get("attest"))
             if why is not None:
                 log.warning("%s: round %d: contribution of %s left out: %s", self.ctx.peer_id, round, peer, why)
                 meta["excluded"].append(peer)
                 continue
             parts.append(ct)
+            proofs.append(c.tensors.get("ct_proof"))
             contributors.append(peer)
             attestations[peer] = c.meta.get("attest")
         if len(contributors) >= self.cfg.min_contributors:
@@ -492,6 +525,7 @@ class FedHP(FedProto):
             tensors["ct_parts"] = np.stack(parts)  # every peer recomputes the product from these
             meta.update(ct_round=round, contributors=contributors, ct_digest=digest(tensors["ct"]))
             if self.key is not None:
+                tensors["ct_proofs"] = np.stack(proofs)  # and checks each factor's proof
                 meta["attestations"] = attestations
         elif contributors:
             log.warning("%s: round %d: only %d encrypted release(s) (< min_contributors %d): no sum "
@@ -584,7 +618,8 @@ class FedHP(FedProto):
         if parts is None or parts.ndim != ct.ndim + 1 or parts.shape[0] != len(contributors) \
                 or parts.shape[1:] != ct.shape or parts.dtype != ct.dtype:
             return "the factors (ct_parts) are missing or do not fit"
-        why = self.check_factors(round, contributors, parts, m.get("attestations"))
+        why = self.check_factors(round, contributors, parts, result.tensors.get("ct_proofs"),
+                                 m.get("attestations"))
         if why is not None:
             return why
         if not np.array_equal(self.scheme.product(list(parts)), ct):
@@ -593,21 +628,24 @@ class FedHP(FedProto):
                         "summands": len(contributors), "contributors": list(contributors)}
         return None
 
-    def check_factors(self, round: int, contributors: list[str], parts: np.ndarray,
+    def check_factors(self, round: int, contributors: list[str], parts: np.ndarray, proofs: Any,
                       attestations: Any) -> str | None:
         """Why the factors are not each a ciphertext of this round from its listed owner:
-        ours as we sent it, every other one attested to us by a key holder."""
-        from hfl.algorithms.threshold_he import digest
-
+        ours as we sent it, every other one signed by its owner, a key holder, with a
+        proof that the owner knows its plaintext, made for this round (the aggregator's
+        own factor included)."""
         me = self.ctx.peer_id
-        for owner, part in zip(contributors, parts, strict=True):
+        if self.key is not None and (not isinstance(proofs, np.ndarray) or proofs.ndim != 2
+                                     or proofs.shape[0] != len(contributors)):
+            return "the factors' proofs (ct_proofs) are missing or do not fit"
+        for i, (owner, part) in enumerate(zip(contributors, parts, strict=True)):
             if owner == me:
                 mine = self.my_ct
                 if mine is None or mine[0] != round or not np.array_equal(part, mine[1]):
                     return "a factor listed as ours is not the ciphertext we sent this round"
             elif self.key is not None:
-                tags = attestations.get(owner) if isinstance(attestations, dict) else None
-                why = self.key.verify_attestation(round, owner, digest(part), tags)
+                sig = attestations.get(owner) if isinstance(attestations, dict) else None
+                why = self.scheme.factor_problem(round, owner, part, proofs[i], sig)
                 if why is not None:
                     return f"factor of {owner!r}: {why}"
         return None

@@ -10,7 +10,9 @@
 - :func:`contrastive_loss` — FedHP eq. 10: InfoNCE over the global prototypes,
   ``-log softmax_j(sim(z, C_j) / t)[y]`` with sim = cosine (the paper's
   choice), ``-||z - C_j||_2`` or ``-||z - C_j||_1``; only the classes that
-  have a global prototype take part, and only samples of such classes count.
+  have a global prototype take part, a sample whose class has none adds 0, and
+  the sum is divided by the whole batch: so one sample's gradient never depends
+  on which other samples are in its batch (DP-SGD's per-sample sensitivity).
 - :func:`mse_loss` — FedProto's regulariser eq. 4 (``||f(x) - C_y||^2``, mean
   over elements as in its reference code).
 - :func:`nearest_prototype` — FedProto's inference rule: the class of the
@@ -77,8 +79,13 @@ def similarity(z: torch.Tensor, protos: torch.Tensor, distance: str) -> torch.Te
 
 def contrastive_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, present: torch.Tensor,
                      temperature: float = 1.0, distance: str = "cosine") -> torch.Tensor:
-    """FedHP eq. 10, mean over the samples whose class has a global prototype
-    (0 if none has). ``z`` (B, D), ``y`` (B,), ``protos`` (K, D), ``present`` (K,) bool."""
+    """FedHP eq. 10 summed over the samples whose class has a global prototype and
+    divided by the batch size B (0 if none has). Dividing by the B' samples that have
+    one instead (as before) made each sample's gradient B/B' times its own, B' set by
+    the rest of the batch: under DP-SGD, whose per-sample gradients are B times the
+    mean loss's, adding one sample then moved the others' and the sensitivity
+    exceeded the clip norm (1.154 C in issue 32). ``z`` (B, D), ``y`` (B,),
+    ``protos`` (K, D), ``present`` (K,) bool."""
     keep = present[y]  # (B,)
     if not bool(keep.any()):
         return z.sum() * 0.0
@@ -86,7 +93,7 @@ def contrastive_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, pre
     remap = torch.full_like(present, -1, dtype=torch.long)
     remap[classes] = torch.arange(len(classes), device=classes.device)
     logits = similarity(z[keep], protos[classes], distance) / temperature  # (B', K')
-    return nn.functional.cross_entropy(logits, remap[y[keep]])
+    return nn.functional.cross_entropy(logits, remap[y[keep]], reduction="sum") / len(y)
 
 
 def mse_loss(emb: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, present: torch.Tensor

@@ -25,11 +25,23 @@ learns only the sum, and decrypts it with a threshold variant of Paillier
   into ``prod c_i^{mu_i} = c^{Delta f(0)} = c^{Delta^2 d} = 1 + n (Delta^2 m mod n)``,
   so ``m = L(.) * (Delta^2)^{-1} mod n``. Dead parties (up to ``n - t``) do not
   block decryption; fewer than ``t`` shares give nothing.
-- **Attestation**: the dealer also gives every pair of parties a shared
-  32-byte MAC key, so a party can tag its ciphertext for each other party
-  (HMAC-SHA256 over round, sender and digest) and a receiver can tell that a
-  ciphertext forwarded by the aggregator is really its sender's
-  (:meth:`KeyShare.attest`, :meth:`KeyShare.verify_attestation`).
+- **Attestation**: the dealer also gives every party an Ed25519 signing key
+  and puts every party's verification key in the public key, so a party signs
+  (round, own id, ciphertext digest) once and *every* party checks the same
+  signature of a ciphertext forwarded by the aggregator: what verifies for
+  the aggregator verifies for everyone (:meth:`KeyShare.attest`,
+  :meth:`KeyShare.verify_attestation`).
+- **Proof of plaintext knowledge** (:func:`prove_plaintexts`,
+  :func:`verify_plaintexts`): every ciphertext ``c = (1 + n)^m r^n`` comes
+  with a non-interactive zero-knowledge proof that its sender knows ``m`` and
+  ``r``: the Sigma-protocol of Cramer, Damgård & Nielsen ("Multiparty
+  computation from threshold homomorphic encryption", EUROCRYPT 2001, Sec. 6,
+  "proof of plaintext knowledge"; Damgård & Jurik 2001 for ``s = 1``), made
+  non-interactive with Fiat-Shamir (the challenge hashes the statement, the
+  commitments and a context naming the key, the round and the sender, so a
+  proof made for one sender or round verifies for no other). Without it a
+  contributor could list ``ct(p2)^-1 * Enc(x)`` or an old ciphertext as its
+  factor and get a single release decrypted.
 - **Packing**: many fixed-point values per plaintext, each in its own
   ``slot_bits``-wide slot with head-room for the sum of ``max_summands``
   values (:class:`Packer`).
@@ -37,18 +49,17 @@ learns only the sum, and decrypts it with a threshold variant of Paillier
   ciphertext of the expected round that is the product of at least ``m_min``
   distinct contributions, and only once per round.
 
-Deviation from Damgård–Jurik: no zero-knowledge proofs of correct share
-computation (so no safe primes are needed): the threat model is honest but
-curious (docs/fedhp.md). Key generation is by a trusted dealer (:func:`keygen`,
-``python -m hfl.peer.he_keys``), who also sees the MAC keys: a documented trust
+Deviation from Damgård–Jurik: no zero-knowledge proofs of correct
+*decryption shares* (so no safe primes are needed): a wrong share only makes a
+combination fail, and the aggregator tries other subsets (docs/fedhp.md).
+Key generation is by a trusted dealer (:func:`keygen`, ``python -m
+hfl.peer.he_keys``), who also sees the signing keys: a documented trust
 assumption.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
-import itertools
 import json
 import math
 import os
@@ -59,11 +70,17 @@ from pathlib import Path
 
 import gmpy2
 import numpy as np
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 KAPPA_BITS = 128  # statistical hiding of the integer Shamir shares
-SCHEME = "threshold-paillier-v2"
-MAC_KEY_BYTES = 32
-_ATTEST_PREFIX = b"hfl-fedhp-attest-v1|"
+SCHEME = "threshold-paillier-v3"
+SIGN_KEY_BYTES = 32  # an Ed25519 private key, raw
+SIGNATURE_BYTES = 64
+CHALLENGE_BYTES = 16  # Fiat-Shamir challenge e < 2^128, far below either prime of n
+_ATTEST_PREFIX = b"hfl-fedhp-attest-v2|"
+_PROOF_PREFIX = b"hfl-fedhp-popk-v1|"
 
 
 # ---------------------------------------------------------------------- keys
@@ -74,6 +91,7 @@ class PublicKey:
     n: int
     threshold: int  # t: shares needed to decrypt
     parties: tuple[str, ...]  # party i (1-based) is parties[i - 1]
+    verify_keys: tuple[bytes, ...] = ()  # party i's raw Ed25519 public key is verify_keys[i - 1]
 
     @property
     def n2(self) -> int:
@@ -82,6 +100,16 @@ class PublicKey:
     @property
     def bits(self) -> int:
         return int(self.n).bit_length()
+
+    @property
+    def n_bytes(self) -> int:
+        return (self.n.bit_length() + 7) // 8
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the public key (modulus, t, key holders and their verification
+        keys): names the cohort and its key holder set in every signed or proven message."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
 
     @property
     def ct_bytes(self) -> int:
@@ -100,14 +128,15 @@ class PublicKey:
 
     def encrypt(self, m: int) -> int:
         """Enc(m) = (1 + n)^m r^n mod n^2 = (1 + m n) r^n mod n^2, fresh r."""
+        return self.encrypt_with_randomness(m)[0]
+
+    def encrypt_with_randomness(self, m: int) -> tuple[int, int]:
+        """(Enc(m), r): the randomness a proof of plaintext knowledge needs."""
         n, n2 = gmpy2.mpz(self.n), gmpy2.mpz(self.n2)
         if not 0 <= m < n:
             raise ValueError("plaintext out of range [0, n)")
-        while True:
-            r = gmpy2.mpz(secrets.randbelow(self.n - 1) + 1)
-            if gmpy2.gcd(r, n) == 1:
-                break
-        return int((1 + gmpy2.mpz(m) * n) % n2 * gmpy2.powmod(r, n, n2) % n2)
+        r = _unit(n)
+        return int((1 + gmpy2.mpz(m) * n) % n2 * gmpy2.powmod(r, n, n2) % n2), int(r)
 
     def add(self, ciphertexts: Sequence[int]) -> int:
         """Enc(sum m_i) as the product of Enc(m_i) (eq. 4)."""
@@ -143,34 +172,56 @@ class PublicKey:
 
     def to_json(self) -> dict:
         return {"scheme": SCHEME, "n": hex(self.n), "threshold": self.threshold,
-                "parties": list(self.parties)}
+                "parties": list(self.parties),
+                "verify_keys": {p: k.hex() for p, k in zip(self.parties, self.verify_keys, strict=True)}}
+
+
+def _unit(n: gmpy2.mpz) -> gmpy2.mpz:
+    """A uniformly random element of Z_n^* (OS CSPRNG)."""
+    while True:
+        r = gmpy2.mpz(secrets.randbelow(int(n) - 1) + 1)
+        if gmpy2.gcd(r, n) == 1:
+            return r
 
 
 def _is_round(round: object) -> bool:
     return isinstance(round, int) and not isinstance(round, bool) and -2**63 <= round < 2**63
 
 
-def attestation_message(round: int, sender: str, ct_digest: str) -> bytes:
-    """The bytes a sender's MAC tags cover: round, sender id (length-prefixed) and
-    ciphertext digest, so no two different triples give the same message."""
+def _round_and_sender(round: int, sender: str) -> bytes:
     if not _is_round(round):
         raise ValueError(f"round must be a 64-bit int, got {round!r}")
-    if not isinstance(sender, str) or not isinstance(ct_digest, str):
-        raise TypeError("sender and ct_digest must be str")
+    if not isinstance(sender, str):
+        raise TypeError("sender must be a str")
     who = sender.encode("utf-8", "surrogatepass")
-    return (_ATTEST_PREFIX + f"{round}|{len(who)}:".encode() + who + b"|"
-            + ct_digest.encode("utf-8", "surrogatepass"))
+    return f"{round}|{len(who)}:".encode() + who
+
+
+def attestation_message(round: int, sender: str, ct_digest: str, key_fingerprint: str = "") -> bytes:
+    """The bytes a sender's signature covers: the key (cohort), round, sender id
+    (length-prefixed) and ciphertext digest; no two different tuples give the same
+    message."""
+    if not isinstance(ct_digest, str) or not isinstance(key_fingerprint, str):
+        raise TypeError("ct_digest and key_fingerprint must be str")
+    return (_ATTEST_PREFIX + key_fingerprint.encode() + b"|" + _round_and_sender(round, sender)
+            + b"|" + ct_digest.encode("utf-8", "surrogatepass"))
+
+
+def proof_context(public: PublicKey, round: int, sender: str) -> bytes:
+    """What a proof of plaintext knowledge is bound to by Fiat-Shamir: the public key
+    (the cohort and its key holder set), the round and the sender."""
+    return _PROOF_PREFIX + public.fingerprint.encode() + b"|" + _round_and_sender(round, sender)
 
 
 @dataclass(frozen=True)
 class KeyShare:
-    """Party ``index``'s share ``s_i = f(i)`` of ``Delta d`` and its MAC keys
-    (other party id -> the key that pair shares)."""
+    """Party ``index``'s share ``s_i = f(i)`` of ``Delta d`` and its raw Ed25519
+    signing key (its verification key is in ``public.verify_keys``)."""
 
     public: PublicKey
     index: int
     secret: int = field(repr=False)
-    mac_keys: dict[str, bytes] = field(default_factory=dict, repr=False, hash=False)
+    sign_key: bytes = field(default=b"", repr=False)
 
     @property
     def party(self) -> str:
@@ -179,45 +230,38 @@ class KeyShare:
     def decryption_share(self, c: int) -> int:
         return int(gmpy2.powmod(gmpy2.mpz(c), gmpy2.mpz(self.secret), gmpy2.mpz(self.public.n2)))
 
-    def attest(self, round: int, ct_digest: str) -> dict[str, str]:
-        """One hex HMAC-SHA256 tag of (round, own id, digest) for every other party."""
-        msg = attestation_message(round, self.party, ct_digest)
-        tags = {}
-        for other in self.public.parties:
-            if other == self.party:
-                continue
-            if other not in self.mac_keys:
-                raise ValueError(f"{self.party}'s key share has no MAC key for {other}")
-            tags[other] = hmac.new(self.mac_keys[other], msg, hashlib.sha256).hexdigest()
-        return tags
+    def attest(self, round: int, ct_digest: str) -> str:
+        """The hex Ed25519 signature of (key, round, own id, digest): one for all receivers."""
+        msg = attestation_message(round, self.party, ct_digest, self.public.fingerprint)
+        return Ed25519PrivateKey.from_private_bytes(self.sign_key).sign(msg).hex()
 
     def verify_attestation(self, round: int, sender: str, ct_digest: str,
-                           tags: object) -> str | None:
-        """None if ``tags`` holds ``sender``'s valid tag for this party, else why not.
-        Never raises: every argument may come off the wire."""
-        if not isinstance(sender, str) or sender not in self.public.parties:
+                           signature: object) -> str | None:
+        """None if ``signature`` is ``sender``'s signature of (round, digest) under this
+        key, else why not. Every key holder gets the same answer. Never raises: every
+        argument may come off the wire."""
+        pub = self.public
+        if not isinstance(sender, str) or sender not in pub.parties:
             return f"{sender!r} holds no key share"
-        key = self.mac_keys.get(sender)
-        if key is None:
-            return f"no MAC key shared with {sender!r}"
         if not _is_round(round) or not isinstance(ct_digest, str):
             return "round must be a 64-bit int and ct_digest a str"
-        if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                 for k, v in tags.items()):
-            return "tags must be a dict of str"
-        tag = tags.get(self.party)
-        if tag is None:
-            return f"no attestation for {self.party!r}"
-        expected = hmac.new(key, attestation_message(round, sender, ct_digest), hashlib.sha256)
-        if not hmac.compare_digest(expected.hexdigest().encode(),
-                                   tag.encode("utf-8", "surrogatepass")):
+        if not isinstance(signature, str) or len(signature) != 2 * SIGNATURE_BYTES:
+            return f"the attestation must be a {2 * SIGNATURE_BYTES}-character hex signature"
+        try:
+            raw = bytes.fromhex(signature)
+        except ValueError:
+            return "the attestation is not hex"
+        msg = attestation_message(round, sender, ct_digest, pub.fingerprint)
+        try:
+            Ed25519PublicKey.from_public_bytes(pub.verify_keys[pub.index_of(sender) - 1]).verify(raw, msg)
+        except InvalidSignature:
             return f"attestation of {sender!r} does not verify"
         return None
 
     def save(self, path: str | Path) -> None:
         """The party's key file, readable by its owner only (mode 0600)."""
         data = {**self.public.to_json(), "index": self.index, "share": hex(self.secret),
-                "mac_keys": {j: k.hex() for j, k in sorted(self.mac_keys.items())}}
+                "sign_key": self.sign_key.hex()}
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
             f.write(json.dumps(data, indent=1) + "\n")
@@ -230,29 +274,36 @@ def load_key_share(path: str | Path) -> KeyShare:
         scheme = data.get("scheme")
     except (AttributeError, ValueError) as exc:
         raise ValueError(f"{path}: not a key share file: {exc}") from exc
-    if scheme == "threshold-paillier-v1":
-        raise ValueError(f"{path}: the key file is from an older dealer ({scheme}: no Delta "
-                         "factor, no MAC keys); rerun `python -m hfl.peer.he_keys` and give "
+    if scheme in ("threshold-paillier-v1", "threshold-paillier-v2"):
+        raise ValueError(f"{path}: the key file is from an older dealer ({scheme}: "
+                         + ("no Delta factor, " if scheme.endswith("v1") else "")
+                         + "no signing keys); rerun `python -m hfl.peer.he_keys` and give "
                          "every peer its new file")
     try:
         if scheme != SCHEME:
             raise ValueError(f"scheme {scheme!r}, expected {SCHEME!r}")
-        public = PublicKey(int(data["n"], 16), int(data["threshold"]), tuple(data["parties"]))
-        index, secret, raw_macs = int(data["index"]), int(data["share"], 16), data["mac_keys"]
+        parties = tuple(data["parties"])
+        index, secret = int(data["index"]), int(data["share"], 16)
+        threshold, n, raw_keys, sign_key = (int(data["threshold"]), int(data["n"], 16),
+                                            data["verify_keys"], data["sign_key"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: not a key share file: {exc}") from exc
-    if not 1 <= index <= len(public.parties) or not 1 <= public.threshold <= len(public.parties):
+    if not 1 <= index <= len(parties) or not 1 <= threshold <= len(parties):
         raise ValueError(f"{path}: index/threshold out of range")
-    others = set(public.parties) - {public.parties[index - 1]}
     try:
-        mac_keys = {j: bytes.fromhex(k) for j, k in raw_macs.items()}
-    except (AttributeError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: mac_keys must map party ids to hex keys: {exc}") from None
-    if set(mac_keys) != others or any(len(k) != MAC_KEY_BYTES for k in mac_keys.values()):
-        missing = sorted(others - set(mac_keys))
-        raise ValueError(f"{path}: mac_keys must hold one {MAC_KEY_BYTES}-byte key for each "
-                         f"other party (missing: {', '.join(missing) or 'none'})")
-    return KeyShare(public, index, secret, mac_keys)
+        verify_keys = tuple(bytes.fromhex(raw_keys[p]) for p in parties)
+        sign_key = bytes.fromhex(sign_key)
+    except (KeyError, AttributeError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: verify_keys must map every party id to a hex key and "
+                         f"sign_key be hex: {exc!r}") from None
+    if set(raw_keys) != set(parties) or any(len(k) != 32 for k in verify_keys) \
+            or len(sign_key) != SIGN_KEY_BYTES:
+        raise ValueError(f"{path}: verify_keys must hold one 32-byte key per party and nothing "
+                         f"else, and sign_key {SIGN_KEY_BYTES} bytes")
+    own = Ed25519PrivateKey.from_private_bytes(sign_key).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    if own != verify_keys[index - 1]:
+        raise ValueError(f"{path}: sign_key does not match this party's key in verify_keys")
+    return KeyShare(PublicKey(n, threshold, parties, verify_keys), index, secret, sign_key)
 
 
 def _prime(bits: int) -> gmpy2.mpz:
@@ -265,7 +316,7 @@ def _prime(bits: int) -> gmpy2.mpz:
 
 def keygen(parties: Sequence[str], threshold: int, bits: int = 2048) -> tuple[PublicKey, list[KeyShare]]:
     """The trusted dealer: a fresh modulus of ``bits`` bits and one share of
-    ``Delta d`` per party, with a MAC key for every pair of parties."""
+    ``Delta d`` per party, with an Ed25519 signing key for every party."""
     parties = tuple(parties)
     if len(set(parties)) != len(parties) or not parties:
         raise ValueError(f"parties must be distinct and non-empty, got {list(parties)}")
@@ -280,19 +331,19 @@ def keygen(parties: Sequence[str], threshold: int, bits: int = 2048) -> tuple[Pu
         if p != q and n.bit_length() == bits and gmpy2.gcd(lam, n) == 1:
             break
     d = lam * gmpy2.invert(lam, n)  # d = 0 mod lambda, d = 1 mod n
-    public = PublicKey(int(n), threshold, parties)
+    signers = [Ed25519PrivateKey.generate() for _ in parties]
+    public = PublicKey(int(n), threshold, parties, tuple(
+        k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for k in signers))
     delta = gmpy2.mpz(public.delta)
     width = int((n * lam).bit_length()) + int(delta.bit_length()) + KAPPA_BITS
     coeffs = [delta * d] + [gmpy2.mpz(secrets.randbits(width)) for _ in range(threshold - 1)]
-    macs: dict[tuple[str, str], bytes] = {}
-    for x, y in itertools.combinations(parties, 2):
-        macs[x, y] = macs[y, x] = secrets.token_bytes(MAC_KEY_BYTES)
     shares = []
-    for i, own in enumerate(parties, start=1):
+    for i, signer in enumerate(signers, start=1):
         s = gmpy2.mpz(0)
         for a in reversed(coeffs):  # Horner: f(i) over the integers
             s = s * i + a
-        shares.append(KeyShare(public, i, int(s), {j: macs[own, j] for j in parties if j != own}))
+        raw = signer.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        shares.append(KeyShare(public, i, int(s), raw))
     return public, shares
 
 
@@ -327,6 +378,80 @@ def digest(arr: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
 
 
+# ---------------------------------------------------------------------- proofs of plaintext knowledge
+#
+# Cramer, Damgård & Nielsen, EUROCRYPT 2001, Sec. 6 (Paillier, g = n + 1): to show
+# knowledge of (m, r) with c = (1 + n)^m r^n mod n^2, the prover sends
+# a = (1 + n)^x s^n for random x in Z_n, s in Z_n^*; on challenge e < 2^128 it answers
+# z = x + e m mod n, w = s r^e mod n, and the verifier checks (1 + n)^z w^n = a c^e
+# mod n^2 ((1 + n)^n = 1 mod n^2, so the carry of x + e m needs no term, and w^n mod
+# n^2 depends on w mod n only). Special soundness: two answers to e != e' give
+# m = (z - z') / (e - e') mod n, as e - e' < 2^128 is prime to n. Honest-verifier
+# zero knowledge: (z, w) are uniform whatever m is. Fiat-Shamir: e = H(context, every
+# c_j and a_j) for all of one sender's ciphertexts at once (AND-composition: one
+# challenge, one answer per ciphertext); the proof is (e, z_1, w_1, ..., z_k, w_k)
+# and the verifier recomputes a_j = (1 + n)^{z_j} w_j^n c_j^{-e}. The hash covers
+# the statement (strong Fiat-Shamir: Bernhard, Pereira & Warinschi, ASIACRYPT 2012),
+# which with the context makes a proof non-malleable (Faust, Kohlweiss, Marson &
+# Venturi, INDOCRYPT 2012): it verifies for no other ciphertext, sender, round or key.
+
+
+def proof_size(public: PublicKey, count: int) -> int:
+    """Bytes of the proof for ``count`` ciphertexts: e, then (z_j, w_j) per ciphertext."""
+    return CHALLENGE_BYTES + 2 * public.n_bytes * count
+
+
+def _challenge(public: PublicKey, context: bytes, ciphertexts: Sequence, commitments: Sequence) -> int:
+    h = hashlib.sha256(b"%d|" % len(context) + context)
+    width = public.ct_bytes
+    for c, a in zip(ciphertexts, commitments, strict=True):
+        h.update(int(c).to_bytes(width, "big"))
+        h.update(int(a).to_bytes(width, "big"))
+    return int.from_bytes(h.digest()[:CHALLENGE_BYTES], "big")
+
+
+def prove_plaintexts(public: PublicKey, context: bytes, plaintexts: Sequence[int],
+                     randomness: Sequence[int], ciphertexts: Sequence[int]) -> np.ndarray:
+    """The non-interactive proof (uint8, :func:`proof_size` bytes) that whoever made it
+    knows the plaintext and randomness of every one of ``ciphertexts``."""
+    n, n2 = gmpy2.mpz(public.n), gmpy2.mpz(public.n2)
+    secrets_xs = [(gmpy2.mpz(secrets.randbelow(public.n)), _unit(n)) for _ in ciphertexts]
+    commitments = [(1 + x * n) * gmpy2.powmod(s, n, n2) % n2 for x, s in secrets_xs]
+    e = _challenge(public, context, ciphertexts, commitments)
+    out = bytearray(e.to_bytes(CHALLENGE_BYTES, "big"))
+    for m, r, (x, s) in zip(plaintexts, randomness, secrets_xs, strict=True):
+        z = (x + e * gmpy2.mpz(m)) % n
+        w = s * gmpy2.powmod(gmpy2.mpz(r), e, n) % n
+        out += int(z).to_bytes(public.n_bytes, "big") + int(w).to_bytes(public.n_bytes, "big")
+    return np.frombuffer(bytes(out), dtype=np.uint8).copy()
+
+
+def verify_plaintexts(public: PublicKey, context: bytes, ciphertexts: Sequence[int],
+                      proof: object) -> str | None:
+    """None if ``proof`` proves knowledge of every plaintext of ``ciphertexts`` under
+    ``context``, else why not. Never raises: the proof comes off the wire."""
+    size = proof_size(public, len(ciphertexts))
+    if not isinstance(proof, np.ndarray) or proof.dtype != np.uint8 or proof.shape != (size,):
+        return (f"the proof of plaintext knowledge must be uint8 [{size}], got "
+                f"{getattr(proof, 'dtype', type(proof).__name__)}{list(getattr(proof, 'shape', []))}")
+    raw = proof.tobytes()
+    n, n2, nb = gmpy2.mpz(public.n), gmpy2.mpz(public.n2), public.n_bytes
+    e = int.from_bytes(raw[:CHALLENGE_BYTES], "big")
+    commitments = []
+    for j, c in enumerate(ciphertexts):
+        at = CHALLENGE_BYTES + 2 * nb * j
+        z = gmpy2.mpz(int.from_bytes(raw[at:at + nb], "big"))
+        w = gmpy2.mpz(int.from_bytes(raw[at + nb:at + 2 * nb], "big"))
+        c = gmpy2.mpz(c)
+        if z >= n or not 0 < w < n or gmpy2.gcd(w, n) != 1 or gmpy2.gcd(c, n) != 1:
+            return f"proof of plaintext knowledge: answer {j} is out of range"
+        c_inv_e = gmpy2.powmod(gmpy2.invert(c, n2), e, n2)
+        commitments.append((1 + z * n) * gmpy2.powmod(w, n, n2) % n2 * c_inv_e % n2)
+    if _challenge(public, context, ciphertexts, commitments) != e:
+        return "the proof of plaintext knowledge does not verify (not this sender's, round's or ciphertext's)"
+    return None
+
+
 # ---------------------------------------------------------------------- packing
 
 
@@ -334,7 +459,7 @@ def digest(arr: np.ndarray) -> str:
 class Packer:
     """Fixed-point packing of float vectors into plaintexts < n.
 
-    A value ``v`` (clamped to +-2^(value_bits-1-frac_bits)) is encoded as
+    A value ``v`` (refused beyond +-2^(value_bits-1-frac_bits), never clamped) is encoded as
     ``round(v 2^frac_bits) + 2^(value_bits-1)`` in ``[0, 2^value_bits)``; a slot
     is ``value_bits + ceil(log2(max_summands + 1))`` bits wide, so the sum of up
     to ``max_summands`` encodings never carries into the next slot.
@@ -358,18 +483,23 @@ class Packer:
 
     @property
     def bound(self) -> float:
-        """Largest magnitude a value can have before it is clamped."""
+        """Magnitudes from here up are refused by :meth:`quantize`."""
         return float(2 ** (self.value_bits - 1 - self.frac_bits))
 
-    def quantize(self, values: np.ndarray) -> tuple[np.ndarray, int]:
-        """(offset fixed-point int64 codes, how many values were clamped)."""
+    def quantize(self, values: np.ndarray) -> np.ndarray:
+        """Offset fixed-point int64 codes; ValueError naming how many values are
+        beyond the range and the largest, rather than a silently clamped sum."""
         v = np.asarray(values, dtype=np.float64).reshape(-1)
         if not np.isfinite(v).all():
             raise ValueError("values must be finite")
         lim = self.bound - 2.0 ** -self.frac_bits
-        clamped = int((np.abs(v) > lim).sum())
-        codes = np.rint(np.clip(v, -lim, lim) * 2.0 ** self.frac_bits).astype(np.int64)
-        return codes + (1 << (self.value_bits - 1)), clamped
+        beyond = np.abs(v) > lim
+        if beyond.any():
+            raise ValueError(f"{int(beyond.sum())} value(s) beyond the fixed-point range +-{lim:g} "
+                             f"(largest magnitude {float(np.abs(v).max()):g}; value_bits "
+                             f"{self.value_bits}, frac_bits {self.frac_bits}): lower frac_bits")
+        codes = np.rint(v * 2.0 ** self.frac_bits).astype(np.int64)
+        return codes + (1 << (self.value_bits - 1))
 
     def dequantize(self, sums: np.ndarray, summands: int) -> np.ndarray:
         """Sums of ``summands`` codes back to the float sum of the values."""

@@ -4,11 +4,11 @@
     python -m hfl.peer.he_keys --peers 5 --threshold 3 --out keys/      # ids p0..p4
 
 writes ``keys/<id>.json`` (mode 0600: the public modulus, the threshold, the
-party list, that party's share of the decryption exponent and the MAC keys it
-shares with each other party, which attest its ciphertexts) and
+party list with every party's Ed25519 verification key, that party's share of
+the decryption exponent and its signing key, which signs its ciphertexts) and
 ``keys/public.json``; the directory is made (or set) mode 0700. Give each peer
 only its own file (``algorithm.key_dir``); the dealer then forgets the keys.
-Trust assumption: the dealer sees every share and every MAC key and must be
+Trust assumption: the dealer sees every share and every signing key and must be
 honest and must not keep them (docs/fedhp.md).
 """
 

@@ -85,7 +85,8 @@ def test_contrastive_loss_by_hand_and_against_numpy():
                   for i in range(len(y)) if present[y[i]]]
         got = P.contrastive_loss(torch.tensor(z), torch.tensor(y), torch.tensor(protos),
                                  torch.tensor(present), temperature, distance)
-        assert float(got) == pytest.approx(np.mean(losses), rel=1e-9), distance
+        # summed over the samples with a prototype, divided by the whole batch (issue 32)
+        assert float(got) == pytest.approx(np.sum(losses) / len(y), rel=1e-9), distance
     none = P.contrastive_loss(torch.tensor(z), torch.tensor(y), torch.tensor(protos),
                               torch.zeros(4, dtype=torch.bool))
     assert float(none) == 0.0
@@ -296,7 +297,7 @@ def test_no_share_for_a_sum_of_too_few_or_twice_in_a_round(key_dir, caplog):
         algs[0].absorb(1, {"p1": tampered})
     assert algs[0].pending is None
     assert "will not help decrypt the round's sum: 2 contributor(s) < m_min = 3" in caplog.text
-    assert algs[0].share(2).tensors.keys() == {"ct"}  # no decryption share
+    assert algs[0].share(2).tensors.keys() == {"ct", "ct_proof"}  # no decryption share
     # An honest product is helped once; a second ask in the same round is refused.
     algs[3].absorb(1, {"p1": full})
     first = algs[3].decryption_share(2)
@@ -318,19 +319,35 @@ def test_a_product_that_is_not_of_the_listed_factors_is_not_decrypted(key_dir, c
     assert algs[2].pending is None and "not the product" in caplog.text
 
 
+def result_of(agg, round: int, factors) -> Payload:
+    """The result an aggregator builds from ``factors``: (owner, ct, proof, signature)."""
+    parts = [f[1] for f in factors]
+    product = agg.scheme.product(parts)
+    return Payload("secure_sum", {"ct": product, "ct_parts": np.stack(parts),
+                                  "ct_proofs": np.stack([f[2] for f in factors])}, {
+        "round": round, "ct_round": round, "contributors": [f[0] for f in factors],
+        "ct_digest": he.digest(product), "attestations": {f[0]: f[3] for f in factors}})
+
+
+def factor_of(payload: Payload, owner: str):
+    return owner, payload.tensors["ct"], payload.tensors["ct_proof"], payload.meta["attest"]
+
+
 def forged_product(algs, payloads, contributors, fillers):
     """The round-1 result a malicious aggregator (p1) builds: the listed contributors'
-    factors, where the ones in ``fillers`` are Enc(0) instead of their release. It attests
-    its own filler with its own keys (it can) and keeps the others' real attestations."""
+    factors, where the ones in ``fillers`` are Enc(0) instead of their release, each with
+    a valid proof under the listed owner's name (the aggregator knows the plaintext 0).
+    It signs its own filler (it can) and keeps the others' real signatures."""
     agg = algs[1]
-    zero = agg.scheme.encrypt(agg.scheme.packer.quantize(np.zeros(agg.num_values))[0])
-    parts = [zero if c in fillers else payloads[c].tensors["ct"] for c in contributors]
-    product = agg.scheme.product(parts)
-    tags = {c: payloads[c].meta["attest"] for c in contributors if c in payloads}
-    tags["p1"] = agg.key.attest(1, he.digest(zero)) if "p1" in fillers else tags.get("p1")
-    return Payload("secure_sum", {"ct": product, "ct_parts": np.stack(parts)}, {
-        "round": 1, "ct_round": 1, "contributors": list(contributors), "ct_digest": he.digest(product),
-        "attestations": tags})
+    factors = []
+    for c in contributors:
+        if c in fillers:
+            zero, proof = agg.scheme.encrypt(agg.scheme.packer.quantize(np.zeros(agg.num_values)), 1, c)
+            sig = agg.key.attest(1, he.digest(zero)) if c == "p1" else payloads.get(c, payloads["p0"]).meta["attest"]
+            factors.append((c, zero, proof, sig))
+        else:
+            factors.append(factor_of(payloads[c], c))
+    return result_of(agg, 1, factors)
 
 
 @pytest.mark.parametrize("contributors,fillers", [
@@ -371,16 +388,12 @@ def test_a_replayed_or_renamed_attested_ciphertext_is_refused(key_dir, caplog):
     new = {a.ctx.peer_id: a.share(2) for a in algs}
     agg = algs[1]
     honest = agg.aggregate(2, new)
-    # p2's round-1 ciphertext with its round-1 attestation, replayed in round 2
-    replay = Payload(honest.kind, dict(honest.tensors), {**honest.meta, "attestations": {
-        **honest.meta["attestations"], "p2": old["p2"].meta["attest"]}})
-    parts = np.array(honest.tensors["ct_parts"])
-    parts[2] = old["p2"].tensors["ct"]
-    replay.tensors.update(ct_parts=parts, ct=agg.scheme.product(list(parts)))
-    replay.meta["ct_digest"] = he.digest(replay.tensors["ct"])
+    # p2's round-1 ciphertext with its round-1 signature and proof, replayed in round 2
+    replay = result_of(agg, 2, [factor_of(new["p0"], "p0"), factor_of(new["p1"], "p1"),
+                                factor_of(old["p2"], "p2"), factor_of(new["p3"], "p3")])
     with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
         algs[3].absorb(2, {"p1": replay})
-    assert algs[3].pending is None and "factor of 'p2'" in caplog.text
+    assert algs[3].pending is None and "factor of 'p2': attestation of 'p2' does not verify" in caplog.text
     algs[0].absorb(2, {"p1": honest})
     assert algs[0].pending is not None  # the genuine product of round 2 is helped
 
@@ -407,7 +420,7 @@ def test_hostile_contributions_are_left_out_with_a_reason(key_dir, caplog):
     unattested = Payload("secure_sum", {"ct": payloads["p1"].tensors["ct"]}, {"round": 2})
     with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
         result = algs[2].aggregate(2, {**payloads, "p1": unattested})
-    assert "contribution of p1 left out: tags must be a dict" in caplog.text
+    assert "contribution of p1 left out: the attestation must be a 128-character hex signature" in caplog.text
     assert result.meta["contributors"] == ["p0", "p2", "p3"] and result.meta["excluded"] == ["p1"]
     # Plain FedProto too: wrong shapes and non-finite values never reach the mean.
     fp = [make("fedproto", f"p{i}") for i in range(2)]
@@ -669,7 +682,7 @@ def test_frac_bits_reaches_the_fixed_point_code():
         alg = make("fedhp", proto_dim=4, secure_sum="plaintext", frac_bits=bits)
         assert alg.scheme.packer.frac_bits == bits
         v = np.linspace(-1, 1, 101)
-        codes, _ = alg.scheme.packer.quantize(v)
+        codes = alg.scheme.packer.quantize(v)
         errors[bits] = np.abs(alg.scheme.packer.dequantize(codes, 1) - v).max()
         assert errors[bits] <= 2.0 ** -(bits + 1) + 1e-15
     assert errors[4] > errors[16] > errors[30]

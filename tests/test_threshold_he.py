@@ -1,12 +1,12 @@
 """Threshold Paillier (hfl.algorithms.threshold_he): t-of-n decryption of a sum
 against the plaintext sum, too few shares, Shoup's Delta factor in the shares,
-the pairwise MAC attestations, the release policy, fixed-point packing, the
-wire form and the dealer's key files."""
+the signed attestations, the proofs of plaintext knowledge (against a hand-written
+verifier and under attack), the release policy, fixed-point packing (no clamping),
+the wire form and the dealer's key files."""
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import itertools
 import json
 import math
@@ -86,7 +86,7 @@ def test_packing_round_trip_and_packed_sums_do_not_carry():
     assert packer.slot_bits == 43 and packer.slots == 11
     rng = np.random.default_rng(0)
     values = [rng.normal(scale=50, size=37) for _ in range(5)]
-    codes = [packer.quantize(v)[0] for v in values]
+    codes = [packer.quantize(v) for v in values]
     for v, c in zip(values, codes, strict=True):
         back = packer.dequantize(packer.unpack(packer.pack(c), 37), 1)
         np.testing.assert_allclose(back, v, atol=2.0 ** -17)
@@ -94,10 +94,14 @@ def test_packing_round_trip_and_packed_sums_do_not_carry():
     total = packer.dequantize(packer.unpack(summed, 37), 5)
     np.testing.assert_allclose(total, np.sum(values, axis=0), atol=5 * 2.0 ** -17)
     assert np.array_equal(packer.unpack(summed, 37), np.sum(codes, axis=0))  # exact in codes
-    big = packer.quantize(np.array([1e9, -1e9, 3.0]))
-    assert big[1] == 2  # clamped, and counted
-    np.testing.assert_allclose(packer.dequantize(big[0], 1), [packer.bound - 2.0 ** -16,
-                                                               -(packer.bound - 2.0 ** -16), 3.0])
+    lim = packer.bound - 2.0 ** -16
+    edge = packer.quantize(np.array([lim, -lim, 3.0]))
+    np.testing.assert_allclose(packer.dequantize(edge, 1), [lim, -lim, 3.0])
+    with pytest.raises(ValueError, match=r"2 value\(s\) beyond the fixed-point range.*1e\+09"):
+        packer.quantize(np.array([1e9, -1e9, 3.0]))  # refused, never clamped
+    # Issue 32: at frac_bits 30 the range is +-512; a count of 600 used to become 512.
+    with pytest.raises(ValueError, match="beyond the fixed-point range"):
+        he.Packer(2047, 5, frac_bits=30).quantize(np.array([600.0]))
 
 
 def test_threshold_decryption_of_packed_vectors_equals_the_plaintext_sum(keys):
@@ -105,7 +109,7 @@ def test_threshold_decryption_of_packed_vectors_equals_the_plaintext_sum(keys):
     packer = he.Packer(plaintext_bits=pub.bits - 1, max_summands=len(pub.parties))
     rng = np.random.default_rng(3)
     values = [rng.normal(size=50) for _ in range(4)]
-    codes = [packer.quantize(v)[0] for v in values]
+    codes = [packer.quantize(v) for v in values]
     cts = [[pub.encrypt(m) for m in packer.pack(c)] for c in codes]
     product = [pub.add(col) for col in zip(*cts, strict=True)]
     alive = shares[1:4]
@@ -239,73 +243,57 @@ def test_shares_mod_every_prime_up_to_n_do_not_depend_on_d(monkeypatch):
 DIGEST = hashlib.sha256(b"ciphertext").hexdigest()
 
 
-def test_every_pair_shares_one_mac_key_and_attestations_verify_between_every_pair(keys):
+def test_every_party_signs_once_and_every_other_party_verifies_the_same_signature(keys):
     pub, shares = keys
-    by_id = {s.party: s for s in shares}
-    pair_keys = set()
-    for a, b in itertools.combinations(PARTIES, 2):
-        assert by_id[a].mac_keys[b] == by_id[b].mac_keys[a]
-        assert len(by_id[a].mac_keys[b]) == 32
-        pair_keys.add(by_id[a].mac_keys[b])
-    assert len(pair_keys) == len(PARTIES) * (len(PARTIES) - 1) // 2
-    assert "mac_keys" not in repr(shares[0]) and by_id["p0"].mac_keys["p1"].hex() not in repr(shares[0])
+    assert len(set(pub.verify_keys)) == len(PARTIES) and all(len(k) == 32 for k in pub.verify_keys)
+    assert "sign_key" not in repr(shares[0]) and shares[0].sign_key.hex() not in repr(shares[0])
     for sender in shares:
-        tags = sender.attest(7, DIGEST)
-        assert set(tags) == set(PARTIES) - {sender.party}
-        for receiver in shares:
-            if receiver is sender:
-                continue
-            assert receiver.verify_attestation(7, sender.party, DIGEST, tags) is None
-            assert "does not verify" in receiver.verify_attestation(8, sender.party, DIGEST, tags)
+        sig = sender.attest(7, DIGEST)
+        assert isinstance(sig, str) and len(sig) == 128
+        for receiver in shares:  # the aggregator's verdict is everyone's verdict
+            assert receiver.verify_attestation(7, sender.party, DIGEST, sig) is None
+            assert "does not verify" in receiver.verify_attestation(8, sender.party, DIGEST, sig)
             assert "does not verify" in receiver.verify_attestation(
-                7, sender.party, hashlib.sha256(b"other").hexdigest(), tags)
-            third = next(p for p in PARTIES if p not in (sender.party, receiver.party))
-            assert receiver.verify_attestation(7, third, DIGEST, tags) == \
+                7, sender.party, hashlib.sha256(b"other").hexdigest(), sig)
+            third = next(p for p in PARTIES if p != sender.party)
+            assert receiver.verify_attestation(7, third, DIGEST, sig) == \
                 f"attestation of {third!r} does not verify"
 
 
 def test_the_attested_message_is_unambiguous():
     msgs = {he.attestation_message(1, "a|b", "c"), he.attestation_message(1, "a", "b|c"),
             he.attestation_message(12, "3", "c"), he.attestation_message(1, "23", "c"),
-            he.attestation_message(1, "2:3", "c"), he.attestation_message(-1, "a", "b")}
-    assert len(msgs) == 6
+            he.attestation_message(1, "2:3", "c"), he.attestation_message(-1, "a", "b"),
+            he.attestation_message(1, "a", "c", "k1"), he.attestation_message(1, "a", "c", "k2")}
+    assert len(msgs) == 8
     with pytest.raises(ValueError):
         he.attestation_message(True, "a", "b")
 
 
-def test_an_aggregator_cannot_forge_or_redirect_an_attestation(keys):
+def test_an_aggregator_cannot_forge_or_relabel_an_attestation(keys):
     _, shares = keys
-    p0, p1, agg, p3 = shares[0], shares[1], shares[2], shares[3]
-    msg = he.attestation_message(7, "p0", DIGEST)
-    forged = {"p1": hmac.new(agg.mac_keys["p1"], msg, hashlib.sha256).hexdigest(),
-              "p3": hmac.new(agg.mac_keys["p0"], msg, hashlib.sha256).hexdigest()}
-    assert p1.verify_attestation(7, "p0", DIGEST, forged) == "attestation of 'p0' does not verify"
-    assert p3.verify_attestation(7, "p0", DIGEST, forged) == "attestation of 'p0' does not verify"
-    relabelled = agg.attest(7, DIGEST)  # the aggregator's own, claimed to be p0's
-    assert "does not verify" in p1.verify_attestation(7, "p0", DIGEST, relabelled)
-    redirected = p0.attest(7, DIGEST)
-    redirected["p1"] = redirected["p3"]  # p0's tag for p3 handed to p1
-    assert "does not verify" in p1.verify_attestation(7, "p0", DIGEST, redirected)
-    assert p3.verify_attestation(7, "p0", DIGEST, redirected) is None
+    agg = shares[2]
+    relabelled = agg.attest(7, DIGEST)  # the aggregator's own signature, claimed to be p0's
+    assert all("does not verify" in s.verify_attestation(7, "p0", DIGEST, relabelled) for s in shares)
+    flipped = bytearray(bytes.fromhex(shares[0].attest(7, DIGEST)))
+    flipped[5] ^= 1
+    assert shares[1].verify_attestation(7, "p0", DIGEST, flipped.hex()) == "attestation of 'p0' does not verify"
 
 
-def test_a_ghost_party_is_refused(keys):
+def test_a_ghost_party_or_another_cohorts_key_is_refused(keys):
     _, shares = keys
     _, other = he.keygen(PARTIES + ["ghost"], 3, bits=256)
-    tags = other[-1].attest(7, DIGEST)
-    assert set(tags) == set(PARTIES)
-    assert shares[1].verify_attestation(7, "ghost", DIGEST, tags) == "'ghost' holds no key share"
-    # other[0] is "p0" of another key: its MAC keys are not this key's
+    assert shares[1].verify_attestation(7, "ghost", DIGEST, other[-1].attest(7, DIGEST)) == \
+        "'ghost' holds no key share"
+    # other[0] is "p0" of another key: its signing key is not this key's p0
     assert "does not verify" in shares[1].verify_attestation(7, "p0", DIGEST, other[0].attest(7, DIGEST))
 
 
-@pytest.mark.parametrize("tags", [None, [], "p1", 5, {"p1": 5}, {5: "ab"}, {"p1": None},
-                                  {"p1": "zz"}, {"p1": ""}, {"p1": "\u00e9" * 64},
-                                  {"p1": "\ud800" * 64}, {"p1": "ab" * 1000}, {"p2": "ab" * 32},
-                                  {"p1": ["ab"]}, {("p1",): "ab"}])
-def test_hostile_tags_give_a_reason_and_never_raise(keys, tags):
+@pytest.mark.parametrize("sig", [None, [], "p1", 5, {"p1": "ab"}, "zz" * 64, "", "\u00e9" * 128,
+                                 "\ud800" * 128, "ab" * 1000, "ab" * 63, ["ab" * 64], b"ab" * 64])
+def test_hostile_signatures_give_a_reason_and_never_raise(keys, sig):
     _, shares = keys
-    reason = shares[1].verify_attestation(7, "p0", DIGEST, tags)
+    reason = shares[1].verify_attestation(7, "p0", DIGEST, sig)
     assert isinstance(reason, str) and reason
 
 
@@ -313,33 +301,132 @@ def test_hostile_round_sender_and_digest_give_a_reason_and_never_raise(keys):
     _, shares = keys
     good = shares[0].attest(7, DIGEST)
     assert shares[1].verify_attestation(7, "p0", DIGEST, good) is None
-    valid = shares[1].verify_attestation(7, "p0", DIGEST, {"p1": good["p1"].upper()})
-    assert valid == "attestation of 'p0' does not verify"
+    assert shares[1].verify_attestation(7, "p0", DIGEST, good.upper()) is None  # hex, any case
     for rnd, sender, dg in [("7", "p0", DIGEST), (True, "p0", DIGEST), (None, "p0", DIGEST),
                             (2**70, "p0", DIGEST), (10**5000, "p0", DIGEST), (7.0, "p0", DIGEST),
                             (7, None, DIGEST), (7, ["p0"], DIGEST), (7, {}, DIGEST),
                             (7, "p1", DIGEST), (7, "p0", None), (7, "p0", DIGEST.encode())]:
         reason = shares[1].verify_attestation(rnd, sender, dg, good)
         assert isinstance(reason, str) and reason, (rnd, sender, dg)
-    assert shares[1].verify_attestation(7, "p0", DIGEST, {"p3": good["p3"]}) == "no attestation for 'p1'"
-    assert shares[1].verify_attestation(7, "p0", DIGEST, {"p1": 1}) == "tags must be a dict of str"
+
+
+# ---------------------------------------------------------------------- proofs of plaintext knowledge
+
+
+def _encrypt_with_proof(pub, plaintexts, round, sender):
+    enc = [pub.encrypt_with_randomness(m) for m in plaintexts]
+    cts = [c for c, _ in enc]
+    return cts, he.prove_plaintexts(pub, he.proof_context(pub, round, sender), plaintexts,
+                                    [r for _, r in enc], cts)
+
+
+def _verify_by_hand(pub, context, cts, proof):
+    """An independent verifier of the documented format with Python's own pow:
+    a_j = (1 + n)^z_j w_j^n c_j^-e mod n^2, and e must be the hash of them."""
+    n, n2, nb, w_ct = pub.n, pub.n * pub.n, (pub.n.bit_length() + 7) // 8, pub.ct_bytes
+    raw = bytes(proof)
+    e = int.from_bytes(raw[:16], "big")
+    h = hashlib.sha256(str(len(context)).encode() + b"|" + context)
+    for j, c in enumerate(cts):
+        z = int.from_bytes(raw[16 + 2 * nb * j:16 + 2 * nb * j + nb], "big")
+        w = int.from_bytes(raw[16 + 2 * nb * j + nb:16 + 2 * nb * (j + 1)], "big")
+        a = pow(1 + n, z, n2) * pow(w, n, n2) * pow(pow(c, -1, n2), e, n2) % n2
+        h.update(c.to_bytes(w_ct, "big") + a.to_bytes(w_ct, "big"))
+    return int.from_bytes(h.digest()[:16], "big") == e
+
+
+def test_a_proof_of_plaintext_knowledge_verifies_here_and_by_hand_and_special_soundness_extracts(keys):
+    pub, _ = keys
+    rng = random.Random(5)
+    ms = [rng.randrange(pub.n) for _ in range(3)]
+    cts, proof = _encrypt_with_proof(pub, ms, 4, "p1")
+    ctx = he.proof_context(pub, 4, "p1")
+    assert proof.dtype == np.uint8 and proof.shape == (he.proof_size(pub, 3),) == (16 + 3 * 2 * 64,)
+    assert he.verify_plaintexts(pub, ctx, cts, proof) is None
+    assert _verify_by_hand(pub, ctx, cts, proof)
+    # The relation the verifier checks is the right one: two answers to one commitment
+    # under different challenges give the plaintext (special soundness), by hand.
+    n, n2 = pub.n, pub.n * pub.n
+    m, (c, r) = ms[0], pub.encrypt_with_randomness(ms[0])
+    x, s = rng.randrange(n), rng.randrange(1, n)
+    a = pow(1 + n, x, n2) * pow(s, n, n2) % n2
+    answers = []
+    for e in (rng.getrandbits(128), rng.getrandbits(128)):
+        z, w = (x + e * m) % n, s * pow(r, e, n) % n
+        assert pow(1 + n, z, n2) * pow(w, n, n2) % n2 == a * pow(c, e, n2) % n2
+        answers.append((e, z))
+    (e1, z1), (e2, z2) = answers
+    assert (z1 - z2) * pow(e1 - e2, -1, n) % n == m
+
+
+def test_a_proof_verifies_for_no_other_sender_round_key_or_ciphertext(keys):
+    pub, _ = keys
+    cts, proof = _encrypt_with_proof(pub, [11, 12], 4, "p1")
+    other_pub, _ = he.keygen(PARTIES, 3, bits=512)
+    for ctx in [he.proof_context(pub, 5, "p1"), he.proof_context(pub, 3, "p1"),
+                he.proof_context(pub, 4, "p2"), he.proof_context(other_pub, 4, "p1")]:
+        assert "does not verify" in he.verify_plaintexts(pub, ctx, cts, proof)
+    ctx = he.proof_context(pub, 4, "p1")
+    assert "does not verify" in he.verify_plaintexts(pub, ctx, cts[::-1], proof)
+    rerandomised = [cts[0] * pow(pub.encrypt(0), 1, pub.n2) % pub.n2, cts[1]]
+    assert "does not verify" in he.verify_plaintexts(pub, ctx, rerandomised, proof)
+
+
+def test_the_cancelling_factor_of_issue_32_cannot_be_proven(keys):
+    """The aggregator's factor ct(p2)^-1 * Enc(x): it knows x and its randomness, not
+    p2's plaintext. Its best tries: prove Enc(x) and hand that proof off for the
+    cancelling factor; reuse p2's proof; or answer at random. None verifies."""
+    pub, _ = keys
+    ct_p2, proof_p2 = _encrypt_with_proof(pub, [123456], 4, "p2")
+    x = 99
+    enc_x, r_x = pub.encrypt_with_randomness(x)
+    cancelling = pow(ct_p2[0], -1, pub.n2) * enc_x % pub.n2
+    ctx = he.proof_context(pub, 4, "p1")
+    of_enc_x = he.prove_plaintexts(pub, ctx, [x], [r_x], [enc_x])
+    assert he.verify_plaintexts(pub, ctx, [enc_x], of_enc_x) is None
+    assert "does not verify" in he.verify_plaintexts(pub, ctx, [cancelling], of_enc_x)
+    assert "does not verify" in he.verify_plaintexts(pub, ctx, [cancelling], proof_p2)
+    # claiming plaintext x - m' with a guessed m' and the same randomness: wrong relation
+    guessed = he.prove_plaintexts(pub, ctx, [(x - 1) % pub.n], [r_x], [cancelling])
+    assert "does not verify" in he.verify_plaintexts(pub, ctx, [cancelling], guessed)
+    rng = np.random.default_rng(0)
+    junk = rng.integers(0, 256, he.proof_size(pub, 1), dtype=np.uint8)
+    assert he.verify_plaintexts(pub, ctx, [cancelling], junk) is not None
+
+
+@pytest.mark.parametrize("proof", [None, 5, "ab", np.zeros(3, np.uint8), np.zeros((2, 152), np.uint8),
+                                   np.zeros(144, np.int64), np.zeros(144, np.uint8),
+                                   np.full(144, 255, np.uint8), [0] * 144])
+def test_hostile_proofs_give_a_reason_and_never_raise(keys, proof):
+    pub, _ = keys
+    cts, _ = _encrypt_with_proof(pub, [1], 4, "p1")
+    reason = he.verify_plaintexts(pub, he.proof_context(pub, 4, "p1"), cts, proof)
+    assert isinstance(reason, str) and reason
+
+
+def test_a_ciphertext_sharing_a_factor_with_n_is_refused(keys):
+    pub, _ = keys
+    cts, proof = _encrypt_with_proof(pub, [1], 4, "p1")
+    reason = he.verify_plaintexts(pub, he.proof_context(pub, 4, "p1"), [pub.n], proof)
+    assert "out of range" in reason
 
 
 # ---------------------------------------------------------------------- key files
 
 
-def test_a_saved_key_share_keeps_its_mac_keys_and_is_owner_only(keys, tmp_path):
+def test_a_saved_key_share_keeps_its_signing_key_and_is_owner_only(keys, tmp_path):
     _, shares = keys
     for s in shares:
         path = tmp_path / f"{s.party}.json"
         s.save(path)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         loaded = he.load_key_share(path)
-        assert loaded == s and loaded.mac_keys == s.mac_keys
+        assert loaded == s and loaded.sign_key == s.sign_key
+        assert loaded.public.fingerprint == s.public.fingerprint
     p0 = he.load_key_share(tmp_path / "p0.json")
     p4 = he.load_key_share(tmp_path / "p4.json")
     assert p4.verify_attestation(3, "p0", DIGEST, p0.attest(3, DIGEST)) is None
-    assert set(json.loads((tmp_path / "p0.json").read_text())["mac_keys"]) == {"p1", "p2", "p3", "p4"}
+    assert set(json.loads((tmp_path / "p0.json").read_text())["verify_keys"]) == set(PARTIES)
 
 
 def test_old_and_incomplete_key_files_are_refused(keys, tmp_path):
@@ -351,23 +438,27 @@ def test_old_and_incomplete_key_files_are_refused(keys, tmp_path):
     def write(data):
         path.write_text(json.dumps(data))
 
-    v1 = {k: v for k, v in good.items() if k != "mac_keys"} | {"scheme": "threshold-paillier-v1"}
-    write(v1)
-    with pytest.raises(ValueError, match=r"older dealer.*python -m hfl\.peer\.he_keys"):
-        he.load_key_share(path)
-    write({k: v for k, v in good.items() if k != "mac_keys"})
-    with pytest.raises(ValueError, match="p0.json.*mac_keys"):
-        he.load_key_share(path)
-    incomplete = {**good, "mac_keys": {k: v for k, v in good["mac_keys"].items() if k != "p3"}}
-    write(incomplete)
-    with pytest.raises(ValueError, match="p0.json.*missing: p3"):
-        he.load_key_share(path)
-    for bad in [{**good["mac_keys"], "p3": "00" * 16}, {**good["mac_keys"], "p3": "zz" * 32},
-                {**good["mac_keys"], "p3": 5}, {**good["mac_keys"], "p0": "00" * 32},
-                {**good["mac_keys"], "ghost": "00" * 32}, ["p1"], "x"]:
-        write({**good, "mac_keys": bad})
-        with pytest.raises(ValueError, match="p0.json.*mac_keys"):
+    for old in ("threshold-paillier-v1", "threshold-paillier-v2"):
+        write({k: v for k, v in good.items() if k not in ("sign_key", "verify_keys")}
+              | {"scheme": old, "mac_keys": {}})
+        with pytest.raises(ValueError, match=r"older dealer.*no signing keys.*python -m hfl\.peer\.he_keys"):
             he.load_key_share(path)
+    write({k: v for k, v in good.items() if k != "sign_key"})
+    with pytest.raises(ValueError, match="p0.json.*not a key share file.*sign_key"):
+        he.load_key_share(path)
+    keys_ = good["verify_keys"]
+    for bad in [{k: v for k, v in keys_.items() if k != "p3"}, {**keys_, "p3": "00" * 16},
+                {**keys_, "p3": "zz" * 32}, {**keys_, "p3": 5}, {**keys_, "ghost": "00" * 32},
+                ["p1"], "x"]:
+        write({**good, "verify_keys": bad})
+        with pytest.raises(ValueError, match="p0.json.*verify_keys"):
+            he.load_key_share(path)
+    write({**good, "verify_keys": {**keys_, "p0": keys_["p1"]}})  # not the sign_key's
+    with pytest.raises(ValueError, match="sign_key does not match"):
+        he.load_key_share(path)
+    write({**good, "sign_key": "00" * 31})
+    with pytest.raises(ValueError, match="p0.json.*sign_key"):
+        he.load_key_share(path)
     write([1, 2])
     with pytest.raises(ValueError, match="not a key share file"):
         he.load_key_share(path)
@@ -394,6 +485,7 @@ def test_dealer_output_directory_is_0700_and_key_files_0600(tmp_path):
         assert stat.S_IMODE(out.stat().st_mode) == 0o700
         for pid in ids:
             assert stat.S_IMODE((out / f"{pid}.json").stat().st_mode) == 0o600
-        assert "mac_keys" not in json.loads((out / "public.json").read_text())
+        public = json.loads((out / "public.json").read_text())
+        assert "sign_key" not in public and set(public["verify_keys"]) == set(ids)
     a, b = (he.load_key_share(fresh / f"{pid}.json") for pid in ("p0", "p2"))
     assert b.verify_attestation(1, "p0", DIGEST, a.attest(1, DIGEST)) is None
