@@ -11,6 +11,7 @@ import logging
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -398,6 +399,168 @@ def test_a_replayed_or_renamed_attested_ciphertext_is_refused(key_dir, caplog):
     assert algs[0].pending is not None  # the genuine product of round 2 is helped
 
 
+# Issue 32: 5 key holders, t = 3, m_min = 3; the aggregator is p1 (round 1) or p2 (round 2).
+
+
+@pytest.fixture(scope="module")
+def key_dir5(tmp_path_factory):
+    path = tmp_path_factory.mktemp("keys5")
+    _, shares = he.keygen([f"p{i}" for i in range(5)], threshold=3, bits=512)
+    for s in shares:
+        s.save(path / f"{s.party}.json")
+    return str(path)
+
+
+def cohort5(key_dir5):
+    return [make("fedhp", f"p{i}", proto_dim=4, secure_sum="paillier", key_dir=key_dir5,
+                 min_contributors=3) for i in range(5)]
+
+
+def ct_combine(scheme, arrays, exponents) -> np.ndarray:
+    """prod_i arrays_i^exponents_i, ciphertext by ciphertext (what a cheat can compute)."""
+    cts = [scheme.decode(a) for a in arrays]
+    n2 = scheme.pub.n2
+    out = [math.prod(pow(c[j], e, n2) for c, e in zip(cts, exponents, strict=True)) % n2
+           for j in range(len(cts[0]))]
+    return he.to_bytes(out, scheme.pub.ct_bytes)
+
+
+def decrypt_directly(key_dir5, ct: np.ndarray, summands: int, count: int) -> np.ndarray:
+    """The oracle: any 3 key files decrypt ``ct`` with threshold_he's primitives."""
+    keys = [he.load_key_share(Path(key_dir5) / f"p{i}.json") for i in (0, 3, 4)]
+    pub = keys[0].public
+    packer = he.Packer(pub.bits - 1, len(pub.parties))
+    plain = [pub.combine({k.index: k.decryption_share(c) for k in keys}) for c in he.from_bytes(ct, pub)]
+    return packer.dequantize(packer.unpack(plain, count), summands)
+
+
+def refused_by_every_honest_peer(algs, round: int, aggregator: str, forged: Payload, caplog) -> str:
+    honest = [a for a in algs if a.ctx.peer_id != aggregator]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        for a in honest:
+            a.absorb(round, {aggregator: forged})
+    assert all(a.pending is None for a in honest)
+    assert all("dshare" not in a.share(round + 1).tensors for a in honest)
+    assert caplog.text.count("will not help decrypt") == len(honest)
+    return caplog.text
+
+
+def test_the_aggregators_cancelling_factor_is_refused_by_every_honest_peer(key_dir5, caplog):
+    """Issue 32, 1: p1 lists [p0, p2, p1] with its own factor ct(p2)^-1 * Enc(offsets), so
+    that the product decrypts to p0's release alone. It signs its factor (it may) and
+    attaches a proof for the part it knows (Enc(offsets)): the proof does not verify."""
+    algs = cohort5(key_dir5)
+    payloads = {a.ctx.peer_id: a.share(1) for a in algs}
+    agg = algs[1]
+    two_offsets = 2 * agg.scheme.packer.quantize(np.zeros(agg.num_values))  # 3 summands' offsets
+    offsets, proof = agg.scheme.encrypt(two_offsets, 1, "p1")
+    cancel = ct_combine(agg.scheme, [payloads["p2"].tensors["ct"], offsets], [-1, 1])
+    forged = result_of(agg, 1, [factor_of(payloads["p0"], "p0"), factor_of(payloads["p2"], "p2"),
+                                ("p1", cancel, proof, agg.key.attest(1, he.digest(cancel)))])
+    # the attack is real: with 3 shares the product is p0's release (the oracle)
+    alone = decrypt_directly(key_dir5, payloads["p0"].tensors["ct"], 1, agg.num_values)
+    np.testing.assert_allclose(decrypt_directly(key_dir5, forged.tensors["ct"], 3, agg.num_values), alone)
+    text = refused_by_every_honest_peer(algs, 1, "p1", forged, caplog)
+    assert text.count("factor of 'p1': the proof of plaintext knowledge does not verify") == 4
+
+
+def test_an_old_ciphertext_folded_into_the_aggregators_factor_is_refused_by_every_honest_peer(
+        key_dir5, caplog):
+    """Issue 32, 2: the round-2 aggregator p2 cancels p0's and p3's round-2 factors and
+    folds in p0's round-1 ciphertext, so that round 3 would publish p0's round-1 release."""
+    algs = cohort5(key_dir5)
+    run_rounds(algs, 1)
+    old = algs[0].my_ct[1]
+    new = {a.ctx.peer_id: a.share(2) for a in algs}
+    agg = algs[2]
+    two_offsets = 2 * agg.scheme.packer.quantize(np.zeros(agg.num_values))
+    offsets, proof = agg.scheme.encrypt(two_offsets, 2, "p2")
+    folded = ct_combine(agg.scheme, [new["p0"].tensors["ct"], new["p3"].tensors["ct"], old, offsets],
+                        [-1, -1, 1, 1])
+    forged = result_of(agg, 2, [factor_of(new["p0"], "p0"), factor_of(new["p3"], "p3"),
+                                ("p2", folded, proof, agg.key.attest(2, he.digest(folded)))])
+    np.testing.assert_allclose(decrypt_directly(key_dir5, forged.tensors["ct"], 3, agg.num_values),
+                               decrypt_directly(key_dir5, old, 1, agg.num_values))
+    text = refused_by_every_honest_peer(algs, 2, "p2", forged, caplog)
+    assert text.count("factor of 'p2': the proof of plaintext knowledge does not verify") == 4
+
+
+@pytest.mark.parametrize("source", ["another member", "another round"])
+def test_a_factor_reused_with_its_proof_is_refused_by_every_honest_peer(key_dir5, caplog, source):
+    """Issue 32: the aggregator p2 lists, as its own round-2 factor and signed by itself,
+    p3's round-2 ciphertext with p3's proof (another member) or its own round-1
+    ciphertext with its round-1 proof (another round); either way one release would
+    count twice (or an old one once). The proof is bound to its sender and round."""
+    algs = cohort5(key_dir5)
+    run_rounds(algs, 1)
+    old = {a.ctx.peer_id: a.share(1) for a in algs} if source == "another round" else None
+    new = {a.ctx.peer_id: a.share(2) for a in algs}
+    agg = algs[2]
+    reused = new["p3"] if source == "another member" else old["p2"]
+    ct, proof = reused.tensors["ct"], reused.tensors["ct_proof"]
+    forged = result_of(agg, 2, [factor_of(new["p0"], "p0"), factor_of(new["p3"], "p3"),
+                                ("p2", ct, proof, agg.key.attest(2, he.digest(ct)))])
+    text = refused_by_every_honest_peer(algs, 2, "p2", forged, caplog)
+    assert text.count("factor of 'p2': the proof of plaintext knowledge does not verify") == 4
+
+
+def test_a_proof_for_another_round_is_left_out_by_the_aggregator_and_refused_by_every_honest_peer(
+        key_dir5, caplog):
+    """Issue 32: a member (p3) sends a fresh round-2 ciphertext, correctly signed, with a
+    proof made for round 1. The aggregator leaves p3 out and names it, the four others
+    still form the round's sum (>= m_min), every honest peer helps decrypt it, and it
+    decrypts to the sum of their releases (oracle: each release decrypted alone). Had the
+    aggregator kept p3, every honest peer would refuse: they all check alike."""
+    algs = cohort5(key_dir5)
+    run_rounds(algs, 1)
+    payloads = {a.ctx.peer_id: a.share(2) for a in algs}
+    p3 = algs[3]
+    codes = p3.scheme.packer.quantize(np.zeros(p3.num_values))
+    ct, wrong_round = p3.scheme.encrypt(codes, 1, "p3")
+    payloads["p3"] = Payload("secure_sum", {"ct": ct, "ct_proof": wrong_round},
+                             {"round": 2, "attest": p3.key.attest(2, he.digest(ct))})
+    agg = algs[2]
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        result = agg.aggregate(2, payloads)
+    assert "contribution of p3 left out: the proof of plaintext knowledge does not verify" in caplog.text
+    assert result.meta["excluded"] == ["p3"] and result.meta["contributors"] == ["p0", "p1", "p2", "p4"]
+    for a in algs:
+        a.absorb(2, {"p2": result})
+    assert all(a.pending is not None for a in algs)
+    shares = {a.ctx.peer_id: a.share(3) for a in algs}
+    decrypted = algs[3].aggregate(3, shares)
+    assert decrypted.meta["protos_round"] == 2
+    clear = sum(decrypt_directly(key_dir5, payloads[p].tensors["ct"], 1, agg.num_values)
+                for p in ("p0", "p1", "p2", "p4"))
+    k, d = C, 4
+    expected, present = P.global_prototypes(torch.from_numpy(clear[: k * d].reshape(k, d)),
+                                            torch.from_numpy(clear[k * d:]))
+    np.testing.assert_allclose(decrypted.tensors["protos"], expected.float().numpy(), atol=1e-6)
+    # kept in, the same factor is refused by every honest peer (p3 itself: not what it sent)
+    fresh = cohort5(key_dir5)
+    run_rounds(fresh, 1)
+    again = {a.ctx.peer_id: a.share(2) for a in fresh}
+    kept = result_of(fresh[2], 2, [factor_of(again["p0"], "p0"), factor_of(again["p1"], "p1"),
+                                   factor_of(payloads["p3"], "p3")])
+    text = refused_by_every_honest_peer(fresh, 2, "p2", kept, caplog)
+    assert text.count("factor of 'p3': the proof of plaintext knowledge does not verify") == 3
+
+
+def test_a_release_beyond_the_fixed_point_range_is_refused_loudly_never_clamped(caplog):
+    """Issue 32, 4: at frac_bits 30 the range is +-512: a class count above it used to be
+    clamped to 512 without a word. Now the release is not sent, the log says why (ERROR)
+    and the metrics count it; the decryption share still goes out."""
+    alg = make("fedhp", n=2000, proto_dim=4, secure_sum="plaintext", frac_bits=30, min_contributors=1)
+    assert alg.class_sums()[1].max() > 512
+    with caplog.at_level(logging.ERROR, logger="hfl.algorithms"):
+        payload = alg.share(1)
+    assert payload is None
+    assert "p0: round 1: release not sent:" in caplog.text and "beyond the fixed-point range +-512" in caplog.text
+    assert alg.evaluate()["refused_releases"] == 1.0
+    assert make("fedhp", n=2000, proto_dim=4, secure_sum="plaintext", frac_bits=16).share(1) is not None
+
+
 def test_hostile_contributions_are_left_out_with_a_reason(key_dir, caplog):
     algs = [make("fedhp", f"p{i}", proto_dim=4, secure_sum="paillier", key_dir=key_dir) for i in range(4)]
     run_rounds(algs, 1)
@@ -674,6 +837,49 @@ def test_dp_sgd_clips_each_sample_adds_fresh_noise_and_refuses_batchnorm():
     with pytest.raises(ValueError, match=r"dp_sgd: .* 1 \(BatchNorm1d\)"):
         DPSGD(bn, torch.optim.SGD(bn.parameters(), lr=0.1), batch_size=4, dataset_size=8,
               noise_multiplier=1.0, clip_norm=1.0)
+
+
+def clipped_sum(alg, x, y) -> torch.Tensor:
+    """Opacus's sum of the per-sample clipped gradients of FedHP's loss on batch (x, y),
+    before noise: what DP-SGD's sensitivity is about."""
+    opt = alg.dpsgd.dp_optimizer
+    alg.model.train()
+    opt.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():  # Opacus's hooks on a first layer whose input needs no grad
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        alg.loss(x, y, 2).backward()
+    opt.clip_and_accumulate()
+    out = torch.cat([p.summed_grad.flatten().clone() for p in opt.params])
+    opt.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.parametrize("clip", [100.0, 0.05])
+def test_one_samples_clipped_contribution_does_not_depend_on_the_batch_when_classes_are_missing(clip):
+    """Issue 32, 3: with class 1 lacking a global prototype, the contrastive term was the
+    mean over the B' samples of the other classes, and Opacus scales per-sample gradients
+    by the whole batch B, so each sample's gradient was B/B' times its own and adding one
+    sample moved the others'. Oracle: each sample's gradient computed alone (a batch of
+    one), clipped, summed; and adding a sample moves the clipped sum by at most C."""
+    alg = make("fedhp", proto_dim=4, noise_multiplier=1.0, dp_sgd=True, dp_sgd_clip_norm=clip, lam=2.0)
+    torch.manual_seed(3)
+    alg.protos = torch.nn.functional.normalize(torch.randn(C, 4), dim=1)
+    alg.present = torch.tensor([True, False, True])
+    ds = dataset(7, 40)
+    x, y = torch.from_numpy(ds.x[:10]), torch.from_numpy(ds.y[:10]).clone()
+    y[:7] = 1  # most of the batch has no prototype: B / B' = 10 / 3
+    y[7:] = torch.tensor([0, 2, 0])
+    extra_x, extra_y = torch.from_numpy(ds.x[10:11]), torch.tensor([2])
+    alone = [clipped_sum(alg, x[i:i + 1], y[i:i + 1]) for i in range(len(y))]
+    extra = clipped_sum(alg, extra_x, extra_y)
+    assert all(float(g.norm()) <= clip * (1 + 1e-5) for g in [*alone, extra])
+    if clip == 0.05:
+        assert all(float(g.norm()) == pytest.approx(clip, rel=1e-4) for g in alone)  # clipping bites
+    batch = clipped_sum(alg, x, y)
+    torch.testing.assert_close(batch, torch.stack(alone).sum(0), rtol=1e-4, atol=1e-6)
+    neighbour = clipped_sum(alg, torch.cat([x, extra_x]), torch.cat([y, extra_y]))
+    torch.testing.assert_close(neighbour - batch, extra, rtol=1e-4, atol=1e-6)
+    assert float((neighbour - batch).norm()) <= clip * (1 + 1e-4)
 
 
 def test_frac_bits_reaches_the_fixed_point_code():
