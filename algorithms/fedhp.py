@@ -239,7 +239,7 @@ class _Paillier:
 
     def encrypt(self, codes: np.ndarray, round: int, sender: str) -> tuple[np.ndarray, np.ndarray]:
         """(ciphertexts (k, W) uint8, the proof that ``sender`` knows their plaintexts in ``round``)."""
-        from hfl.algorithms.threshold_he import prove_plaintexts, proof_context, to_bytes
+        from hfl.algorithms.threshold_he import proof_context, prove_plaintexts, to_bytes
 
         plain = self.packer.pack(codes)
         cts, rs = zip(*(self.pub.encrypt_with_randomness(m) for m in plain), strict=True)

@@ -30,7 +30,11 @@ heads on a pre-trained backbone; here everything learns from scratch).
   DP-SGD (its cost).
 - **crypto**: 2048-bit threshold Paillier (3 of 5), 10 classes x 128 dims,
   through FedHP's own hooks: seconds per phase, ciphertext bytes, and a round
-  with n - t = 2 peers dead.
+  with n - t = 2 peers dead; the proofs of plaintext knowledge alone (bytes,
+  prover and verifier ms per ciphertext). ``--baseline REV`` also runs the
+  same measurement on git revision REV's code (in a subprocess, from ``git
+  archive``) and prints the two side by side, e.g. ``--parts crypto
+  --baseline 57dfb06`` for the secure sum before issue 32's proofs.
 
 Budget on a 2-core CPU: the default (5 seeds, 110 simulated cohorts) about 5
 minutes (2 to 16 s per cohort, depending on the load); ``--quick`` (seed 0, 8
@@ -218,6 +222,7 @@ def crypto_cost(bits: int = 2048, classes: int = 10, dim: int = 128, peers: int 
                     t0 = time.perf_counter()
                     a.absorb(r, {agg.ctx.peer_id: result})
                     phases["absorb_s"].append((r, time.perf_counter() - t0))
+                assert all(a.pending is not None for a in algs), "an honest product was refused"
                 sizes[r] = {"contribution_bytes": statistics.mean(p.nbytes for p in payloads.values()),
                             "contribution_meta_bytes": statistics.mean(
                                 len(msgpack.packb(p.meta)) for p in payloads.values()),
@@ -236,10 +241,23 @@ def crypto_cost(bits: int = 2048, classes: int = 10, dim: int = 128, peers: int 
         # The primitives alone, on one peer's 28 packed plaintexts.
         packer = he.Packer(shares[0].public.bits - 1, peers)
         pub = shares[0].public
-        plain = packer.pack(packer.quantize(np.random.default_rng(0).normal(size=classes * (dim + 1)))[0])
+        codes = packer.quantize(np.random.default_rng(0).normal(size=classes * (dim + 1)))
+        plain = packer.pack(codes[0] if isinstance(codes, tuple) else codes)  # before issue 32: (codes, clamped)
         t0 = time.perf_counter()
-        cts = [pub.encrypt(m) for m in plain]
+        enc = [pub.encrypt_with_randomness(m) if hasattr(pub, "encrypt_with_randomness") else (pub.encrypt(m), 0)
+               for m in plain]
         out["encrypt_s"] = time.perf_counter() - t0
+        cts = [c for c, _ in enc]
+        if hasattr(he, "prove_plaintexts"):
+            context = he.proof_context(pub, 2, ids[0])
+            t0 = time.perf_counter()
+            proof = he.prove_plaintexts(pub, context, plain, [r for _, r in enc], cts)
+            out["prove_ms_per_ct"] = (time.perf_counter() - t0) / len(cts) * 1000
+            t0 = time.perf_counter()
+            assert he.verify_plaintexts(pub, context, cts, proof) is None
+            out["verify_ms_per_ct"] = (time.perf_counter() - t0) / len(cts) * 1000
+            out["proof_bytes"] = int(proof.nbytes)
+            out["proof_bytes_per_ct"] = (proof.nbytes - he.CHALLENGE_BYTES) / len(cts)
         t0 = time.perf_counter()
         dshares = [{s.index: s.decryption_share(c) for s in shares[:t]} for c in cts]
         out["decryption_share_s"] = (time.perf_counter() - t0) / t
@@ -247,6 +265,52 @@ def crypto_cost(bits: int = 2048, classes: int = 10, dim: int = 128, peers: int 
         assert [pub.combine(d) for d in dshares] == plain
         out["combine_s"] = time.perf_counter() - t0
     return out
+
+
+def crypto_cost_at(rev: str) -> dict:
+    """:func:`crypto_cost` run on git revision ``rev``'s code, in a subprocess whose
+    ``hfl`` package is that revision's tree (this script's own code drives it)."""
+    import json
+    import os
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, pkg = Path(tmp) / "src", Path(tmp) / "pkg" / "hfl"
+        src.mkdir()
+        pkg.mkdir(parents=True)
+        dirs = ["protocol", "algorithms", "peer", "launch", "data", "models"]
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, *dirs], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        (pkg / "__init__.py").write_text("")
+        for d in dirs:
+            (pkg / d).symlink_to(src / d)
+        env = {**os.environ, "PYTHONPATH": str(pkg.parent)}
+        code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import compare_fedhp as c; "
+                "import hfl; assert hfl.__file__.startswith(sys.argv[2]), hfl.__file__; "
+                "print(json.dumps(c.crypto_cost()))")
+        done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent), tmp],
+                              env=env, check=True, capture_output=True, text=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def print_crypto_side_by_side(before: dict, after: dict, rev: str) -> None:
+    print(f"\n  side by side, all peers alive (before: {rev}; after: this tree; same process tree, same box):")
+    print(f"  | {'per round':<38} | {'before':>10} | {'after':>10} | {'after/before':>12} |")
+    rows = [("share() per peer, s", "share_s"), ("aggregate(), s", "aggregate_s"),
+            ("absorb() per peer, s", "absorb_s"), ("critical path, s", "round_critical_path_s"),
+            ("ciphertext bytes per peer", "ciphertext_bytes_per_peer"),
+            ("contribution bytes (tensors + meta)", None), ("result bytes (tensors + meta)", None)]
+    for label, key in rows:
+        def value(c, key=key, label=label):
+            a = c["alive"]
+            if key is not None:
+                return a[key]
+            kind = "contribution" if label.startswith("contribution") else "result"
+            return a[f"round2_{kind}_bytes"] + a[f"round2_{kind}_meta_bytes"]
+        b, a = value(before), value(after)
+        fmt = "{:>10.2f}" if isinstance(b, float) and b < 100 else "{:>10,.0f}"
+        print(f"  | {label:<38} | {fmt.format(b)} | {fmt.format(a)} | {a / b:>11.2f}x |")
 
 
 def dpsgd_cost(rounds: int = 6) -> dict:
@@ -320,6 +384,10 @@ def main() -> None:
                     default=None)
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "fedhp_epsilon.png")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--epsilons", type=float, nargs="+", default=EPSILONS,
+                    help=f"targets of the epsilon part (default {' '.join(f'{e:g}' for e in EPSILONS)})")
+    ap.add_argument("--baseline", metavar="REV", default=None,
+                    help="crypto part: also measure git revision REV's secure sum, side by side")
     args = ap.parse_args()
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2, 3, 4])
     rounds = args.rounds or (8 if args.quick else 20)
@@ -338,7 +406,7 @@ def main() -> None:
                    "defaults.algorithm.dp_sgd_noise_multiplier=0.001", *extra)) for s in seeds]
         for s in seeds:
             schedule = dp_sgd_schedule(s, rounds)
-            for eps in EPSILONS:
+            for eps in args.epsilons:
                 m = noise[eps, s] = noise_for(eps, rounds, schedule)
                 jobs.append((f"DP eps={eps:g}", "fedhp", s, rounds,
                              (*DP_BASE, f"defaults.algorithm.noise_multiplier={m:.6g}",
@@ -391,7 +459,7 @@ def main() -> None:
                   f"| {statistics.mean(r['wall_s'] / rounds for r in clip):>7.2f} |")
             result["clip_only"] = {"best": [r["best"] for r in clip],
                                    "best_balanced": [r["best_balanced"] for r in clip]}
-        for eps in EPSILONS:
+        for eps in args.epsilons:
             rs = [r for r in runs if r["label"] == f"DP eps={eps:g}"]
             if not rs:
                 continue
@@ -419,21 +487,30 @@ def main() -> None:
         print("\nSecure sum, threshold Paillier 2048-bit, 3 of 5, 10 classes x 128 dims (this process, 1 thread):")
         watch = Contention()
         cost = crypto_cost()
+        before = crypto_cost_at(args.baseline) if args.baseline else None
         cost["contention"] = watch.stop()
         print(f"  keygen (dealer, once): {cost['keygen_s']:.2f} s; one peer's 28 plaintexts: encrypt "
               f"{cost['encrypt_s']:.2f} s, decryption share {cost['decryption_share_s']:.2f} s, "
               f"combine 3 shares {cost['combine_s']:.2f} s")
+        print(f"  proof of plaintext knowledge: {cost['proof_bytes']} B for 28 ciphertexts "
+              f"({cost['proof_bytes_per_ct']:.0f} B each + a 16 B challenge); prover "
+              f"{cost['prove_ms_per_ct']:.1f} ms, verifier {cost['verify_ms_per_ct']:.1f} ms per ciphertext")
         for key in ("alive", "2_dead"):
             c = cost[key]
-            print(f"  {key:>6}: per-peer share() {c['share_s']:.2f} s (encrypt + decryption share), "
-                  f"aggregate() {c['aggregate_s']:.2f} s (product + combine), absorb() {c['absorb_s']:.2f} s "
-                  f"(verify product); round critical path {c['round_critical_path_s']:.2f} s")
+            print(f"  {key:>6}: per-peer share() {c['share_s']:.2f} s (encrypt + prove + decryption share), "
+                  f"aggregate() {c['aggregate_s']:.2f} s (verify + product + combine), absorb() "
+                  f"{c['absorb_s']:.2f} s (verify product and factors); round critical path "
+                  f"{c['round_critical_path_s']:.2f} s")
             print(f"          {c['ciphertexts_per_peer']} ciphertexts = {c['ciphertext_bytes_per_peer']} B per peer; "
                   f"contribution {c['round2_contribution_bytes']:.0f} B + {c['round2_contribution_meta_bytes']:.0f} B "
-                  f"meta (attestations), result {c['round2_result_bytes']} B + {c['round2_result_meta_bytes']} B meta; "
+                  f"meta (signature), result {c['round2_result_bytes']} B + {c['round2_result_meta_bytes']} B meta; "
                   f"prototypes of round {c['protos_round_after_3']} in use after round 3")
+        if before is not None:
+            print_crypto_side_by_side(before, cost, args.baseline)
         print("  " + contention_note("crypto timings", cost["contention"]))
         result["crypto"] = cost
+        if before is not None:
+            result["crypto_baseline"] = {"rev": args.baseline, **before}
     print(f"\n({wall:.0f} s of simulations)")
     write_json(out_path("compare_fedhp", args.out), result)
 
