@@ -41,14 +41,15 @@ share of round r-1's sum; each ciphertext carries its owner's attestation (an
 Ed25519 signature that every key holder checks alike) and a zero-knowledge
 proof that its owner knows the plaintext, bound to the key, the round and the
 owner; the round-r aggregator leaves out (and names) every contribution whose
-signature or proof fails, multiplies the rest, combines >= t shares of round
-r-1's product into the plaintext sum, and returns the new product with its
-factors, their signatures and proofs and the global prototypes of round r-1.
-A peer releases a share only for a product it recomputes from factors of
-distinct key holders, each signed by its owner and proven for that round, at
-least ``min_contributors`` of them, once per round: so no factor can be
-another's ciphertext inverted, an old ciphertext or another member's or
-round's (threshold_he's proofs). ``plaintext`` —
+signature fails or that has no proof, multiplies the rest, combines >= t
+shares of round r-1's product into the plaintext sum, and returns the new
+product with its factors, their signatures and proofs and the global
+prototypes of round r-1. Every peer checks each factor's signature and proof
+itself, leaves out (and names) those that fail — the same ones for every peer
+— and releases a share only for the product of the rest, recomputed, if they
+are factors of distinct key holders, at least ``min_contributors``, once per
+round: so no factor can be another's ciphertext inverted, an old ciphertext,
+or another member's or round's (threshold_he's proofs). ``plaintext`` —
 the same fixed-point arithmetic, timing and release policy without
 encryption, for experiments: identical numbers, no confidentiality.
 Deviation: with a secure sum the global prototypes lag one more round
@@ -484,7 +485,7 @@ class FedHP(FedProto):
     def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
         if self.scheme is None:
             return super().aggregate(round, contributions)
-        from hfl.algorithms.threshold_he import digest
+        from hfl.algorithms.threshold_he import digest, proof_size
 
         tensors: dict[str, np.ndarray] = {}
         meta: dict[str, Any] = {"round": round, "excluded": []}
@@ -508,10 +509,13 @@ class FedHP(FedProto):
                 except ValueError as exc:
                     why = str(exc)
             if why is None and self.key is not None and peer != self.ctx.peer_id:
-                # the check every peer will make: a member that fails it is left out here,
-                # so one bad member does not sink the others' sum
-                why = self.scheme.factor_problem(round, peer, ct, c.tensors.get("ct_proof"),
-                                                 c.meta.get("attest"))
+                # the signature only (microseconds): every peer checks it and the proofs
+                # itself and leaves out the same failing factors (usable_factors)
+                why = self.key.verify_attestation(round, peer, digest(ct), c.meta.get("attest"))
+                proof, size = c.tensors.get("ct_proof"), proof_size(self.key.public, shape[0])
+                if why is None and (not isinstance(proof, np.ndarray) or proof.dtype != np.uint8
+                                    or proof.shape != (size,)):
+                    why = f"no proof of plaintext knowledge of uint8 [{size}]"
             if why is not None:
                 log.warning("%s: round %d: contribution of %s left out: %s", self.ctx.peer_id, round, peer, why)
                 meta["excluded"].append(peer)
@@ -618,37 +622,50 @@ class FedHP(FedProto):
         if parts is None or parts.ndim != ct.ndim + 1 or parts.shape[0] != len(contributors) \
                 or parts.shape[1:] != ct.shape or parts.dtype != ct.dtype:
             return "the factors (ct_parts) are missing or do not fit"
-        why = self.check_factors(round, contributors, parts, result.tensors.get("ct_proofs"),
-                                 m.get("attestations"))
+        keep, why = self.usable_factors(round, contributors, parts, result.tensors.get("ct_proofs"),
+                                        m.get("attestations"))
         if why is not None:
             return why
-        if not np.array_equal(self.scheme.product(list(parts)), ct):
+        used = [contributors[i] for i in keep]
+        if len(keep) < len(contributors):  # every honest peer leaves out the same factors
+            try:
+                self.guard.check(round, round, used, "")
+            except ShareRefused as exc:
+                return f"{len(contributors) - len(keep)} factor(s) left out: {exc}"
+            ct = self.scheme.product([parts[i] for i in keep])
+        elif not np.array_equal(self.scheme.product(list(parts)), ct):
             return "the ciphertext is not the product of the listed factors"
         self.pending = {"round": round, "ct": np.array(ct), "digest": digest(ct),
-                        "summands": len(contributors), "contributors": list(contributors)}
+                        "summands": len(used), "contributors": used}
         return None
 
-    def check_factors(self, round: int, contributors: list[str], parts: np.ndarray, proofs: Any,
-                      attestations: Any) -> str | None:
-        """Why the factors are not each a ciphertext of this round from its listed owner:
-        ours as we sent it, every other one signed by its owner, a key holder, with a
+    def usable_factors(self, round: int, contributors: list[str], parts: np.ndarray, proofs: Any,
+                       attestations: Any) -> tuple[list[int], str | None]:
+        """(the factors to multiply, or why the product is refused outright). A factor is
+        used if it is ours as we sent it, or signed by its owner, a key holder, with a
         proof that the owner knows its plaintext, made for this round (the aggregator's
-        own factor included)."""
+        own factor included). Any other is left out and its owner named: the signature
+        and the proof check the same for every peer, so every honest peer leaves out the
+        same factors and helps decrypt the same product of the rest."""
         me = self.ctx.peer_id
         if self.key is not None and (not isinstance(proofs, np.ndarray) or proofs.ndim != 2
                                      or proofs.shape[0] != len(contributors)):
-            return "the factors' proofs (ct_proofs) are missing or do not fit"
+            return [], "the factors' proofs (ct_proofs) are missing or do not fit"
+        keep = []
         for i, (owner, part) in enumerate(zip(contributors, parts, strict=True)):
             if owner == me:
                 mine = self.my_ct
                 if mine is None or mine[0] != round or not np.array_equal(part, mine[1]):
-                    return "a factor listed as ours is not the ciphertext we sent this round"
+                    return [], "a factor listed as ours is not the ciphertext we sent this round"
             elif self.key is not None:
                 sig = attestations.get(owner) if isinstance(attestations, dict) else None
                 why = self.scheme.factor_problem(round, owner, part, proofs[i], sig)
                 if why is not None:
-                    return f"factor of {owner!r}: {why}"
-        return None
+                    log.warning("%s: round %d: factor of %r left out of the product: %s",
+                                me, round, owner, why)
+                    continue
+            keep.append(i)
+        return keep, None
 
     # ------------------------------------------------------------- checkpoint
 

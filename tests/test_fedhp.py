@@ -394,9 +394,13 @@ def test_a_replayed_or_renamed_attested_ciphertext_is_refused(key_dir, caplog):
                                 factor_of(old["p2"], "p2"), factor_of(new["p3"], "p3")])
     with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
         algs[3].absorb(2, {"p1": replay})
-    assert algs[3].pending is None and "factor of 'p2': attestation of 'p2' does not verify" in caplog.text
+    assert "factor of 'p2' left out of the product: attestation of 'p2' does not verify" in caplog.text
+    # only the three genuine round-2 factors are helped: p2's old release is not in the sum
+    genuine = agg.scheme.product([new[p].tensors["ct"] for p in ("p0", "p1", "p3")])
+    assert algs[3].pending["contributors"] == ["p0", "p1", "p3"] and algs[3].pending["summands"] == 3
+    assert np.array_equal(algs[3].pending["ct"], genuine)
     algs[0].absorb(2, {"p1": honest})
-    assert algs[0].pending is not None  # the genuine product of round 2 is helped
+    assert algs[0].pending["contributors"] == ["p0", "p1", "p2", "p3"]  # the genuine product of round 2
 
 
 # Issue 32: 5 key holders, t = 3, m_min = 3; the aggregator is p1 (round 1) or p2 (round 2).
@@ -462,7 +466,9 @@ def test_the_aggregators_cancelling_factor_is_refused_by_every_honest_peer(key_d
     alone = decrypt_directly(key_dir5, payloads["p0"].tensors["ct"], 1, agg.num_values)
     np.testing.assert_allclose(decrypt_directly(key_dir5, forged.tensors["ct"], 3, agg.num_values), alone)
     text = refused_by_every_honest_peer(algs, 1, "p1", forged, caplog)
-    assert text.count("factor of 'p1': the proof of plaintext knowledge does not verify") == 4
+    assert text.count("factor of 'p1' left out of the product: the proof of plaintext "
+                      "knowledge does not verify") == 4
+    assert text.count("1 factor(s) left out: 2 contributor(s) < m_min = 3") == 4
 
 
 def test_an_old_ciphertext_folded_into_the_aggregators_factor_is_refused_by_every_honest_peer(
@@ -483,7 +489,9 @@ def test_an_old_ciphertext_folded_into_the_aggregators_factor_is_refused_by_ever
     np.testing.assert_allclose(decrypt_directly(key_dir5, forged.tensors["ct"], 3, agg.num_values),
                                decrypt_directly(key_dir5, old, 1, agg.num_values))
     text = refused_by_every_honest_peer(algs, 2, "p2", forged, caplog)
-    assert text.count("factor of 'p2': the proof of plaintext knowledge does not verify") == 4
+    assert text.count("factor of 'p2' left out of the product: the proof of plaintext "
+                      "knowledge does not verify") == 4
+    assert text.count("1 factor(s) left out: 2 contributor(s) < m_min = 3") == 4
 
 
 @pytest.mark.parametrize("source", ["another member", "another round"])
@@ -502,49 +510,56 @@ def test_a_factor_reused_with_its_proof_is_refused_by_every_honest_peer(key_dir5
     forged = result_of(agg, 2, [factor_of(new["p0"], "p0"), factor_of(new["p3"], "p3"),
                                 ("p2", ct, proof, agg.key.attest(2, he.digest(ct)))])
     text = refused_by_every_honest_peer(algs, 2, "p2", forged, caplog)
-    assert text.count("factor of 'p2': the proof of plaintext knowledge does not verify") == 4
+    assert text.count("factor of 'p2' left out of the product: the proof of plaintext "
+                      "knowledge does not verify") == 4
+    assert text.count("1 factor(s) left out: 2 contributor(s) < m_min = 3") == 4
 
 
-def test_a_proof_for_another_round_is_left_out_by_the_aggregator_and_refused_by_every_honest_peer(
+def test_a_member_whose_proof_is_for_another_round_is_left_out_by_every_peer_and_the_others_still_sum(
         key_dir5, caplog):
     """Issue 32: a member (p3) sends a fresh round-2 ciphertext, correctly signed, with a
-    proof made for round 1. The aggregator leaves p3 out and names it, the four others
-    still form the round's sum (>= m_min), every honest peer helps decrypt it, and it
-    decrypts to the sum of their releases (oracle: each release decrypted alone). Had the
-    aggregator kept p3, every honest peer would refuse: they all check alike."""
+    proof made for round 1. Every honest peer leaves p3's factor out of the product and
+    names p3 (the check is the same for everyone, so they all leave out the same factor),
+    the four others still form the round's sum (>= m_min), and it decrypts to the sum of
+    their releases (oracle: each release decrypted alone with three key files). A missing
+    or malformed proof is left out by the aggregator already."""
     algs = cohort5(key_dir5)
     run_rounds(algs, 1)
     payloads = {a.ctx.peer_id: a.share(2) for a in algs}
     p3 = algs[3]
-    codes = p3.scheme.packer.quantize(np.zeros(p3.num_values))
-    ct, wrong_round = p3.scheme.encrypt(codes, 1, "p3")
+    ct, wrong_round = p3.scheme.encrypt(p3.scheme.packer.quantize(np.zeros(p3.num_values)), 1, "p3")
     payloads["p3"] = Payload("secure_sum", {"ct": ct, "ct_proof": wrong_round},
                              {"round": 2, "attest": p3.key.attest(2, he.digest(ct))})
+    p3.my_ct = (2, ct)
     agg = algs[2]
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
         result = agg.aggregate(2, payloads)
-    assert "contribution of p3 left out: the proof of plaintext knowledge does not verify" in caplog.text
-    assert result.meta["excluded"] == ["p3"] and result.meta["contributors"] == ["p0", "p1", "p2", "p4"]
-    for a in algs:
-        a.absorb(2, {"p2": result})
-    assert all(a.pending is not None for a in algs)
+        assert result.meta["contributors"] == ["p0", "p1", "p2", "p3", "p4"]  # its signature is fine
+        for a in algs:
+            a.absorb(2, {"p2": result})
+    assert caplog.text.count("factor of 'p3' left out of the product: the proof of plaintext knowledge "
+                             "does not verify") == 4
+    honest = [a for a in algs if a is not p3]
+    assert all(a.pending["contributors"] == ["p0", "p1", "p2", "p4"] for a in honest)
+    assert len({a.pending["digest"] for a in honest}) == 1
     shares = {a.ctx.peer_id: a.share(3) for a in algs}
-    decrypted = algs[3].aggregate(3, shares)
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        decrypted = algs[3].aggregate(3, shares)
     assert decrypted.meta["protos_round"] == 2
     clear = sum(decrypt_directly(key_dir5, payloads[p].tensors["ct"], 1, agg.num_values)
                 for p in ("p0", "p1", "p2", "p4"))
-    k, d = C, 4
-    expected, present = P.global_prototypes(torch.from_numpy(clear[: k * d].reshape(k, d)),
-                                            torch.from_numpy(clear[k * d:]))
+    expected, _ = P.global_prototypes(torch.from_numpy(clear[: C * 4].reshape(C, 4)),
+                                      torch.from_numpy(clear[C * 4:]))
     np.testing.assert_allclose(decrypted.tensors["protos"], expected.float().numpy(), atol=1e-6)
-    # kept in, the same factor is refused by every honest peer (p3 itself: not what it sent)
-    fresh = cohort5(key_dir5)
-    run_rounds(fresh, 1)
-    again = {a.ctx.peer_id: a.share(2) for a in fresh}
-    kept = result_of(fresh[2], 2, [factor_of(again["p0"], "p0"), factor_of(again["p1"], "p1"),
-                                   factor_of(payloads["p3"], "p3")])
-    text = refused_by_every_honest_peer(fresh, 2, "p2", kept, caplog)
-    assert text.count("factor of 'p3': the proof of plaintext knowledge does not verify") == 3
+    # no proof, or one cut short: left out by the aggregator, named in the result
+    for bad in ({"ct": payloads["p1"].tensors["ct"]},
+                {**payloads["p1"].tensors, "ct_proof": payloads["p1"].tensors["ct_proof"][:-1]}):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+            res = agg.aggregate(2, {**payloads, "p1": Payload("secure_sum", bad, payloads["p1"].meta)})
+        assert "contribution of p1 left out: no proof of plaintext knowledge of uint8 [" in caplog.text
+        assert res.meta["excluded"] == ["p1"]
 
 
 def test_a_release_beyond_the_fixed_point_range_is_refused_loudly_never_clamped(caplog):
