@@ -1,0 +1,429 @@
+"""Rerun every example and benchmark whose number README.md and docs/ quote; name what moved.
+
+    python bench/docs_numbers.py             # every check (about 40 min on 2 cores, most of it
+                                             #   compare_chfl's digits cohort)
+    python bench/docs_numbers.py --fast      # quickstart, chfl_tabular, the simulated CHFL
+                                             #   cohort (about 30 s; tests/test_docs_numbers.py)
+    python bench/docs_numbers.py --only chfl_digits plugins
+    python bench/docs_numbers.py --write     # also rewrite the moved numbers in the docs
+    python bench/docs_numbers.py --list      # the checks, their commands and quotes
+
+A number in the docs is never typed by hand: each one is a :class:`Quote` below
+(the file, where in it, and which measured value it is), and each check reruns
+the command that produces it. A quote is compared at its own printed precision
+(``0.9048`` against the rerun rounded to 4 decimals); a few are byte counts
+that heartbeats make vary, compared within a stated tolerance. Timings are not
+quoted here (they depend on the machine).
+
+Exit status: 0 when every quote equals its rerun; 1 when one moved (each named
+with file:line, the quoted and the measured value and the command); 2 when a
+quote is no longer in its document (the text around it changed: update its
+anchor below) or a command failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import ROOT, run_cmd  # noqa: E402
+
+NUMBER = r"([-+−]?\d[\d,]*(?:\.\d+)?)"
+
+
+@dataclass(frozen=True)
+class Quote:
+    """One number in one document.
+
+    ``pattern`` is a regex with one group, the number; with ``row`` and ``column``
+    it is applied to that cell of the first markdown table after ``anchor`` whose
+    header has ``column`` and which has a row whose first cell is ``row``."""
+
+    doc: str
+    key: str  # the measured value it quotes
+    pattern: str = NUMBER
+    anchor: str = ""
+    row: str | None = None
+    column: str | None = None
+    tolerance: float = 0.0  # absolute; 0: equal at the quoted precision
+    scale: float = 1.0  # the document shows value * scale (100: percent)
+
+
+@dataclass
+class Check:
+    name: str
+    command: str  # what a reader runs to get the numbers
+    measure: Callable[[Path], dict[str, float]]
+    quotes: list[Quote]
+    fast: bool = False
+    minutes: float = 1.0  # on an idle 2-core machine
+
+
+@dataclass
+class Found:
+    quote: Quote
+    line: int
+    start: int  # character offsets of the number in the document
+    end: int
+    text: str
+
+
+@dataclass
+class Result:
+    check: str
+    moved: list[str] = field(default_factory=list)
+    same: int = 0
+    missing: list[str] = field(default_factory=list)
+    failed: str | None = None
+
+
+# ----------------------------------------------------------------------------- finding quotes
+
+
+def _table_cell(text: str, q: Quote) -> tuple[int, int]:
+    """Character span of cell (q.row, q.column) of the first table after q.anchor."""
+    start = text.find(q.anchor) if q.anchor else 0
+    if start < 0:
+        raise LookupError(f"anchor {q.anchor!r} not found")
+    lines = text[start:].splitlines(keepends=True)
+    pos, header = start, None
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("|"):
+            cells = _cells(line, pos)
+            names = [text[a:b].strip() for a, b in cells]
+            if header is None:
+                header = names if q.column in names else None
+            elif names and names[0] == q.row and len(names) == len(header):
+                return cells[header.index(q.column)]
+        else:
+            header = None
+        pos += len(line)
+    raise LookupError(f"no table row {q.row!r} with column {q.column!r} after {q.anchor!r}")
+
+
+def _cells(line: str, offset: int) -> list[tuple[int, int]]:
+    """Spans of the cells of one markdown table row (between the pipes)."""
+    bars = [i for i, ch in enumerate(line) if ch == "|"]
+    return [(offset + a + 1, offset + b) for a, b in zip(bars, bars[1:], strict=False)]
+
+
+def find(q: Quote, text: str) -> Found:
+    if q.row is not None:
+        lo, hi = _table_cell(text, q)
+    else:
+        lo = text.find(q.anchor) if q.anchor else 0
+        if lo < 0:
+            raise LookupError(f"anchor {q.anchor!r} not found")
+        hi = len(text)
+    m = re.compile(q.pattern).search(text, lo, hi)
+    if m is None:
+        raise LookupError(f"{q.pattern!r} not found" + (f" after {q.anchor!r}" if q.anchor else ""))
+    return Found(q, text.count("\n", 0, m.start(1)) + 1, m.start(1), m.end(1), m.group(1))
+
+
+def parse_number(text: str) -> tuple[float, int]:
+    """(value, decimals) of a quoted number: ``−1.24`` (a typographic minus), ``1,818``."""
+    clean = text.replace("−", "-").replace(",", "")
+    decimals = len(clean.split(".")[1]) if "." in clean else 0
+    return float(clean), decimals
+
+
+def render(value: float, like: str) -> str:
+    """``value`` printed as ``like`` is: its decimals, its sign style."""
+    _, decimals = parse_number(like)
+    s = f"{value:.{decimals}f}"
+    if like.startswith("+") and value >= 0:
+        s = "+" + s
+    if "−" in like or (like.startswith(("+", "−")) and s.startswith("-")):
+        s = s.replace("-", "−")
+    return s
+
+
+def compare(found: Found, value: float) -> str | None:
+    """None when the quote still holds, else its rerun value in the quote's format."""
+    q = found.quote
+    quoted, _ = parse_number(found.text)
+    shown = render(value * q.scale, found.text)
+    if q.tolerance:
+        return None if abs(quoted - value * q.scale) <= q.tolerance else shown
+    return None if parse_number(shown)[0] == quoted else shown
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _launch_values(example: str, out_dir: Path, sets: list[str] = (), extra: list[str] = ()) -> dict:
+    """hfl-launch EXAMPLE --fresh --quiet; the values of its results.json."""
+    run_dir = out_dir / Path(example).stem
+    cmd = [sys.executable, "-m", "hfl.launch.cli", str(ROOT / example), "--run-dir", str(run_dir),
+           "--fresh", "--quiet", *extra]
+    for s in sets:
+        cmd += ["--set", s]
+    print("$ hfl-launch " + " ".join(cmd[3:]).replace(str(ROOT) + "/", ""), flush=True)
+    rc, _, out = run_cmd(cmd, 3600)
+    if rc != 0:
+        raise RuntimeError(f"hfl-launch {example} exited with status {rc}:\n{out[-2000:]}")
+    res = json.loads((run_dir / "results.json").read_text())
+    values = {"best_mean_test_acc": res["best_mean_test_acc"]}
+    for row in res["peers"]:
+        for col in ("test_acc", "global_acc", "best_global_acc", "sent_mb"):
+            if isinstance(row.get(col), (int, float)):
+                values[f"{row['peer']}.{col}"] = row[col]
+    return values
+
+
+def measure_quickstart(out_dir: Path) -> dict:
+    return _launch_values("examples/quickstart.yaml", out_dir)
+
+
+def measure_chfl_tabular(out_dir: Path) -> dict:
+    return _launch_values("examples/chfl_tabular.yaml", out_dir)
+
+
+def measure_chfl_digits(out_dir: Path) -> dict:
+    return _launch_values("examples/chfl_digits.yaml", out_dir)
+
+
+def measure_chfl_simulated(out_dir: Path) -> dict:
+    """examples/chfl_tabular.yaml as expanded by hfl-launch, simulated in this process
+    (hfl.algorithms.simulate: the hooks in the runtime's order, no network)."""
+    import torch
+
+    from hfl.algorithms.simulate import simulate
+    from hfl.launch.experiment import expand, load_experiment
+    from hfl.peer.factory import build_algorithm
+
+    exp = load_experiment(str(ROOT / "examples" / "chfl_tabular.yaml"),
+                          [f"run_dir={out_dir / 'chfl_simulated'}"])
+    plans = expand(exp, gpus=[], ports=list(range(40000, 40000 + exp.peers)))
+    algorithms = [build_algorithm(p.config)[0] for p in plans]
+    torch.set_num_threads(1)
+    rounds = plans[0].config.cohort.rounds
+    history = simulate(algorithms, rounds)
+    means = [statistics.mean(history[p][r]["test_acc"] for p in history) for r in range(rounds)]
+    return {"best_mean_test_acc": max(means)}
+
+
+def measure_plugins(out_dir: Path) -> dict:
+    """docs/plugins.md: the quickstart in one process, FedAvg and the FedMedian plugin."""
+    values = {}
+    for label, sets in (("fedavg", []), ("fedmedian", [
+            "defaults.cohort.algorithm=examples/plugins/fedmedian.py:FedMedian"])):
+        got = _launch_values("examples/quickstart.yaml", out_dir / label,
+                             [*sets, f"name=demo-{label}"], extra=["--in-process"])
+        values.update({f"{label}.{k}": v for k, v in got.items() if k.startswith("mean.")
+                       or k == "best_mean_test_acc"})
+    return values
+
+
+def _compare_chfl(out_dir: Path, cohorts: list[str]) -> dict:
+    """bench/compare_chfl.py's table and paired differences to SOLO, as values."""
+    out = out_dir / f"compare_chfl_{'_'.join(cohorts)}.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "compare_chfl.py"), "--cohorts", *cohorts,
+           "--out", str(out)]
+    if cohorts != ["digits"]:
+        cmd += ["--workers", "1"]
+    print("$ " + " ".join(cmd[1:]), flush=True)
+    rc, _, text = run_cmd(cmd, 7200)
+    if rc != 0:
+        raise RuntimeError(f"compare_chfl.py exited with status {rc}:\n{text[-2000:]}")
+    runs = json.loads(out.read_text())["runs"]
+    values = {}
+    for cohort in cohorts:
+        for labels in ("IID", "non-IID"):
+            acc = {m: {r["seed"]: r["best_mean_test_acc"] for r in runs
+                       if (r["cohort"], r["partition"], r["method"]) == (cohort, labels, m)}
+                   for m in METHODS}
+            for m, by_seed in acc.items():
+                key = f"{cohort}/{labels}/{m}"
+                values[f"{key}.mean"] = statistics.mean(by_seed.values())
+                values[f"{key}.std"] = statistics.stdev(by_seed.values())
+                if m != "solo":
+                    diff = [by_seed[s] - acc["solo"][s] for s in by_seed]
+                    values[f"{key}-solo.mean"] = statistics.mean(diff)
+                    values[f"{key}-solo.std"] = statistics.stdev(diff)
+                    values[f"{key}-solo.count"] = sum(d >= -1e-12 for d in diff)
+    return values
+
+
+def measure_compare_chfl_tabular(out_dir: Path) -> dict:
+    return _compare_chfl(out_dir, ["breast_cancer", "wine"])
+
+
+def measure_compare_chfl_digits(out_dir: Path) -> dict:
+    return _compare_chfl(out_dir, ["digits"])
+
+
+# ----------------------------------------------------------------------------- the quotes
+
+README_TABLE = "spawns 4 peers on CPU"
+
+
+def _quickstart_quotes() -> list[Quote]:
+    quotes = [Quote("README.md", f"{row}.{key}", anchor=README_TABLE, row=row, column=col,
+                    tolerance=0.02 if key == "sent_mb" else 0.0)
+              for row in ("p0", "mean")
+              for col, key in (("test acc", "test_acc"), ("global acc", "global_acc"),
+                               ("best global", "best_global_acc"), ("sent MB", "sent_mb"))]
+    quotes.append(Quote("README.md", "best_mean_test_acc", anchor=README_TABLE,
+                        pattern=r"best mean test acc over rounds[^:]*: " + NUMBER))
+    return quotes
+
+
+CHFL_RESULTS = "Best mean test accuracy (%) over rounds, mean ± std over 5 seeds"
+CHFL_PAIRED = "The same runs as paired differences to SOLO"
+COHORT_ROWS = {"breast_cancer": "breast-cancer", "wine": "wine", "digits": "digits"}
+METHODS = ["solo", "avg", "avgkd", "chfl"]  # the tables' method columns, in order
+
+
+def _chfl_table_quotes(cohorts: list[str]) -> list[Quote]:
+    """docs/chfl.md's two results tables: a row is (cohort, labels), a column a method
+    (the paired table has no SOLO column); a cell reads ``95.70 ± 1.87`` or
+    ``+0.00 ± 0.58 (3/5)``."""
+    quotes = []
+    for cohort in cohorts:
+        for labels in ("IID", "non-IID"):
+            anchor_row = f"| {COHORT_ROWS[cohort]} | {labels} |"
+            for i, m in enumerate(METHODS):
+                key = f"{cohort}/{labels}/{m}"
+                cell = rf"{re.escape(anchor_row)}(?:[^|\n]*\|){{{i}}}[^|\n]*?"
+                quotes.append(Quote("docs/chfl.md", f"{key}.mean", anchor=CHFL_RESULTS, scale=100,
+                                    pattern=cell + r"\*{0,2}" + NUMBER + " ±"))
+                quotes.append(Quote("docs/chfl.md", f"{key}.std", anchor=CHFL_RESULTS, scale=100,
+                                    pattern=cell + r"± " + NUMBER))
+                if m == "solo":
+                    continue
+                cell = rf"{re.escape(anchor_row)}(?:[^|\n]*\|){{{i - 1}}}[^|\n]*?"
+                quotes.append(Quote("docs/chfl.md", f"{key}-solo.mean", anchor=CHFL_PAIRED, scale=100,
+                                    pattern=cell + NUMBER + " ±"))
+                quotes.append(Quote("docs/chfl.md", f"{key}-solo.std", anchor=CHFL_PAIRED, scale=100,
+                                    pattern=cell + r"± " + NUMBER))
+                quotes.append(Quote("docs/chfl.md", f"{key}-solo.count", anchor=CHFL_PAIRED,
+                                    pattern=cell + r"\(" + NUMBER + "/5"))
+    return quotes
+
+
+CHECKS = [
+    Check("quickstart", "hfl-launch examples/quickstart.yaml", measure_quickstart,
+          _quickstart_quotes() + [
+              Quote("docs/plugins.md", k, anchor="| run | peers |", row="fedavg", column=col)
+              for k, col in (("mean.test_acc", "test acc"), ("mean.global_acc", "global acc"),
+                             ("best_mean_test_acc", "best mean test acc"))],
+          fast=True, minutes=0.2),
+    Check("chfl_tabular", "hfl-launch examples/chfl_tabular.yaml", measure_chfl_tabular,
+          [Quote("docs/chfl.md", "best_mean_test_acc",
+                 pattern=r"chfl_tabular\.yaml`\s+gives best mean test accuracy " + NUMBER)],
+          fast=True, minutes=0.3),
+    Check("chfl_simulated", "examples/chfl_tabular.yaml in hfl.algorithms.simulate "
+          "(bench/compare_chfl.py's in-process path, seed 0)", measure_chfl_simulated,
+          [Quote("docs/chfl.md", "best_mean_test_acc",
+                 pattern=NUMBER + r", the simulated seed-0 number")],
+          fast=True, minutes=0.2),
+    Check("chfl_digits", "hfl-launch examples/chfl_digits.yaml", measure_chfl_digits,
+          [Quote("docs/chfl.md", "best_mean_test_acc",
+                 pattern=r"chfl_digits\.yaml`\s+gives " + NUMBER)], minutes=1.5),
+    Check("plugins", "hfl-launch examples/quickstart.yaml --in-process, with fedavg and with "
+          "examples/plugins/fedmedian.py:FedMedian (docs/plugins.md)", measure_plugins,
+          [Quote("docs/plugins.md", f"{run}.{k}", anchor="| run | peers |", row=run, column=col,
+                 tolerance=0.02 if k.endswith("sent_mb") else 0.0)
+           for run in ("fedavg", "fedmedian")
+           for k, col in (("mean.test_acc", "test acc"), ("mean.global_acc", "global acc"),
+                          ("best_mean_test_acc", "best mean test acc"), ("mean.sent_mb", "sent MB"))],
+          minutes=0.5),
+    Check("compare_chfl_tabular", "python bench/compare_chfl.py --cohorts breast_cancer wine "
+          "--workers 1", measure_compare_chfl_tabular, _chfl_table_quotes(["breast_cancer", "wine"]),
+          minutes=1.5),
+    Check("compare_chfl_digits", "python bench/compare_chfl.py --cohorts digits",
+          measure_compare_chfl_digits, _chfl_table_quotes(["digits"]), minutes=32),
+]
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run_check(check: Check, out_dir: Path, write: bool) -> Result:
+    result = Result(check.name)
+    found: list[Found] = []
+    for q in check.quotes:
+        try:
+            found.append(find(q, (ROOT / q.doc).read_text()))
+        except LookupError as err:
+            result.missing.append(f"{q.doc}: {q.key}: {err}")
+    if result.missing:
+        return result
+    try:
+        values = check.measure(out_dir / check.name)
+    except Exception as exc:  # noqa: BLE001 - reported, the other checks go on
+        result.failed = f"{type(exc).__name__}: {exc}"
+        return result
+    edits: dict[str, list[tuple[Found, str]]] = {}
+    for f in found:
+        if f.quote.key not in values:
+            result.missing.append(f"{f.quote.doc}:{f.line}: {f.quote.key}: not measured")
+            continue
+        new = compare(f, values[f.quote.key])
+        if new is None:
+            result.same += 1
+            continue
+        result.moved.append(f"{f.quote.doc}:{f.line}: {f.quote.key}: the doc says {f.text}, "
+                            f"`{check.command}` gives {new}")
+        edits.setdefault(f.quote.doc, []).append((f, new))
+    if write:
+        for doc, changes in edits.items():
+            text = (ROOT / doc).read_text()
+            for f, new in sorted(changes, key=lambda c: -c[0].start):
+                text = text[: f.start] + new + text[f.end:]
+            (ROOT / doc).write_text(text)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fast", action="store_true", help="only the fast checks (about 30 s)")
+    ap.add_argument("--only", nargs="+", choices=[c.name for c in CHECKS], metavar="CHECK")
+    ap.add_argument("--write", action="store_true", help="rewrite moved numbers in the docs")
+    ap.add_argument("--list", action="store_true", help="list the checks and their quotes")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "runs" / "bench" / "docs_numbers")
+    args = ap.parse_args(argv)
+    checks = [c for c in CHECKS if (not args.only or c.name in args.only) and (c.fast or not args.fast)]
+    if args.list:
+        for c in checks:
+            print(f"{c.name} ({'fast, ' if c.fast else ''}~{c.minutes:g} min): {c.command}")
+            for q in c.quotes:
+                print(f"    {q.doc}: {q.key}")
+        return 0
+    t0 = time.perf_counter()
+    results = []
+    for c in checks:
+        print(f"== {c.name}: {c.command}", flush=True)
+        r = run_check(c, args.out_dir, args.write)
+        results.append(r)
+        for line in r.moved:
+            print(f"  MOVED {line}")
+        for line in r.missing:
+            print(f"  QUOTE NOT FOUND {line}")
+        if r.failed:
+            print(f"  FAILED {r.failed}")
+        print(f"  {r.same} quote(s) hold, {len(r.moved)} moved", flush=True)
+    moved = sum(len(r.moved) for r in results)
+    broken = [r.check for r in results if r.missing or r.failed]
+    print(f"\n{sum(r.same for r in results)} quoted number(s) hold, {moved} moved"
+          + (" (rewritten in the docs)" if moved and args.write else "")
+          + (f"; broken checks: {', '.join(broken)}" if broken else "")
+          + f" ({time.perf_counter() - t0:.0f} s)")
+    return 2 if broken else 1 if moved and not args.write else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
