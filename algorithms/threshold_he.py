@@ -248,6 +248,8 @@ class KeyShare:
         pub = self.public
         if not isinstance(sender, str) or sender not in pub.parties:
             return f"{sender!r} holds no key share"
+        if len(pub.verify_keys) != len(pub.parties):
+            return "this key has no verification keys (an older dealer's)"
         if not _is_round(round) or not isinstance(ct_digest, str):
             return "round must be a 64-bit int and ct_digest a str"
         if not isinstance(signature, str) or len(signature) != 2 * SIGNATURE_BYTES:
