@@ -50,13 +50,16 @@ def make(name: str, peer: str = "p0", n: int = 60, hidden=(16,), **cfg):
     return cls(ctx, cls.Config(**cfg))
 
 
+def write_keys(path: Path, parties: int, threshold: int = 3) -> str:
+    _, shares = he.keygen([f"p{i}" for i in range(parties)], threshold=threshold, bits=512)
+    for s in shares:
+        s.save(path / f"{s.party}.json")
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def key_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("keys")
-    _, shares = he.keygen([f"p{i}" for i in range(4)], threshold=3, bits=512)
-    for s in shares:
-        s.save(path / f"{s.public.parties[s.index - 1]}.json")
-    return str(path)
+    return write_keys(tmp_path_factory.mktemp("keys"), 4)
 
 
 # ------------------------------------------------------------------ pure math
@@ -408,11 +411,7 @@ def test_a_replayed_or_renamed_attested_ciphertext_is_refused(key_dir, caplog):
 
 @pytest.fixture(scope="module")
 def key_dir5(tmp_path_factory):
-    path = tmp_path_factory.mktemp("keys5")
-    _, shares = he.keygen([f"p{i}" for i in range(5)], threshold=3, bits=512)
-    for s in shares:
-        s.save(path / f"{s.party}.json")
-    return str(path)
+    return write_keys(tmp_path_factory.mktemp("keys5"), 5)
 
 
 def cohort5(key_dir5):
@@ -450,6 +449,19 @@ def refused_by_every_honest_peer(algs, round: int, aggregator: str, forged: Payl
     return caplog.text
 
 
+def own_factor_is_refused(algs, round: int, agg, others, ct, proof, caplog) -> Payload:
+    """The aggregator ``agg`` lists ``others``' genuine factors and, signed by itself,
+    ``ct`` with ``proof`` as its own: every honest peer leaves that factor out (its proof
+    does not verify) and refuses the product of the two left (< m_min = 3)."""
+    me = agg.ctx.peer_id
+    forged = result_of(agg, round, [*others, (me, ct, proof, agg.key.attest(round, he.digest(ct)))])
+    text = refused_by_every_honest_peer(algs, round, me, forged, caplog)
+    assert text.count(f"factor of '{me}' left out of the product: the proof of plaintext "
+                      "knowledge does not verify") == 4
+    assert text.count("1 factor(s) left out: 2 contributor(s) < m_min = 3") == 4
+    return forged
+
+
 def test_the_aggregators_cancelling_factor_is_refused_by_every_honest_peer(key_dir5, caplog):
     """Issue 32, 1: p1 lists [p0, p2, p1] with its own factor ct(p2)^-1 * Enc(offsets), so
     that the product decrypts to p0's release alone. It signs its factor (it may) and
@@ -460,15 +472,11 @@ def test_the_aggregators_cancelling_factor_is_refused_by_every_honest_peer(key_d
     two_offsets = 2 * agg.scheme.packer.quantize(np.zeros(agg.num_values))  # 3 summands' offsets
     offsets, proof = agg.scheme.encrypt(two_offsets, 1, "p1")
     cancel = ct_combine(agg.scheme, [payloads["p2"].tensors["ct"], offsets], [-1, 1])
-    forged = result_of(agg, 1, [factor_of(payloads["p0"], "p0"), factor_of(payloads["p2"], "p2"),
-                                ("p1", cancel, proof, agg.key.attest(1, he.digest(cancel)))])
+    forged = own_factor_is_refused(algs, 1, agg, [factor_of(payloads["p0"], "p0"),
+                                                  factor_of(payloads["p2"], "p2")], cancel, proof, caplog)
     # the attack is real: with 3 shares the product is p0's release (the oracle)
     alone = decrypt_directly(key_dir5, payloads["p0"].tensors["ct"], 1, agg.num_values)
     np.testing.assert_allclose(decrypt_directly(key_dir5, forged.tensors["ct"], 3, agg.num_values), alone)
-    text = refused_by_every_honest_peer(algs, 1, "p1", forged, caplog)
-    assert text.count("factor of 'p1' left out of the product: the proof of plaintext "
-                      "knowledge does not verify") == 4
-    assert text.count("1 factor(s) left out: 2 contributor(s) < m_min = 3") == 4
 
 
 def test_an_old_ciphertext_folded_into_the_aggregators_factor_is_refused_by_every_honest_peer(
@@ -484,14 +492,10 @@ def test_an_old_ciphertext_folded_into_the_aggregators_factor_is_refused_by_ever
     offsets, proof = agg.scheme.encrypt(two_offsets, 2, "p2")
     folded = ct_combine(agg.scheme, [new["p0"].tensors["ct"], new["p3"].tensors["ct"], old, offsets],
                         [-1, -1, 1, 1])
-    forged = result_of(agg, 2, [factor_of(new["p0"], "p0"), factor_of(new["p3"], "p3"),
-                                ("p2", folded, proof, agg.key.attest(2, he.digest(folded)))])
+    forged = own_factor_is_refused(algs, 2, agg, [factor_of(new["p0"], "p0"), factor_of(new["p3"], "p3")],
+                                   folded, proof, caplog)
     np.testing.assert_allclose(decrypt_directly(key_dir5, forged.tensors["ct"], 3, agg.num_values),
                                decrypt_directly(key_dir5, old, 1, agg.num_values))
-    text = refused_by_every_honest_peer(algs, 2, "p2", forged, caplog)
-    assert text.count("factor of 'p2' left out of the product: the proof of plaintext "
-                      "knowledge does not verify") == 4
-    assert text.count("1 factor(s) left out: 2 contributor(s) < m_min = 3") == 4
 
 
 @pytest.mark.parametrize("source", ["another member", "another round"])
@@ -506,13 +510,8 @@ def test_a_factor_reused_with_its_proof_is_refused_by_every_honest_peer(key_dir5
     new = {a.ctx.peer_id: a.share(2) for a in algs}
     agg = algs[2]
     reused = new["p3"] if source == "another member" else old["p2"]
-    ct, proof = reused.tensors["ct"], reused.tensors["ct_proof"]
-    forged = result_of(agg, 2, [factor_of(new["p0"], "p0"), factor_of(new["p3"], "p3"),
-                                ("p2", ct, proof, agg.key.attest(2, he.digest(ct)))])
-    text = refused_by_every_honest_peer(algs, 2, "p2", forged, caplog)
-    assert text.count("factor of 'p2' left out of the product: the proof of plaintext "
-                      "knowledge does not verify") == 4
-    assert text.count("1 factor(s) left out: 2 contributor(s) < m_min = 3") == 4
+    own_factor_is_refused(algs, 2, agg, [factor_of(new["p0"], "p0"), factor_of(new["p3"], "p3")],
+                          reused.tensors["ct"], reused.tensors["ct_proof"], caplog)
 
 
 def test_a_member_whose_proof_is_for_another_round_is_left_out_by_every_peer_and_the_others_still_sum(
