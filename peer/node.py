@@ -434,6 +434,16 @@ class Node:
                         clip(msg.reason, 300))
         self._wakeup.set()
 
+    def allow_list_changed(self, allowed: frozenset[str], removed: frozenset[str]) -> None:
+        """The transport reloaded the CURVE allow-list: only ``allowed`` may be members
+        from now on, and each peer ``removed`` from it stops being one at once."""
+        self.allowed_peers = self.core.allowed_peers = allowed
+        for peer in sorted(removed):
+            m = self.membership.members.get(peer)
+            if m is not None and self.membership.left(peer, m.incarnation):
+                log.warning("%s: %s removed from the allow-list: no longer a member", self.id, peer)
+                self._wakeup.set()
+
     def _log_change(self, change) -> None:
         # A join is one line per member and peer: a million lines for a thousand peers
         # (with swim), so those go to debug there; every other change is news.
@@ -585,6 +595,8 @@ class Node:
     async def _tick(self, tick: int) -> None:
         mem = self.membership
         self.transport.housekeeping()
+        if (allow_list := self.transport.take_allow_list_change()) is not None:
+            self.allow_list_changed(*allow_list)
         for change in mem.tick(self.clock.now()):
             log.warning("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
                         change.reason)

@@ -64,6 +64,7 @@ class CurveIdentity:
     public_key: bytes  # Z85, 40 bytes
     secret_key: bytes = field(repr=False)  # Z85, 40 bytes; never logged
     allowed: dict[str, bytes] = field(default_factory=dict)  # peer id -> Z85 public key
+    allow_list_path: str | None = None  # where ``allowed`` came from: reread on change / SIGHUP
 
     def peer_of(self, public_key: bytes) -> str | None:
         """The peer id an allow-listed public key belongs to, or None."""
@@ -251,7 +252,22 @@ def load_identity(peer_id: str, key_file: str | Path, allow_list: str | Path) ->
             if peer_id in allowed else f"{allow_list} does not list this peer ({peer_id})",
             "allow_list",
         )
-    return CurveIdentity(peer_id, public, secret, allowed)
+    return CurveIdentity(peer_id, public, secret, allowed, str(allow_list))
+
+
+def reread_allow_list(identity: CurveIdentity) -> dict[str, bytes]:
+    """The allow-list file of ``identity`` as it is now; SecurityError when it cannot be
+    used (unreadable, malformed, or no longer listing this peer with its own key), so
+    that a half-written or mistaken edit never locks the peer out of its cohort."""
+    path = identity.allow_list_path
+    try:
+        allowed = parse_allow_list(Path(path).read_text(), str(path))
+    except OSError as exc:
+        raise SecurityError(f"cannot read {path}: {exc.strerror}", "allow_list") from None
+    if allowed.get(identity.peer_id) != identity.public_key:
+        raise SecurityError(f"{path} no longer lists this peer ({identity.peer_id}) with its own "
+                            "public key", "allow_list")
+    return allowed
 
 
 # ----------------------------------------------------------------------------- ZAP
@@ -366,16 +382,20 @@ def dial_refusal(event: int, value: int, curve: bool, our_id: str,
                                 f"none: {_SAME_MODE}"), False
 
 
-def make_authenticator(context, identity: CurveIdentity, refusals: RefusalLog | None = None):
+def make_authenticator(context, identity, refusals: RefusalLog | None = None):
     """A started ZAP handler (a thread of ``context``) that admits allow-listed keys only.
 
-    The User-Id of an admitted connection is the peer id its key belongs to;
-    every refusal goes to ``refusals`` (rate-limited) with the client's address and
-    the (truncated) key, never with a secret.
+    ``identity`` is a :class:`CurveIdentity` or a function returning the current one
+    (the transport's, whose allow-list is reloaded on change): every handshake asks
+    the allow-list of that moment. The User-Id of an admitted connection is
+    ``<peer id> <its public key>`` (:func:`user_id`), so that a connection made with a
+    key removed since can be told apart (:func:`split_user_id`); every refusal goes to
+    ``refusals`` (rate-limited) with the client's address and the key, never a secret.
     """
     import zmq.auth.thread
 
-    refusals = refusals or RefusalLog(identity.peer_id)
+    current = identity if callable(identity) else (lambda: identity)
+    refusals = refusals or RefusalLog(current().peer_id)
 
     class AllowListAuthenticator(zmq.auth.thread.ThreadAuthenticator):
         zap_address = "?"
@@ -388,13 +408,15 @@ def make_authenticator(context, identity: CurveIdentity, refusals: RefusalLog | 
         def curve_user_id(self, client_public_key: bytes) -> str:
             import zmq.utils.z85
 
-            return identity.peer_of(zmq.utils.z85.encode(client_public_key)) or ""
+            key = zmq.utils.z85.encode(client_public_key)
+            peer = current().peer_of(key)
+            return user_id(peer, key) if peer else ""
 
     auth = AllowListAuthenticator(context, log=logging.getLogger("hfl.peer.zap"))
 
     class _AllowList:
         def callback(self, domain: str, key: bytes) -> bool:
-            peer = identity.peer_of(key)
+            peer = current().peer_of(key)
             if peer is None:
                 shown = key[:8].decode(errors="replace")
                 refusals.refused("unknown_key", f"{auth.zap_address} (key {shown}...)",
@@ -408,6 +430,17 @@ def make_authenticator(context, identity: CurveIdentity, refusals: RefusalLog | 
     auth.start()
     auth.configure_curve_callback(ZAP_DOMAIN, _AllowList())
     return auth
+
+
+def user_id(peer: str, key: bytes) -> str:
+    """The User-Id the ZAP handler gives a connection: its peer id and the key it proved."""
+    return f"{peer} {key.decode()}"
+
+
+def split_user_id(value: str) -> tuple[str, bytes]:
+    """(peer id, public key) of a connection's User-Id (see :func:`user_id`)."""
+    peer, _, key = value.partition(" ")
+    return peer, key.encode()
 
 
 def split_bootstrap(entry: str) -> tuple[str | None, str]:

@@ -20,8 +20,14 @@ duplicate, reorder, partition) on the send path.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import random
+import signal
+import threading
+import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,6 +60,8 @@ class TransportOptions:
     reconnect_ivl_ms: int = 100  # first reconnect attempt after a dropped link...
     reconnect_ivl_max_ms: int = 2000  # ...then exponential backoff up to this
     linger_ms: int = 0  # never block process exit on unsent messages
+    redial_min_s: float = 0.25  # a link refused by its peer is dialled again after this...
+    redial_max_s: float = 2.0  # ...doubling (with jitter) up to this, until admitted
     inbox_size: int = 10000  # in-memory transport: bounded receive queue
 
 
@@ -89,6 +97,11 @@ class Transport(ABC):
         logged, e.g. our key is not on its allow-list), or None if nothing refused it."""
         return None
 
+    def take_allow_list_change(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        """(the peers now allowed, the peers removed) when the allow-list was reloaded
+        since the last call (see ZmqTransport), else None."""
+        return None
+
     def housekeeping(self) -> None:  # noqa: B027 - optional hook
         """Periodic chores (the node calls it every heartbeat): e.g. report the
         refused connections counted over the last minute."""
@@ -119,6 +132,16 @@ class ZmqTransport(Transport):
     ``IMMEDIATE`` on the DEALER means nothing is queued for a peer that is not
     connected (or not yet authenticated), so a send to a dead peer fails fast
     instead of delivering stale knowledge minutes later.
+
+    The allow-list is reread while the peer runs: when its file changes (checked on
+    every :meth:`housekeeping`, i.e. every heartbeat tick) or on SIGHUP. A key added
+    is admitted at its next handshake; a key removed (or replaced) is cut off at once:
+    our links to that peer are closed, nothing more is sent to it, and every message
+    still arriving on a connection it made with that key is dropped (each connection
+    carries the key it proved, see ``security.user_id``); the node ends its membership
+    (:meth:`take_allow_list_change`). A link the other side refused is dialled again
+    with backoff (``redial_min_s`` doubling to ``redial_max_s``, with jitter) for as
+    long as we send to it, so a peer admitted later joins without a restart.
     """
 
     def __init__(self, peer_id: str, address: str, options: TransportOptions | None = None,
@@ -134,15 +157,22 @@ class ZmqTransport(Transport):
         self.dial_refusals = None  # ... and handshakes refused to our own links
         self._dial_failures: dict[str, str] = {}  # address -> why it refused us (last cause)
         self._send_errors: set[tuple[str, str]] = set()  # (address, error) already logged
-        # Per outgoing link until its first handshake succeeds: the task watching its
-        # monitor socket, and that socket (closed here too: a task cancelled before it
-        # ever ran never reaches its finally, and an open socket blocks the context's term).
+        # Per outgoing link for its life: the task watching its handshakes on its monitor
+        # socket, and that socket (closed here too: a task cancelled before it ever ran
+        # never reaches its finally, and an open socket blocks the context's term).
         self._dial_monitors: dict[tuple[str, str | None], tuple[asyncio.Task, object]] = {}
         self._router_monitor = None
         # One DEALER per (address, peer it must authenticate as): a member that claims
         # another's address gets a link of its own, never replaces the real one.
         self._dealers: dict[tuple[str, str | None], object] = {}  # -> asyncio DEALER
         self._senders: dict[tuple[str, str | None], object] = {}  # -> its blocking shadow
+        # Links the other side refused: refusals in a row, and when to dial again.
+        self._refused: dict[tuple[str, str | None], int] = {}
+        self._redial_at: dict[tuple[str, str | None], float] = {}
+        self._jitter = random.Random(f"redial:{peer_id}")
+        self._allow_list_stamp = None  # (mtime_ns, size, inode) of the allow-list file
+        self._reload_asked = False  # SIGHUP
+        self._allow_change: tuple[frozenset[str], frozenset[str]] | None = None
 
     async def start(self) -> None:
         import zmq
@@ -160,8 +190,12 @@ class ZmqTransport(Transport):
             # The ZAP handler runs before the first bind: no connection is ever
             # admitted without it (fail-closed).
             self.refusals = RefusalLog(self.peer_id)
-            self._auth = make_authenticator(zmq.Context.shadow(self._ctx.underlying), self.security,
-                                            self.refusals)
+            # Asks for the allow-list of the moment at every handshake (it is reloaded).
+            self._auth = make_authenticator(zmq.Context.shadow(self._ctx.underlying),
+                                            lambda: self.security, self.refusals)
+            if self.security.allow_list_path:
+                self._allow_list_stamp = _file_stamp(self.security.allow_list_path)
+                _on_sighup(self)
             router.curve_server = True
             router.curve_publickey = self.security.public_key
             router.curve_secretkey = self.security.secret_key
@@ -224,8 +258,12 @@ class ZmqTransport(Transport):
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
                 if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    # Watched on: a later reconnection (the other side restarted, or
+                    # revoked our key) can be refused too, and libzmq then gives up.
                     self._dial_failures.pop(address, None)
-                    return
+                    self._refused.pop(key, None)
+                    broken = 0
+                    continue
                 kind, detail, final = dial_refusal(event["event"], event["value"],
                                                    curve=self.security is not None,
                                                    our_id=self.peer_id, our_public_key=our_key)
@@ -235,6 +273,11 @@ class ZmqTransport(Transport):
                 self._dial_failures[address] = f"{target} refused our connection: {detail}"
                 self.dial_refusals.refused(kind, target, detail)
                 if final and self._dealers.get(key) is sock:
+                    # Dial afresh at the next send, after a backoff with jitter.
+                    n = self._refused[key] = self._refused.get(key, 0) + 1
+                    o = self.options
+                    wait_s = min(o.redial_max_s, o.redial_min_s * 2 ** (n - 1))
+                    self._redial_at[key] = time.monotonic() + wait_s * self._jitter.uniform(0.5, 1.0)
                     self._close_dealer(key, watch=False)
                     return
         finally:
@@ -251,12 +294,55 @@ class ZmqTransport(Transport):
         for refusals in (self.refusals, self.dial_refusals):
             if refusals is not None:
                 refusals.flush()
+        if self.security is not None and self.security.allow_list_path and self._router is not None:
+            stamp = _file_stamp(self.security.allow_list_path)
+            if stamp != self._allow_list_stamp or self._reload_asked:
+                self._allow_list_stamp, self._reload_asked = stamp, False
+                self.reload_allow_list()
+
+    def reload_allow_list(self) -> bool:
+        """Reread the allow-list file now; True when it changed who is allowed. A file
+        that cannot be used (half written, malformed, no longer listing this peer) is
+        reported and the list in force stays."""
+        from hfl.peer.security import SecurityError, reread_allow_list
+
+        try:
+            allowed = reread_allow_list(self.security)
+        except SecurityError as exc:
+            log.warning("%s: allow-list not reloaded, the one in force stays: %s", self.peer_id, exc)
+            return False
+        old = self.security.allowed
+        added = sorted(p for p, k in allowed.items() if old.get(p) != k)
+        cut = {p for p, k in old.items() if allowed.get(p) != k}  # removed, or given a new key
+        if not added and not cut:
+            return False
+        self.security = dataclasses.replace(self.security, allowed=allowed)
+        for key in [k for k in self._dealers if k[1] in cut]:
+            self._close_dealer(key)
+        removed = frozenset(p for p in cut if p not in allowed)
+        earlier = self._allow_change[1] if self._allow_change else frozenset()
+        self._allow_change = (frozenset(allowed), (earlier | removed) - set(allowed))
+        log.warning("%s: allow-list %s reloaded: %s", self.peer_id, self.security.allow_list_path,
+                    "; ".join(part for part in (
+                        "admitted " + ", ".join(p for p in added if p not in old) if any(
+                            p not in old for p in added) else "",
+                        "new key for " + ", ".join(p for p in added if p in old) if any(
+                            p in old for p in added) else "",
+                        "removed " + ", ".join(sorted(removed)) + " (links closed, its "
+                        "messages dropped)" if removed else "") if part))
+        return True
+
+    def take_allow_list_change(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        change, self._allow_change = self._allow_change, None
+        return change
 
     def _dealer(self, address: str, peer_id: str | None):
         import zmq
 
         key = (address, peer_id if self.security is not None else None)
         sock = self._dealers.get(key)
+        if sock is None and self._redial_at.get(key, 0.0) > time.monotonic():
+            raise zmq.Again()  # refused a moment ago: dial again after the backoff
         if sock is None:
             o = self.options
             server_key = None
@@ -344,9 +430,16 @@ class ZmqTransport(Transport):
             if len(parts) < 2:  # an identity frame alone: nothing to deliver
                 continue
             if self.security is not None:
-                # The peer id of the key that authenticated this connection (ZAP User-Id).
-                identity = parts[1].get("User-Id") or ""
+                from hfl.peer.security import split_user_id
+
+                # The peer id and key that authenticated this connection (ZAP User-Id).
+                identity, key = split_user_id(parts[1].get("User-Id") or "")
                 if not identity:  # cannot happen past the ZAP handler; never trust it
+                    continue
+                if self.security.allowed.get(identity) != key:
+                    self.refusals.refused(
+                        "revoked_key", identity, "a message on a connection made with a key "
+                        "removed from the allow-list since: dropped")
                     continue
             else:
                 identity = parts[0].bytes.decode("utf-8", errors="replace")
@@ -373,6 +466,7 @@ class ZmqTransport(Transport):
         self._close_dealers(address)
 
     async def close(self) -> None:
+        _on_sighup(self, stop=True)
         watchers = [watcher for watcher, _ in self._dial_monitors.values()]
         self._close_dealers()
         await asyncio.gather(*watchers, return_exceptions=True)
@@ -395,6 +489,38 @@ class ZmqTransport(Transport):
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+
+
+def _file_stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+_HUP_LISTENERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _on_sighup(transport: ZmqTransport, stop: bool = False) -> None:
+    """SIGHUP asks every CURVE transport of this process to reread its allow-list at its
+    next housekeeping (from the main thread's event loop only: signals reach no other)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    if stop:
+        if transport in _HUP_LISTENERS:
+            _HUP_LISTENERS.discard(transport)
+            if not _HUP_LISTENERS:
+                loop.remove_signal_handler(signal.SIGHUP)
+        return
+
+    def asked() -> None:
+        for t in list(_HUP_LISTENERS):
+            t._reload_asked = True
+
+    _HUP_LISTENERS.add(transport)
+    loop.add_signal_handler(signal.SIGHUP, asked)
 
 
 # --------------------------------------------------------------------------- in-memory
@@ -591,6 +717,9 @@ class FaultyTransport(Transport):
 
     def dial_failure(self, address: str) -> str | None:
         return self.inner.dial_failure(address)
+
+    def take_allow_list_change(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        return self.inner.take_allow_list_change()
 
     async def close(self) -> None:
         for task in list(self._delayed):
