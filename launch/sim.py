@@ -58,14 +58,22 @@ class Fault:
     """One scheduled fault: at virtual time ``t``, for ``duration`` seconds."""
 
     t: float
-    kind: str  # crash (then restart), pause, partition, slow
+    # crash (SIGKILL, then restart), leave (SIGTERM: the peer says goodbye; then
+    # restart), pause, partition, slow, rolling (a rolling restart: see below)
+    kind: str
     peers: tuple[str, ...]
     duration: float
     factor: float = 1.0  # slow: how many times slower its compute is
+    # rolling: "term" or "kill". Each of ``peers`` in turn is stopped with that signal
+    # and restarted ``duration`` later; the next is stopped once the last has recorded
+    # a round in its new life (as an operator upgrading a cohort would).
+    signal: str = "term"
 
     def __str__(self) -> str:
         what = {"crash": "SIGKILL, restart after", "pause": "SIGSTOP for",
+                "leave": "SIGTERM (goodbye), restart after",
                 "partition": "cut off from the rest for",
+                "rolling": f"rolling restart with SIG{self.signal.upper()}, each restarted after",
                 "slow": f"{self.factor:.0f}x slower for"}[self.kind]
         return f"t={self.t:.1f}s {','.join(self.peers)}: {what} {self.duration:.1f}s"
 
@@ -123,7 +131,7 @@ def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, fl
     for _attempt in range(200):  # (a short run's budget may fit fewer faults)
         if len(faults) == n_faults:
             break
-        kind = rng.choice(["crash", "crash", "pause", "partition", "slow"])
+        kind = rng.choice(["crash", "crash", "pause", "partition", "slow", "leave"])
         t = round(rng.uniform(1.0, max(1.0, 0.6 * length)), 2)
         if kind == "partition":
             k = rng.randint(1, max(1, len(peers) // 2))
@@ -132,7 +140,7 @@ def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, fl
         elif kind == "slow":
             faults.append(Fault(t, kind, (rng.choice(peers),), duration(1, 4),
                                 factor=rng.choice([3.0, 10.0, 30.0])))
-        else:
+        else:  # crash, leave: down for that long, then restarted from its checkpoint
             faults.append(Fault(t, kind, (rng.choice(peers),), duration(0.2, 3)))
         f = faults[-1]
         hit = peers if f.kind == "partition" else f.peers  # a partition costs both sides
@@ -141,9 +149,44 @@ def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, fl
             continue
         for p in hit:
             budget[p] -= f.duration
+    # One seed in eight also restarts the whole cohort, one peer after another (SIGTERM
+    # or SIGKILL), as an operator upgrading it would: its end depends on the peers.
+    if rng.random() < 0.125:
+        faults.append(Fault(round(rng.uniform(1.0, 0.3 * length), 2), "rolling",
+                            tuple(rng.sample(peers, len(peers))), round(rng.uniform(0.1, 2.0), 2),
+                            signal=rng.choice(["term", "kill"])))
     faults.sort(key=lambda f: (f.t, f.kind, f.peers))
     calm_at = max((f.t + f.duration for f in faults), default=1.0)
     return Scenario(seed, net, faults, timing, calm_at)
+
+
+FAULT_SYNTAX = "KIND:PEERS@T+SECONDS, e.g. leave:p2@6.3+0.5 or rolling-term:all@4+0.3"
+FAULT_KINDS = ("crash", "leave", "pause", "partition", "slow", "rolling-term", "rolling-kill")
+
+
+def parse_fault(text: str, peers: list[str]) -> Fault:
+    """A fault given on the command line (``--fault``): ``KIND:PEERS@T+SECONDS``, where
+    PEERS is ``p1,p3`` or ``all``; ``slow`` takes ``xFACTOR`` after the seconds."""
+    try:
+        kind, rest = text.split(":", 1)
+        who, when = rest.split("@", 1)
+        t, _, duration = when.partition("+")
+        duration, _, factor = duration.partition("x")
+        chosen = tuple(peers) if who == "all" else tuple(who.split(","))
+        fault = Fault(float(t), kind.split("-")[0], chosen, float(duration),
+                      factor=float(factor or 10.0),
+                      signal=kind.split("-")[1] if kind.startswith("rolling-") else "term")
+    except ValueError:
+        raise ValueError(f"{text!r}: expected {FAULT_SYNTAX}") from None
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"{text!r}: kind {kind!r}; allowed: {', '.join(FAULT_KINDS)}")
+    unknown = sorted(set(chosen) - set(peers))
+    if unknown:
+        raise ValueError(f"{text!r}: no peer {', '.join(unknown)}; the cohort is "
+                         f"{', '.join(peers)}")
+    if fault.t < 0 or fault.duration < 0:
+        raise ValueError(f"{text!r}: times must be 0 or more")
+    return fault
 
 
 # =================================================================== invariants
@@ -228,6 +271,28 @@ class Checker:
             else:
                 self.fail("exit", f"{peer}: {outcomes.get(peer)} (simulated t={end_t:.1f}s)")
         return self.violations
+
+    def round_times(self) -> list[float]:
+        """Virtual seconds of each peer's rounds, from the end of its round before in
+        the same life (a first round after a start includes the join)."""
+        last: dict[tuple[str, int], float] = {}
+        out = []
+        for e in self.events:
+            if e["event"] != "round":
+                continue
+            key = (e["peer"], e["incarnation"])
+            if key in last:
+                out.append(e["t"] - last[key])
+            last[key] = e["t"]
+        return out
+
+    def rounds_without_result(self, rounds: int) -> list[int]:
+        """Rounds of 1..rounds that no peer absorbed a result for (aggregator mode with
+        an elected aggregator; else nothing is counted)."""
+        if self.mode != "aggregator" or self.everywhere:
+            return []
+        took = {e["round"] for e in self.events if e["event"] in ("absorbed", "committed")}
+        return [r for r in range(1, rounds + 1) if r not in took]
 
     def _agreement(self) -> None:
         if self.mode != "aggregator" or self.everywhere:
@@ -327,6 +392,9 @@ class SimOptions:
     buggify: bool = False
     compute_s: float = 0.5  # virtual seconds a training call costs
     keep: Path | None = None  # keep run directories here (default: only a failing seed's)
+    #: process faults given by hand (``--fault``, :func:`parse_fault`): they replace the
+    #: seed's drawn ones (the seed still draws the network's rates)
+    faults: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -344,6 +412,17 @@ class SimResult:
     counts: dict[str, int]
     recovery_s: float  # slowest first learning after the calm (the liveness bound's margin)
     bound_s: float
+    #: Each peer's rounds after its first in one life (virtual seconds from the end of
+    #: the round before): what a fault cost, as the worst minus the median.
+    round_s: list[float] = field(default_factory=list)
+    #: Rounds no peer absorbed an aggregator's result for (aggregator mode only).
+    rounds_without_result: list[int] = field(default_factory=list)
+
+    def worst_over_median_s(self) -> float:
+        if not self.round_s:
+            return 0.0
+        ordered = sorted(self.round_s)
+        return ordered[-1] - ordered[len(ordered) // 2]
 
 
 def _configs(opts: SimOptions, root: Path):
@@ -380,6 +459,15 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     base_timing = to_dict(plans[0].config.timing)
     sc = scenario or plan_scenario(seed, ids, opts.rounds, base_timing, opts.buggify,
                                    opts.compute_s)
+    if opts.faults and scenario is None:
+        try:
+            given = sorted((parse_fault(text, ids) for text in opts.faults),
+                           key=lambda f: (f.t, f.kind, f.peers))
+        except ValueError as err:
+            shutil.rmtree(root, ignore_errors=True)
+            raise ConfigError("--fault", str(err)) from None
+        sc = Scenario(seed, sc.network, given, sc.timing,
+                      max((f.t + f.duration for f in given), default=1.0))
     cfgs = {}
     for p in plans:
         data = to_dict(p.config)
@@ -441,29 +529,60 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         except Exception as exc:  # noqa: BLE001 - the outcome is the finding
             outcomes[peer] = f"failed: {type(exc).__name__}: {exc}"
 
+    def stop(peer: str, how: str) -> bool:
+        """SIGKILL (``kill``: no goodbye, nothing written) or SIGTERM (``term``: the
+        runtime's own shutdown, goodbye included, as ``hfl-peer``'s signal handler runs
+        it). False if the peer was not running."""
+        if peer in down or tasks[peer].done():
+            return False
+        down.add(peer)
+        loop.thaw(peer)  # a stopped process gets either signal once it runs again
+        if how == "kill":
+            transports[peer].kill()
+        tasks[peer].cancel()
+        return True
+
+    async def restart(peer: str) -> None:
+        down.discard(peer)
+        if not tasks[peer].done():  # what cancellation runs (a goodbye) must end first
+            await asyncio.wait([tasks[peer]])
+        start(peer)
+        followers.append(asyncio.ensure_future(finish(peer, tasks[peer])))
+
+    async def roll(f: Fault) -> None:
+        """A rolling restart: each peer in turn is stopped and restarted ``f.duration``
+        later; the next goes once the last has recorded a round in its new life (or
+        ended: a peer restarted after the cohort's last round has nothing to run)."""
+        for peer in f.peers:
+            if not stop(peer, f.signal):
+                continue
+            await asyncio.sleep(f.duration)
+            await restart(peer)
+            since = loop.time()
+            while not tasks[peer].done() and not any(
+                    e["event"] == "round" and e["peer"] == peer and e["t"] > since
+                    for e in checker.events[-64:]):
+                await asyncio.sleep(timing.heartbeat_interval_s)
+
     async def conduct() -> None:
         events: list[tuple[float, int, str, Fault]] = []
         for i, f in enumerate(sc.faults):
             events.append((f.t, i, "begin", f))
-            events.append((f.t + f.duration, i, "end", f))
+            if f.kind != "rolling":  # its end depends on the peers
+                events.append((f.t + f.duration, i, "end", f))
         events.sort(key=lambda e: (e[0], e[1], e[2]))
         cuts: dict[int, set] = {}
-        down: set[str] = set()  # killed, to be restarted
+        rolls: list[asyncio.Task] = []
         for t, i, phase, f in events:
             await asyncio.sleep(max(0.0, t - loop.time()))
+            if f.kind == "rolling":
+                rolls.append(asyncio.ensure_future(roll(f)))
+                continue
             for peer in f.peers:
-                if f.kind == "crash" and phase == "begin":
-                    if peer not in down and not tasks[peer].done():
-                        down.add(peer)
-                        loop.thaw(peer)  # SIGKILL ends a stopped process too
-                        transports[peer].kill()
-                        tasks[peer].cancel()
-                elif f.kind == "crash" and peer in down:  # its restart
-                    down.discard(peer)
-                    if not tasks[peer].done():  # what cancellation runs must end first
-                        await asyncio.wait([tasks[peer]])
-                    start(peer)
-                    followers.append(asyncio.ensure_future(finish(peer, tasks[peer])))
+                if f.kind in ("crash", "leave") and phase == "begin":
+                    stop(peer, "kill" if f.kind == "crash" else "term")
+                elif f.kind in ("crash", "leave") and peer in down:  # its restart
+                    await restart(peer)
                 elif f.kind == "pause" and phase == "begin":
                     loop.freeze(peer, t + f.duration)
                 elif f.kind == "slow" and phase == "begin":
@@ -475,12 +594,19 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
                     cuts[i] = net.partition(list(f.peers), [p for p in ids if p not in f.peers])
                 else:
                     net.heal(cuts.pop(i))
-        await asyncio.sleep(max(0.0, sc.calm_at - loop.time()))
+        for r in rolls:
+            await r  # a failure of the schedule itself is loud
+        calm[0] = max(sc.calm_at, loop.time())
+        await asyncio.sleep(max(0.0, calm[0] - loop.time()))
         net.faults = NetworkFaults(latency_s=sc.network.latency_s)  # calm from here on
 
     followers: list[asyncio.Future] = []
     bad_config: list[ConfigError] = []
-    limit = (sc.calm_at + bound + opts.rounds * (timing.round_timeout_s + timing.aggregate_grace_s)
+    down: set[str] = set()  # stopped, to be restarted
+    calm = [sc.calm_at]  # a rolling restart's end is known only once it has played out
+    rolling = sum(len(f.peers) * (f.duration + timing.round_timeout_s + timing.aggregate_grace_s)
+                  for f in sc.faults if f.kind == "rolling")
+    limit = (sc.calm_at + rolling + bound + opts.rounds * (timing.round_timeout_s + timing.aggregate_grace_s)
              + timing.join_timeout_s)
 
     async def main() -> None:
@@ -529,7 +655,7 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     if bad_config:
         shutil.rmtree(root, ignore_errors=True)
         raise bad_config[0]
-    violations = checker.check({p: Path(cfgs[p].run_dir) for p in ids}, outcomes, sc.calm_at, end_t)
+    violations = checker.check({p: Path(cfgs[p].run_dir) for p in ids}, outcomes, calm[0], end_t)
     h = hashlib.sha256(net.digest().encode())
     for e in checker.events:
         h.update(json.dumps(e, sort_keys=True, default=str).encode())
@@ -545,7 +671,8 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         peer_rounds=sum(1 for e in checker.events if e["event"] == "round"),
         simulated_s=end_t, wall_s=time.perf_counter() - wall0, delivered=net.delivered,
         scenario=sc, run_dir=kept, outcomes=outcomes, counts=dict(net.counts),
-        recovery_s=checker.recovery_s, bound_s=bound)
+        recovery_s=checker.recovery_s, bound_s=bound, round_s=checker.round_times(),
+        rounds_without_result=checker.rounds_without_result(opts.rounds))
 
 
 class _LoopClock:
@@ -624,6 +751,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="experiment override, as hfl-launch --set")
     ap.add_argument("--keep", type=Path, help="keep every seed's run directories here")
+    ap.add_argument("--fault", action="append", default=[], metavar="KIND:PEERS@T+SECONDS",
+                    help="a process fault by hand, replacing the seed's drawn ones (repeatable): "
+                         f"{FAULT_SYNTAX}; kinds: {', '.join(FAULT_KINDS)}")
     ap.add_argument("--quiet", action="store_true", help="only violations and the summary")
     args = ap.parse_args(argv)
     if args.peers < 2:
@@ -633,13 +763,15 @@ def main(argv: list[str] | None = None) -> int:
     from hfl.peer.configtools import ConfigError
 
     opts = SimOptions(experiment=args.experiment, overrides=args.set, peers=args.peers,
-                      rounds=args.rounds, buggify=args.buggify, keep=args.keep)
+                      rounds=args.rounds, buggify=args.buggify, keep=args.keep,
+                      faults=args.fault)
     seeds = [args.seed] if args.seed is not None else args.seeds
     t0 = time.perf_counter()
     ran = peer_rounds = 0
     failing: list[SimResult] = []
     crashed: list[int] = []  # seeds on which the simulator itself raised
     worst: SimResult | None = None  # the slowest recovery relative to its bound
+    stall: SimResult | None = None  # the worst round over its seed's median round
     try:
         for seed in seeds:
             if args.minutes is not None and time.perf_counter() - t0 > args.minutes * 60:
@@ -658,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
             peer_rounds += res.peer_rounds
             if worst is None or res.recovery_s / res.bound_s > worst.recovery_s / worst.bound_s:
                 worst = res
+            if stall is None or res.worst_over_median_s() > stall.worst_over_median_s():
+                stall = res
             if res.violations:
                 failing.append(res)
                 print(f"seed {seed}: {len(res.violations)} violation(s), history {res.history}",
@@ -686,6 +820,11 @@ def main(argv: list[str] | None = None) -> int:
     if worst is not None:
         print(f"slowest recovery after the last fault: {worst.recovery_s:.1f} s of a "
               f"{worst.bound_s:.1f} s bound (seed {worst.seed})")
+    if stall is not None:
+        print(f"worst round over its seed's median round: {stall.worst_over_median_s():.1f} s "
+              f"(seed {stall.seed}"
+              + (f"; rounds with no result: {stall.rounds_without_result}"
+                 if stall.rounds_without_result else "") + ")")
     return 1 if failing or crashed else 0
 
 

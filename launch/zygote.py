@@ -102,10 +102,11 @@ def _peer_main(config_path: str, env: dict[str, str], log_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     os.environ.update(env)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked in the template
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    from hfl.peer.cli import main
+    from hfl.peer.cli import exit_now, main
 
-    sys.exit(main(["--config", config_path, "--no-plot"]))  # the launcher plots the whole run
+    exit_now(main(["--config", config_path, "--no-plot"]))  # the launcher plots the whole run
 
 
 class ForkedPeer:

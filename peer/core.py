@@ -65,6 +65,11 @@ class PeerCore:
         self.round = start_round
         self.epoch = 0  # the aggregator epoch of this round this peer is at
         self.round_began = 0.0  # clock time the current round started
+        self.epoch_began = 0.0  # clock time this peer reached its current epoch of the round
+        # How long after reaching an epoch another peer's word of its own epoch is news:
+        # one heartbeat interval and a half (set by the node; a heartbeat sent as that
+        # peer failed over too may still say its old epoch).
+        self.epoch_news_after_s = 0.0
         self.absorbed: tuple[int, str, str] = (0, "", "")  # (round, digest, from whom)
         #: round -> peers whose heartbeat said they absorbed another aggregate for it
         self.disagreements: dict[int, set[str]] = {}
@@ -80,6 +85,8 @@ class PeerCore:
         # cohort.fanout: the peers whose knowledge this round is scheduled to reach us
         # (None: every live peer's; see exchange_plan).
         self.sources: set[str] | None = None
+        #: peer -> (incarnation, round) it said (heartbeat ``sitting_out``) it sits out
+        self.sitting_out: dict[str, tuple[int, int]] = {}
 
     # ================================================================ admission
 
@@ -175,7 +182,20 @@ class PeerCore:
         """(aggregator, epoch) for round r from this peer's epoch on: the first live
         candidate of the rotation (:func:`hfl.peer.membership.elect`)."""
         mem = self.membership
-        return elect(mem.rotation_order(), mem.is_live, r, self.epoch)
+        return elect(mem.rotation_order(), lambda p: mem.is_live(p) and not self.sits_out(p, r),
+                     r, self.epoch)
+
+    def sits_out(self, peer_id: str, r: int) -> bool:
+        """``peer_id``'s current life said it sits round ``r`` out (restarted into a round
+        an earlier life entered: :attr:`sit_out_through`): it will not serve there, so
+        the rotation skips it for r, as a dead candidate (its own word, over its own
+        connection: a failure the receiver has seen). Without this, every peer waited
+        a whole round timeout for an aggregator restarted faster than ``dead_after_s``."""
+        said = self.sitting_out.get(peer_id)
+        if said is None or said[1] != r:
+            return False
+        m = self.membership.members.get(peer_id)
+        return m is not None and m.incarnation == said[0]
 
     def aggregators_for(self, r: int, epoch: int) -> set[str]:
         """Who may send the result of (r, epoch): the rotation's candidate, computed
@@ -203,7 +223,7 @@ class PeerCore:
             if candidate == self.id:
                 return f"epoch {e} elects this peer, which is alive"
             m = mem.members.get(candidate)
-            if m is not None and m.status in (ALIVE, SUSPECT):
+            if m is not None and m.status in (ALIVE, SUSPECT) and not self.sits_out(candidate, r):
                 return (f"{candidate}, the candidate of epoch {e}, is {m.status} (not dead) in this "
                         "peer's view")
         return None
@@ -315,7 +335,10 @@ class PeerCore:
 
     def note_heartbeat(self, msg: Heartbeat) -> None:
         """The aggregator of the result we accepted says it absorbed it: a commit (a
-        lost commit message is made up for by its next heartbeat)."""
+        lost commit message is made up for by its next heartbeat). A sender that sits a
+        round out says so (:meth:`sits_out`)."""
+        if msg.sitting_out > 0:
+            self.sitting_out[msg.sender] = (msg.incarnation, msg.sitting_out)
         held = self.accepted.get(msg.absorbed_round)
         if held is not None and held[0].sender == msg.sender and held[1] == msg.absorbed_digest:
             self.commits.add((msg.absorbed_round, msg.absorbed_digest))
@@ -360,7 +383,10 @@ class PeerCore:
             # began (a busy peer's last word may simply be old).
             if m.round < r - 1 and m.last_heard >= self.round_began:
                 continue
+            if self.sits_out(p, r):  # restarted into r: it neither contributes nor acks
+                continue
             if (self.mode == "aggregator" and not self.everywhere and m.round == r
+                    and (m.epoch > self.epoch or self.said_since_epoch(p))
                     and self.served_elsewhere(r, m.epoch)):
                 continue
             awaited.append(p)
@@ -396,12 +422,22 @@ class PeerCore:
             return True
         return epoch < self.epoch and self.candidate_alive(r, epoch)
 
+    def said_since_epoch(self, peer_id: str) -> bool:
+        """``peer_id``'s epoch is news: a heartbeat said it ``epoch_news_after_s`` after
+        this peer reached its own epoch. One sent before, or as it failed over too, is no evidence that it waits at an earlier epoch: it
+        may have failed over as we did (hfl-sim: an aggregator SIGSTOPped 4.5 s came back
+        as the others failed over, and its alive again plus their stale epoch-0 heartbeats
+        sent each of them on to the next epoch, until each served alone below the quorum)."""
+        m = self.membership.members.get(peer_id)
+        return m is not None and m.epoch_heard >= self.epoch_began + self.epoch_news_after_s
+
     def candidate_alive(self, r: int, epoch: int) -> bool:
         """The rotation's candidate for (r, epoch) is another peer, alive in our view."""
         order = self.membership.rotation_order()
         candidate = order[(r + epoch) % len(order)]
         m = self.membership.members.get(candidate)
-        return candidate != self.id and m is not None and m.status == ALIVE
+        return (candidate != self.id and m is not None and m.status == ALIVE
+                and not self.sits_out(candidate, r))
 
     def aggregator_waits_elsewhere(self, aggregator: str, r: int) -> bool:
         """The peer we wait for as (r, self.epoch)'s aggregator says it is at an earlier
@@ -409,14 +445,19 @@ class PeerCore:
         not serve us (the waiting side of :meth:`served_elsewhere`)."""
         m = self.membership.members.get(aggregator)
         return (m is not None and m.round == r and m.epoch < self.epoch
-                and self.candidate_alive(r, m.epoch))
+                and self.said_since_epoch(aggregator) and self.candidate_alive(r, m.epoch))
 
     def serving(self, aggregator: str, r: int) -> bool:
         """``aggregator`` is alive and its heartbeats say it is in round r at this peer's
         epoch: serving us (late, or waiting for a contribution that was lost)."""
         m = self.membership.members.get(aggregator)
         return (m is not None and m.status == ALIVE and m.round == r
-                and m.epoch == self.epoch)
+                and m.epoch == self.epoch and not self.sits_out(aggregator, r))
+
+    def incarnation_of(self, peer_id: str) -> int:
+        """The life of ``peer_id`` this peer last heard from (-1: unknown)."""
+        m = self.membership.members.get(peer_id)
+        return m.incarnation if m is not None else -1
 
     def behind(self, peer_id: str, r: int) -> bool:
         """Heartbeats show ``peer_id`` in a round before r."""
@@ -433,13 +474,36 @@ class PeerCore:
         aggregator waits at an earlier epoch, or (``resend``) an aggregator that was
         behind has reached r and should get our knowledge again."""
         return (self.usable_result(r) is not None or not self.membership.is_live(aggregator)
-                or self.cohort_past(r) or self.aggregator_waits_elsewhere(aggregator, r)
+                or self.sits_out(aggregator, r) or self.moved_on(r, aggregator)
+                or self.aggregator_waits_elsewhere(aggregator, r)
                 or (resend and not self.behind(aggregator, r)))
+
+    def moved_on(self, r: int, aggregator: str) -> bool:
+        """Round r is over for a peer that waits on ``aggregator``: a live peer is in a
+        later round (:meth:`cohort_past`) and the aggregator is not alive and serving r
+        at this peer's epoch. One peer that gave up on r (failed over to itself and
+        fell short of the quorum, or restarted) must not pull the cohort past a round
+        whose aggregator is still collecting contributions or acks; an aggregator that
+        is itself past r, dead or elsewhere no longer holds anyone back."""
+        return self.cohort_past(r) and not self.serving(aggregator, r)
+
+    def acks_out_of_reach(self, r: int, epoch: int, digest: str, quorum: int) -> bool:
+        """The aggregator of (r, epoch) can no longer gather ``quorum`` acks of
+        ``digest``: the cohort is past r and too few of the live members that have not
+        acked are still in round r (one that moved on never acks). Until then it keeps
+        collecting, whoever is ahead."""
+        if not self.cohort_past(r):
+            return False
+        mem = self.membership
+        could = sum(1 for p in self.not_acked(r, epoch, digest) if mem.members[p].round <= r)
+        return self.acked(r, epoch, digest) + could < quorum
 
     def failover_reason(self, aggregator: str, r: int) -> str:
         """Why this peer leaves ``aggregator``'s epoch (for the log line)."""
         if not self.membership.is_live(aggregator):
             return "is dead"
+        if self.sits_out(aggregator, r):
+            return "sits the round out (restarted into it)"
         if self.aggregator_waits_elsewhere(aggregator, r):
             return "waits at an earlier epoch"
         return "missed its deadline"

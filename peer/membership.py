@@ -74,6 +74,7 @@ class Member:
     last_heard: float = 0.0
     round: int = 0  # last round the peer told us it was in
     epoch: int = 0  # the aggregator epoch it said it was at in that round
+    epoch_heard: float = 0.0  # when it said so (a stale epoch must not move anyone)
     greeted: bool = False  # have we sent it our hello?
     confirmed: bool = False  # heard from the peer itself (not only suggested by gossip)
     remembered: bool = False  # in our own checkpoint: heard from itself in an earlier life of ours
@@ -225,7 +226,7 @@ class Membership:
                 if self._max_round is not None:
                     self._max_round = max(self._max_round, round)
             if epoch is not None and round == m.round:
-                m.epoch = epoch
+                m.epoch, m.epoch_heard = epoch, now
         if change is not None or not was_vouched:
             self._touch()
         return change
@@ -517,19 +518,23 @@ class Membership:
         return sorted([self.self_id, *self.live_peers()])
 
     def rotation_order(self) -> list[str]:
-        """Ourselves and every member known by our own evidence that has not left: the
-        aggregator rotation, and the base of the quorum.
+        """Ourselves and every member known by our own evidence: the aggregator
+        rotation, and the base of the quorum.
 
-        Dead members stay in the order (and are skipped when elected), so that
-        peers with slightly different liveness views still agree on the order. A
-        peer only suggested by gossip enters it once it speaks for itself: ids that
-        never run, gossiped to some peers, can neither split the cohort's elections
-        nor raise the quorum out of reach.
+        Dead members and members that said goodbye stay in the order alike (and are
+        skipped when elected: neither is live), so that peers with different views of
+        who is alive, who left and who has come back still agree on the order: a
+        goodbye that reaches one peer before its election and another after it, or a
+        member that leaves and rejoins, never splits a round's election (a rolling
+        restart with SIGTERM cost a round timeout per peer while a departure shrank
+        the order). A peer only suggested by gossip enters it once it speaks for
+        itself: ids that never run, gossiped to some peers, can neither split the
+        cohort's elections nor raise the quorum out of reach.
         """
         key = (self._version, len(self.members))
         if self._order[0] != key:
             self._order = (key, tuple(sorted([self.self_id, *(p for p, m in self.members.items()
-                                                             if m.status != LEFT and m.vouched)])))
+                                                             if m.vouched)])))
         return list(self._order[1])
 
     def gossip_targets(self) -> list[str]:

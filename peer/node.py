@@ -203,6 +203,7 @@ class Node:
         # rounds its earlier life entered (PeerCore.sit_out_through).
         self._on_enter_round = on_enter_round
         self.core.sit_out_through = sit_out_through
+        self.core.epoch_news_after_s = 1.5 * timing.heartbeat_interval_s
 
     # The protocol state lives in the core; these name it as the shell always has.
     membership = property(lambda self: self.core.membership,
@@ -476,6 +477,7 @@ class Node:
         return Heartbeat(
             **self._envelope(), round=self.round, epoch=self.epoch,
             absorbed_round=self.core.absorbed[0], absorbed_digest=self.core.absorbed[1],
+            sitting_out=self.round if self.round <= self.core.sit_out_through else 0,
             members=self.membership.news(NEWS_PER_MESSAGE) if self.swim else [], **probe)
 
     def _serve_seeds(self, msg: SeedRequest) -> None:
@@ -935,10 +937,13 @@ class Node:
             return await self._sit_out(r, info)
         if self._on_enter_round is not None:
             await self._run_blocking(self._on_enter_round, r)
+        began_at = None
         for _attempt in range(len(mem.rotation_order()) + 1):
             elected = core.elect(r)
             if elected is None:
                 break
+            if elected[1] != began_at:  # reached a new epoch now
+                began_at, core.epoch_began = elected[1], self.clock.now()
             aggregator, self.epoch = elected
             info.update(aggregator=aggregator, epoch=self.epoch)
             self._contacts = self._candidates(r, self.epoch)
@@ -959,9 +964,20 @@ class Node:
             deadline = (self.clock.now() + self.timing.round_timeout_s
                         + self.timing.aggregate_grace_s)
             extended = False
+            # A restart of the aggregator (a new incarnation, faster than dead_after_s)
+            # lost what its earlier life got: the knowledge goes to the new life again,
+            # once its heartbeats show it in round r (else a whole round_timeout_s).
+            sent_life = core.incarnation_of(aggregator)
             while True:
                 await self._wait_until(
-                    lambda a=aggregator, again=resend: core.stop_waiting_for(a, r, again), deadline)
+                    lambda a=aggregator, again=resend, life=sent_life: (
+                        core.stop_waiting_for(a, r, again) or core.incarnation_of(a) != life),
+                    deadline)
+                if core.incarnation_of(aggregator) != sent_life:
+                    sent_life, resend = core.incarnation_of(aggregator), True
+                    log.info("%s: round %d: aggregator %s restarted; our knowledge goes to its "
+                             "new life once it is in the round", self.id, r, aggregator)
+                    continue
                 if (resend and not core.behind(aggregator, r)
                         and core.usable_result(r) is None and mem.is_live(aggregator)):
                     resend = False
@@ -969,7 +985,7 @@ class Node:
                              "again", self.id, r, aggregator)
                     await self._send_to(aggregator, knowledge)
                     continue
-                if (not extended and core.usable_result(r) is None and not core.cohort_past(r)
+                if (not extended and core.usable_result(r) is None
                         and core.serving(aggregator, r)):
                     # Its heartbeats say it is alive and serving this very epoch: it may be
                     # waiting for our knowledge (lost), or be late. Once: send it again and
@@ -985,7 +1001,7 @@ class Node:
                                 + self.timing.aggregate_grace_s)
                     continue
                 break
-            if core.usable_result(r) is None and core.cohort_past(r):
+            if core.usable_result(r) is None and core.moved_on(r, aggregator):
                 # A heartbeat can overtake the result it follows (a delayed or retried
                 # send): give the result a short grace before leaving the round.
                 grace = max(2 * self.timing.heartbeat_interval_s, 0.25)
@@ -1014,14 +1030,14 @@ class Node:
                                 learned_from=len(set(result.contributors) - {self.id}))
                     self._discard_unused_results(r, result.epoch)
                     return {result.sender: self._payload(result)}
-                if not core.cohort_past(r):
+                if not core.moved_on(r, result.sender):
                     why = ("is dead" if not mem.is_live(result.sender)
                            else "did not commit in time")
                     log.warning("%s: round %d: aggregator %s (epoch %d) %s; failing over with its "
                                 "result accepted", self.id, r, result.sender, result.epoch, why)
                     self.epoch += 1
                     continue
-            if core.cohort_past(r):
+            if core.moved_on(r, aggregator):
                 # Its result went out while we lagged (paused, restarted, partitioned) and
                 # will not come again: follow the cohort instead of failing over alone.
                 log.warning("%s: round %d: the cohort is already in round %d; leaving round %d "
@@ -1100,9 +1116,9 @@ class Node:
         hb = self.timing.heartbeat_interval_s
         deadline = self.clock.now() + max(self.timing.aggregate_grace_s, 4 * hb) + 4 * hb
         await self._wait_until(lambda: core.committed(r) is not None
-                               or not self.membership.is_live(aggregator) or core.cohort_past(r),
-                               deadline)
-        if core.committed(r) is None and core.cohort_past(r):
+                               or not self.membership.is_live(aggregator)
+                               or core.moved_on(r, aggregator), deadline)
+        if core.committed(r) is None and core.moved_on(r, aggregator):
             # A heartbeat may overtake the commit it follows: a short grace.
             grace = max(2 * self.timing.heartbeat_interval_s, 0.25)
             await self._wait_until(lambda: core.committed(r) is not None, self.clock.now() + grace)
@@ -1189,7 +1205,8 @@ class Node:
         wait = hb
         while True:
             acked = await self._wait_until(
-                lambda: core.acked(r, self.epoch, digest) >= quorum or core.cohort_past(r),
+                lambda: (core.acked(r, self.epoch, digest) >= quorum
+                         or core.acks_out_of_reach(r, self.epoch, digest, quorum)),
                 min(deadline, self.clock.now() + wait))
             if acked or self.clock.now() >= deadline:
                 break

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,8 +103,10 @@ def _save(run_dir: Path, r: int, node: Node, model: dict[str, Any] | None) -> No
         "incarnation": node.incarnation,
         "algorithm": node.alg.state_dict(),
         "torch_rng": torch.get_rng_state(),
+        # The rotation's members, departed ones included (the order must not change
+        # when a member leaves or this peer restarts); never gossip-only suggestions.
         "members": [[m.peer_id, m.address] for m in node.membership.members.values()
-                    if m.status != "left" and m.vouched],  # never gossip-only suggestions
+                    if m.vouched],
     })
 
 
@@ -145,6 +148,8 @@ class RoundRecorder:
         self.clock = clock or MonotonicClock()
         self.started = self.clock.now()
         self.stopped = False  # the peer is stopping: a held round lets go
+        self._written = threading.Event()  # no checkpoint is being written (worker thread)
+        self._written.set()
 
     def _record(self, record: dict[str, Any]) -> None:
         r = int(record["round"])
@@ -190,6 +195,20 @@ class RoundRecorder:
         """Called in the node's worker thread, after :meth:`hold`."""
         if self.stopped:
             return
+        self._written.clear()
+        try:
+            self._checkpoint(r, node)
+        finally:
+            self._written.set()
+
+    async def wait_written(self, timeout_s: float = 10.0) -> None:
+        """A peer stopped by a signal: let a checkpoint being written in the worker
+        thread finish (the round it records is kept), at most ``timeout_s``. (A write
+        interrupted anyway leaves the checkpoint before it: they are atomic.)"""
+        if not self._written.is_set():
+            await asyncio.to_thread(self._written.wait, timeout_s)
+
+    def _checkpoint(self, r: int, node: Node) -> None:
         record = next((m for m in reversed(getattr(node, "_metrics", [])) if m.get("round") == r),
                       None)
         if record is not None:
@@ -391,6 +410,9 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         alone_stops=stop_if_alone), name="watch_join")
     try:
         result = await node.run()
+    except asyncio.CancelledError:
+        await recorder.wait_written()  # stopped (SIGTERM, Ctrl-C): the checkpoint under way
+        raise
     finally:
         recorder.stopped = True
         watcher.cancel()

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 #: Member status values carried in the membership view.
 MEMBER_STATUSES = ("alive", "suspect", "dead", "left")
@@ -97,6 +97,10 @@ class Heartbeat(Message):
     # its arrays, so peers that absorbed different aggregates for one round notice.
     absorbed_round: int = 0
     absorbed_digest: str = ""
+    # The round the sender sits out (0: none): restarted into a round an earlier life of
+    # it entered, it neither contributes, acks nor serves there (its own word that the
+    # rotation may skip it for that round).
+    sitting_out: int = 0
     probe: int = 0
     relay: str = ""
     target: str = ""
