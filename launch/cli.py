@@ -77,9 +77,32 @@ def _out(text: str = "", err: bool = False) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.seeds is None:
-        return launch_once(args, list(args.overrides))
-    return launch_seeds(args)
+    try:
+        if args.seeds is None:
+            return launch_once(args, list(args.overrides))
+        return launch_seeds(args)
+    except KeyboardInterrupt:  # Ctrl-C before the peers ran (the supervisor handles it after)
+        return interrupted_at_start(args)
+
+
+def interrupted_at_start(args: argparse.Namespace) -> int:
+    """Ctrl-C during start-up (checking the experiment, the template importing torch,
+    the peers being started): one line, no traceback, the template and any peer
+    already started stopped, and the run's record not left at ``running``."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+    if "hfl.launch.zygote" in sys.modules:
+        sys.modules["hfl.launch.zygote"].stop_template()
+    run_dir = getattr(args, "started_run_dir", None)
+    if run_dir is not None:
+        from hfl.launch.rundir import set_state
+
+        set_state(run_dir, "interrupted", failures=["interrupted"])
+    _out("\nhfl-launch: interrupted" + (
+        f"; the same command continues the run in {run_dir}" if run_dir is not None else
+        " during start-up: nothing was started"), err=True)
+    return 130
 
 
 def launch_seeds(args: argparse.Namespace) -> int:
@@ -185,9 +208,19 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                                         "--in-process or the faults")
         start = args.start or ("forkserver" if sys.platform.startswith("linux") else "process")
         if start == "forkserver" and not args.dry_run and not args.in_process and not slurm:
+            import signal
+
             from hfl.launch.zygote import preload_for, start_template
 
-            start_template(sorted({m for p in plans for m in preload_for(p.config.cohort.algorithm)}))
+            # The template starts with SIGINT blocked, and keeps it so: a Ctrl-C while it
+            # imports torch would print a traceback from inside torch (the launcher
+            # stops it). Here a Ctrl-C meanwhile is only delayed to the unblocking.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                start_template(sorted({m for p in plans
+                                       for m in preload_for(p.config.cohort.algorithm)}))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         check_plans(plans, deep=args.dry_run, devices_here=not slurm)
     except RunDirError as err:
         if decision is not None:
@@ -223,6 +256,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
 
     ports = [int(p.config.node.listen.rsplit(":", 1)[1]) for p in plans]
     write_record(run_dir, exp_dict, ports, "running")
+    args.started_run_dir = run_dir  # from here on, a Ctrl-C marks it interrupted
     if slurm:
         from hfl.launch import slurm as on_slurm
 

@@ -319,10 +319,10 @@ class Supervisor:
                 signal.signal(sig, handler)
 
     def _run(self) -> LaunchOutcome:
-        for pp in self.peers.values():
-            self._start(pp)
         deadline = self._t0 + self.exp.timeout_s
         try:
+            for pp in self.peers.values():  # a Ctrl-C while they start stops those started
+                self._start(pp)
             while True:
                 for pp in self.peers.values():
                     self._read_metrics(pp)

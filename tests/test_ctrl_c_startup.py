@@ -1,0 +1,93 @@
+"""Ctrl-C during start-up: one line, no traceback, nothing left running, and the
+run's record not left at ``running``.
+
+Start-up is the likeliest moment for a Ctrl-C (the first seconds print little), and
+a terminal sends SIGINT to the whole foreground process group: the launcher, the
+template process importing torch, and peers not yet in their own session. The
+launcher here runs in a process group of its own and the whole group gets SIGINT,
+as from a terminal, at three moments: while the template is being started, right
+after the plan line, and while the peers start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def as_a_terminal_job() -> None:
+    os.setsid()  # its own process group, which the test signals as a terminal would
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: list[int], timeout_s: float = 30) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.mark.parametrize("moment", ["template", "plan", "peers"])
+def test_ctrl_c_during_start_up_is_one_line_and_leaves_nothing_running(tmp_path, moment):
+    exp = {"name": "ctrlc", "peers": 3, "run_dir": str(tmp_path / "run"),
+           "defaults": {"cohort": {"algorithm": "fedavg", "rounds": 50},
+                        "data": {"dataset": "digits", "partition": "iid"},
+                        "model": {"arch": "mlp", "options": {"hidden": [16]}}}}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    proc = subprocess.Popen([sys.executable, "-m", "hfl.launch.cli", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=as_a_terminal_job)
+    seen, started = [], []
+    deadline = time.monotonic() + 90
+    if moment == "template":  # its first child: the template being spawned
+        while not children(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.005)
+    else:
+        for line in proc.stdout:
+            seen.append(line)
+            if moment == "plan" and line.startswith("hfl-launch: ctrlc:"):
+                break
+            if moment == "peers" and " start p" in line:
+                started.append(int(line.split("pid=")[1].split()[0]))
+                break
+            assert time.monotonic() < deadline
+    kids = children(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert proc.returncode == 130, "".join(seen) + out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert len(lines) <= 12, out
+    assert any(x.startswith("hfl-launch: interrupted") or "interrupted: stopping the peers" in x
+               for x in lines), out
+    record = tmp_path / "run" / "launch.json"
+    if record.exists():
+        assert json.loads(record.read_text())["state"] == "interrupted"
+    assert moment != "peers" or record.exists()
+    assert wait_gone(kids + started) == []
