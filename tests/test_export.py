@@ -259,3 +259,92 @@ def test_a_corrupt_checkpoint_is_one_line_naming_the_file(launched, tmp_path, ca
     assert main([str(run), "--peer", "p0"]) == 1
     err = one_line_error(capsys)
     assert str(run / "p0" / "checkpoint.pt") in err and "corrupt" in err
+
+
+# ---------------------------------------------------------------- hfl-eval
+
+
+def test_hfl_eval_gives_the_recorded_accuracy_on_the_peers_own_splits(launched, tmp_path, capsys):
+    from hfl.launch.evaluate import main as hfl_eval
+
+    npz = tmp_path / "p0.npz"
+    assert hfl_eval([str(launched), "--peer", "p0", "--save-splits", str(npz)]) == 0
+    out = capsys.readouterr().out
+    assert f"p0: final model of round {ROUNDS}" in out
+    assert "test         acc" in out and "DIFFERENT" not in out
+    assert out.count("the same as the run recorded") == 3  # test, global test, validation
+    # The arrays, through plain numpy and the exported model only (an independent path).
+    import numpy as np
+
+    arrays = np.load(npz)
+    assert {"train_x", "train_y", "test_x", "test_y", "val_x", "val_y", "global_test_x"} <= set(arrays)
+    assert main([str(launched), "--peer", "p0", "--out", str(tmp_path / "export")]) == 0
+    model, ckpt = rebuilt(tmp_path / "export" / "p0.pt")
+    pred = model(torch.as_tensor(arrays["test_x"])).argmax(dim=1)
+    assert float((pred == torch.as_tensor(arrays["test_y"])).double().mean()) == ckpt["metrics"]["test_acc"]
+
+    assert hfl_eval([str(launched), "--peer", "p0", "--which", "selected"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("the same as the run recorded") == 3  # test, global test, validation
+
+
+def test_hfl_eval_reproduces_a_csvs_one_hot_columns_and_z_scores(tmp_path, capsys):
+    """A CSV with a categorical column, standardised with its private split's
+    statistics: the rebuilt splits are preprocessed exactly as in the run."""
+    import numpy as np
+    import yaml
+
+    from hfl.launch.cli import main as launch
+    from hfl.launch.evaluate import main as hfl_eval
+    from hfl.launch.evaluate import peer_splits
+
+    rng = np.random.default_rng(0)
+    n = 300
+    a, b = rng.normal(50, 10, n), rng.normal(-3, 0.1, n)
+    colour = rng.choice(["red", "green", "blue"], n)
+    label = ((a - 50) / 10 + (b + 3) / 0.1 + (colour == "red") > 0).astype(int)
+    lines = ["a,b,colour,label"] + [f"{x:.4f},{y:.4f},{c},{t}" for x, y, c, t in zip(a, b, colour, label, strict=True)]
+    (tmp_path / "rows.csv").write_text("\n".join(lines) + "\n")
+    exp = {"name": "csv", "peers": 2, "run_dir": str(tmp_path / "run"),
+           "defaults": {"cohort": {"algorithm": "fedavg", "rounds": 2},
+                        "data": {"dataset": "csv", "path": str(tmp_path / "rows.csv"), "target": "label",
+                                 "partition": "iid", "options": {"categorical": ["colour"]}},
+                        "model": {"arch": "mlp", "options": {"hidden": [8]}},
+                        "timing": {"heartbeat_interval_s": 0.1, "join_timeout_s": 30}}}
+    (tmp_path / "csv.yaml").write_text(yaml.safe_dump(exp))
+    assert launch([str(tmp_path / "csv.yaml"), "--in-process", "--quiet"]) == 0
+    capsys.readouterr()
+    assert hfl_eval([str(tmp_path / "run"), "--peer", "p1"]) == 0
+    assert "DIFFERENT" not in capsys.readouterr().out
+    x, _ = peer_splits(tmp_path / "run", "p1")["train"]
+    assert x.shape[1] == 5  # a, b and one column per colour
+    numeric = x[:, :2]  # z-scored with the private split's own mean and std
+    assert np.allclose(numeric.mean(0), 0, atol=1e-5) and np.allclose(numeric.std(0), 1, atol=1e-2)
+
+
+def test_hfl_eval_says_which_split_moved_when_the_data_changed(launched, tmp_path, capsys):
+    from hfl.launch.evaluate import main as hfl_eval
+
+    run = copy_run(launched, tmp_path)
+    config = run / "peers" / "p0.yaml"
+    config.write_text(config.read_text().replace("seed: 0", "seed: 5"))
+    assert hfl_eval([str(run), "--peer", "p0"]) == 1
+    captured = capsys.readouterr()
+    assert "DIFFERENT" in captured.out and "not the recorded accuracy" in captured.err
+
+
+def test_hfl_eval_of_one_hfl_peer_run_asks_for_its_config(solo, tmp_path, capsys):
+    import yaml
+
+    from hfl.launch.evaluate import main as hfl_eval
+
+    assert hfl_eval([str(solo), "--peer", "a"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hfl-eval: ") and "--config" in err and "Traceback" not in err
+    config = tmp_path / "a.yaml"
+    config.write_text(yaml.safe_dump({
+        "security": {"mode": "none"}, "node": {"id": "a", "listen": "mem://a", "run_dir": str(solo)},
+        "cohort": {"algorithm": "solo", "rounds": 1},
+        "model": {"arch": "mlp", "options": {"hidden": [8]}}, "train": {"max_batches": 1}}))
+    assert hfl_eval([str(solo), "--peer", "a", "--config", str(config)]) == 0
+    assert "the same as the run recorded" in capsys.readouterr().out
