@@ -112,7 +112,9 @@ def load_csv(
 
     ``categorical="auto"`` (default) makes a column categorical when its non-empty
     cells are all non-numeric; a column mixing numbers and text is an error
-    (usually a typo in a numeric column) unless named explicitly. A list of column
+    (usually a typo in a numeric column) unless named explicitly, and so is a text
+    column with more than ``AUTO_MAX_CATEGORIES`` (50) distinct values (free text,
+    names or ids, which would become one feature each). A list of column
     names makes exactly those columns categorical (e.g. integer-coded ones) and
     all others numeric.
 
@@ -164,6 +166,18 @@ def load_csv(
         raise ValueError(f"{p}: no feature columns besides the target {target!r}")
     if forced is None:  # auto: categorical when it has text and no number at all
         is_categorical = {j: any(cells[j]) and not any(is_number[j]) for j in features}
+        for j in features:
+            distinct = set(cells[j]) if is_categorical[j] else ()
+            if len(distinct) > AUTO_MAX_CATEGORIES:
+                shown = ", ".join(repr(v[:30]) for v in sorted(distinct)[:3])
+                raise ValueError(
+                    f"{p}, column {header[j]!r}: {len(distinct)} distinct text values in "
+                    f"{len(rows)} rows ({shown}, ...): free text or an id, not a category? "
+                    f"Auto-detection one-hot encodes at most {AUTO_MAX_CATEGORIES} values per "
+                    f"column (this one would become {len(distinct)} features): remove the "
+                    "column from the file, or name it in options.categorical to one-hot "
+                    "encode it anyway"
+                )
     else:
         is_categorical = {j: header[j] in forced for j in features}
 
@@ -283,6 +297,9 @@ def _csv_labels(
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+# categorical: auto refuses a text column with more distinct values than this (free text,
+# names, ids): one feature per value would follow silently.
+AUTO_MAX_CATEGORIES = 50
 
 
 def load_image_folder(
