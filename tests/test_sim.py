@@ -302,6 +302,18 @@ LEAVES = {
 }
 
 
+def test_a_lone_peer_ahead_does_not_end_a_round_its_aggregator_still_serves():
+    # p4, cut off in round 3, fails over to itself, serves below the quorum and moves on
+    # to round 4 alone, while round 3's aggregator p3 (30x slow) is still aggregating.
+    # Its heartbeat (round 4) made everyone else leave round 3 without its result, and
+    # p3 give up on the acks (found with a partition and a slowdown; round 3 lost).
+    sc = sim.Scenario(1, Net(), [F(6.3, "partition", ("p4",), 4.5),
+                                 F(6.6, "slow", ("p3",), 8.0, 30.0)], QUICKSTART_TIMING, 14.6)
+    res = sim.run_seed(1, sim.SimOptions(), sc)
+    assert not res.violations, res.violations
+    assert res.rounds_without_result == []
+
+
 def test_a_rolling_restart_on_a_lossy_network_keeps_every_round():
     # With 3 % loss a contribution lost on the way to an aggregator still costs that
     # round its round_timeout_s (nobody sends it again before the deadline: see the
