@@ -206,6 +206,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         if args.in_process and exp.faults:
             raise ConfigError("faults", "process faults need a process per peer; drop "
                                         "--in-process or the faults")
+        _check_data_files(plans)  # a missing file in a second, before torch is imported
         start = args.start or ("forkserver" if sys.platform.startswith("linux") else "process")
         if start == "forkserver" and not args.dry_run and not args.in_process and not slurm:
             import signal
@@ -221,7 +222,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                                        for m in preload_for(p.config.cohort.algorithm)}))
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        check_plans(plans, deep=args.dry_run, devices_here=not slurm)
+        described = check_plans(plans, deep=args.dry_run, devices_here=not slurm)
     except RunDirError as err:
         if decision is not None:
             restore(run_dir, decision)
@@ -248,7 +249,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.dry_run:
         for p in plans:
             env = " ".join(f"{k}={v}" for k, v in p.env.items())
-            _out(f"  {p.id}: {env} hfl-peer --config {p.config_path}")
+            _out(f"  {described[p.id]}\n      {env} hfl-peer --config {p.config_path}")
         return 0
 
     from hfl.launch.results import best_mean, mean_row, peer_row, write_results
@@ -307,24 +308,37 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
-def check_plans(plans, deep: bool, devices_here: bool = True) -> None:
+def _check_data_files(plans) -> None:
+    from hfl.peer.check import check_data_files
+    from hfl.peer.configtools import ConfigError
+
+    for p in plans:
+        try:
+            check_data_files(p.config)
+        except ConfigError as err:
+            raise err.with_source(f"peer {p.id}") from None
+
+
+def check_plans(plans, deep: bool, devices_here: bool = True) -> dict[str, str]:
     """Every peer's algorithm options, architecture and data files (``deep``: also open
     its data and build its model, as the peer will; on the CPU unless ``devices_here``,
     for peers that run elsewhere, e.g. SLURM's GPU nodes). Raises ConfigError naming
-    the peer."""
+    the peer. ``deep``: returns each peer's description (samples, shapes, classes,
+    model), as ``hfl-peer --check`` prints it."""
     import dataclasses
 
     from hfl.peer.check import check_options, check_peer, disagreement, handshake_terms
 
     seen: set[str] = set()
     terms: dict[str, dict] = {}
+    described: dict[str, str] = {}
     for p in plans:
         cfg = p.config
         if not devices_here:
             cfg = dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, device="cpu"))
         try:
             if deep:
-                check_peer(cfg, terms.setdefault(p.id, {}))
+                described[p.id] = check_peer(cfg, terms.setdefault(p.id, {}))
             else:
                 terms[p.id] = handshake_terms(cfg)
                 key = repr((cfg.cohort, cfg.algorithm, cfg.model.arch, cfg.data.dataset, cfg.data.path))
@@ -341,6 +355,7 @@ def check_plans(plans, deep: bool, devices_here: bool = True) -> None:
     problem = disagreement(terms)  # what every peer's hello would refuse, at once
     if problem is not None:
         raise problem
+    return described
 
 
 def _resolve_num_classes(plans, terms: dict[str, dict]) -> None:

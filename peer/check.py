@@ -48,6 +48,12 @@ def check_options(cfg: PeerConfig) -> None:
             f"got {cfg.model.arch!r}; allowed: {', '.join(sorted(model_names()))}"
             f"{_did_you_mean(cfg.model.arch, model_names())}",
         )
+    check_data_files(cfg)
+
+
+def check_data_files(cfg: PeerConfig) -> None:
+    """The data files and folders the config names exist (no torch, no data read: a
+    launcher runs it before anything slow)."""
     for where, dataset, path in _data_files(cfg):
         p = Path(path)
         if dataset == "image_folder" and not p.is_dir():
