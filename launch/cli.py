@@ -255,6 +255,8 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     from hfl.launch.results import best_mean, mean_row, peer_row, write_results
     from hfl.launch.supervisor import Supervisor
 
+    if not slurm and (busy := busy_machine_warning(len(plans), _load_average(), os.cpu_count())):
+        _out(f"hfl-launch: {busy}", err=True)
     ports = [int(p.config.node.listen.rsplit(":", 1)[1]) for p in plans]
     write_record(run_dir, exp_dict, ports, "running")
     args.started_run_dir = run_dir  # from here on, a Ctrl-C marks it interrupted
@@ -306,6 +308,24 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         _out("FAILED: " + "; ".join(outcome.failures), err=True)
         return 130 if "interrupted" in outcome.failures else 1
     return 0
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return None
+
+
+def busy_machine_warning(peers: int, load: float | None, cores: int | None) -> str | None:
+    """What to expect of start-up when the machine is already busy (runnable processes
+    beyond its cores), or None: until every peer has imported PyTorch, loaded its data
+    and joined, nothing else is printed, and on a loaded machine that is minutes."""
+    if load is None or not cores or load < cores:
+        return None
+    return (f"this machine is busy (load {load:.1f} on {cores} cores): starting {peers} peers "
+            "(PyTorch, data, models) can take minutes before round 1, during which the "
+            "progress line shows each peer 'joining k/n'")
 
 
 def _check_data_files(plans) -> None:

@@ -192,3 +192,14 @@ def test_a_missing_data_file_is_refused_before_torch_is_imported(tmp_path):
                           timeout=120)
     assert proc.stdout.split()[-3:] == ["no", "torch", "2"], proc.stdout + proc.stderr
     assert "peer p0: data.path:" in proc.stderr and "missing.csv: no such file" in proc.stderr
+
+
+def test_a_busy_machine_is_warned_that_start_up_takes_minutes(tmp_path, capsys, monkeypatch):
+    from hfl.launch import cli
+
+    assert cli.busy_machine_warning(4, load=0.5, cores=2) is None
+    assert cli.busy_machine_warning(4, load=None, cores=2) is None
+    monkeypatch.setattr(cli, "_load_average", lambda: 40.0)
+    assert cli.main([_written(tmp_path), "--in-process", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "this machine is busy (load 40.0 on" in err and "can take minutes" in err
