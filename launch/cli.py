@@ -145,6 +145,14 @@ def launch_seeds(args: argparse.Namespace) -> int:
         "mean": {k: clean(v) for k, v in summary["mean"].items()},
         "std": {k: clean(v) for k, v in summary["std"].items()},
     }, indent=2, default=str))
+    try:
+        from hfl.launch.plots import plot_seeds
+        from hfl.launch.results import read_metrics
+
+        plot_seeds(base, {s: {pid: read_metrics(d) for pid, d in peer_dirs(seed_dir(base, s))}
+                          for s in per_seed})
+    except Exception as exc:  # a plot must never cost the results
+        _out(f"hfl-launch: no seeds plot ({type(exc).__name__}: {exc})", err=True)
     _out(f"\n{exp.name} over {len(per_seed)} seed(s): the peers' mean per seed, then mean ± std "
          "over seeds")
     _out(table)

@@ -203,3 +203,46 @@ def test_a_busy_machine_is_warned_that_start_up_takes_minutes(tmp_path, capsys, 
     assert cli.main([_written(tmp_path), "--in-process", "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "this machine is busy (load 40.0 on" in err and "can take minutes" in err
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _metrics(run_dir, pid, rows):
+    d = run_dir / pid
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def test_plots_mark_restarts_and_early_stops_and_one_peer_has_no_cohort_mean(tmp_path):
+    from matplotlib.figure import Figure
+
+    from hfl.launch import plots
+    from hfl.launch.results import read_metrics
+
+    rows = lambda incs: [{"round": r, "global_acc": 0.1 * r, "incarnation": i}  # noqa: E731
+                         for r, i in enumerate(incs, 1)]
+    p0 = _metrics(tmp_path, "p0", rows([0, 0, 1, 1]))  # restarted into round 3
+    p1 = _metrics(tmp_path, "p1", rows([0, 0]))  # stopped after round 2 of 4
+    events = {p: plots.life_events(read_metrics(d), 4) for p, d in (("p0", p0), ("p1", p1))}
+    assert events == {"p0": [(3, "restarted")], "p1": [(2, "stopped")]}
+    ax = Figure().subplots()
+    series = {p: plots.per_round(read_metrics(d), "global_acc") for p, d in (("p0", p0), ("p1", p1))}
+    plots.draw_cohort(ax, series, {}, events)
+    marked = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+    assert marked["peer restarted"] == ([3], [pytest.approx(0.3)])
+    assert marked["peer stopped early"] == ([2], [pytest.approx(0.2)])
+    alone = Figure().subplots()
+    plots.draw_cohort(alone, {"p0": series["p0"]}, {})
+    assert [line.get_label() for line in alone.get_lines()] == ["p0"]  # no "cohort mean" of one
+
+
+def test_seeds_get_a_plot_of_each_seed_and_their_mean_and_std(tmp_path):
+    from hfl.launch import plots
+
+    runs = {s: {"p0": [{"round": r, "global_acc": 0.1 * r + 0.01 * s} for r in (1, 2)]}
+            for s in (0, 1, 2)}
+    written = plots.plot_seeds(tmp_path, runs)
+    assert [p.name for p in written] == ["seeds_global_acc.png"]
+    assert written[0].read_bytes()[:4] == b"\x89PNG"

@@ -353,16 +353,18 @@ def test_every_run_gets_plots_of_each_peer_and_the_cohort_mean(tmp_path):
 
 def test_plot_legends_name_differing_architectures_and_many_peers_get_a_band(tmp_path, monkeypatch):
     """Issue 18.10: a heterogeneous cohort's legend says each peer's architecture (from
-    its summary); more than MANY_PEERS peers are their mean and a min-max band (and each
+    its summary); more than MANY_PEERS peers are their mean and percentile bands (issue
+    34: a min-max band of 100 peers spanned 0-1 and said nothing; and each
     architecture's mean) instead of a line each."""
+    import numpy as np
     from matplotlib.figure import Figure
 
     from hfl.launch import plots
 
     drawn = []
     real = plots.draw_cohort
-    monkeypatch.setattr(plots, "draw_cohort", lambda ax, series, archs: (
-        drawn.append((ax, dict(series), dict(archs))), real(ax, series, archs)))
+    monkeypatch.setattr(plots, "draw_cohort", lambda ax, series, archs, events=None: (
+        drawn.append((ax, dict(series), dict(archs))), real(ax, series, archs, events)))
 
     def run(n, archs):
         run_dir = tmp_path / f"run{n}"
@@ -384,18 +386,20 @@ def test_plot_legends_name_differing_architectures_and_many_peers_get_a_band(tmp
     assert labels(ax) == ["p0 (resnet18)", "p1 (mlp)", "cohort mean"]
     assert run(2, ["mlp"])[2] == {}
 
-    # Twelve peers of two architectures: no line per peer, a band from the lowest to the
-    # highest peer in each round, each architecture's mean and the cohort's.
+    # Twelve peers of two architectures: no line per peer, bands of the middle half and
+    # of the 10th-90th percentile of the peers in each round, each architecture's mean
+    # and the cohort's.
     ax, series, archs = run(12, ["resnet18", "mlp"])
     ax = Figure().subplots()
     plots.draw_cohort(ax, series, archs)
     assert labels(ax) == ["mlp mean (6 peers)", "resnet18 mean (6 peers)", "cohort mean",
-                          "min-max of 12 peers"]
-    (band,) = ax.collections
-    ys = {x: {round(y, 6) for x2, y in band.get_paths()[0].vertices if x2 == x} for x in (1, 2)}
-    for r in (1, 2):
-        vals = [s[r] for s in series.values()]
-        assert {round(min(vals), 6), round(max(vals), 6)} <= ys[r]
+                          "10th-90th percentile of 12 peers", "25th-75th percentile of 12 peers"]
+    for band, (lo, hi) in zip(ax.collections, ((10, 90), (25, 75)), strict=True):
+        ys = {x: {round(y, 6) for x2, y in band.get_paths()[0].vertices if x2 == x} for x in (1, 2)}
+        for r in (1, 2):
+            vals = [s[r] for s in series.values()]
+            assert {round(float(np.percentile(vals, lo)), 6),
+                    round(float(np.percentile(vals, hi)), 6)} <= ys[r]
     mean = next(line for line in ax.get_lines() if line.get_label() == "cohort mean")
     assert list(mean.get_ydata()) == pytest.approx([sum(s[r] for s in series.values()) / 12
                                                     for r in (1, 2)])
