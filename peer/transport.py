@@ -173,6 +173,7 @@ class ZmqTransport(Transport):
         self._allow_list_stamp = None  # (mtime_ns, size, inode) of the allow-list file
         self._reload_asked = False  # SIGHUP
         self._allow_change: tuple[frozenset[str], frozenset[str]] | None = None
+        self._heard: set[str] = set()  # peers a message came from (CURVE: authenticated)
 
     async def start(self) -> None:
         import zmq
@@ -235,7 +236,7 @@ class ZmqTransport(Transport):
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
                 kind, detail = handshake_refusal(event["value"], curve=self.security is not None)
-                self.refusals.refused(kind, f"a client of {self.address}", detail)
+                self.refusals.refused(kind, f"a client of {self.address}", detail + self._suspects())
         finally:
             monitor.close(linger=0)
 
@@ -289,6 +290,19 @@ class ZmqTransport(Transport):
 
     def dial_failure(self, address: str) -> str | None:
         return self._dial_failures.get(address)
+
+    def _suspects(self) -> str:
+        """Who a refused client most likely is: libzmq names no remote address for a
+        handshake that fails before ZAP (the other security mode, a wrong server key),
+        but the allow-listed peers never heard from are the candidates."""
+        if self.security is None:
+            return ""
+        silent = sorted(set(self.security.allowed) - self._heard - {self.peer_id})
+        if not silent:
+            return ""
+        shown = ", ".join(silent[:8]) + (f" and {len(silent) - 8} more" if len(silent) > 8 else "")
+        return (f"; allow-listed peers never heard from here: {shown} (most likely "
+                f"{'it' if len(silent) == 1 else 'one of them'})")
 
     def housekeeping(self) -> None:
         for refusals in (self.refusals, self.dial_refusals):
@@ -441,6 +455,7 @@ class ZmqTransport(Transport):
                         "revoked_key", identity, "a message on a connection made with a key "
                         "removed from the allow-list since: dropped")
                     continue
+                self._heard.add(identity)
             else:
                 identity = parts[0].bytes.decode("utf-8", errors="replace")
             frames = [p.buffer for p in parts[1:]]
