@@ -51,12 +51,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--on", choices=("local", "slurm"), default="local",
                    help="local: peers on this machine; slurm: one batch job on the SLURM cluster "
                         "(the experiment's slurm section; the run dir must be on a shared filesystem)")
+    p.add_argument("--detach", action="store_true",
+                   help="--on slurm: submit the job and return; the same command later follows "
+                        "the job and writes the results (the login session need not stay)")
     p.add_argument("--quiet", action="store_true", help="no live progress, only the results table")
     p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
                    help="run the experiment once per seed (data split, initialisation and the peers' "
                         "own randomness: defaults.data/cohort/node.seed), each in <run dir>/seed<S>, "
                         "and end with a table of every seed and their mean ± std")
     args = p.parse_args(argv)
+    if args.detach and args.on != "slurm":
+        p.error("--detach: only with --on slurm (a local launch runs its peers itself)")
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         p.error(f"--seeds: each seed once, got {' '.join(map(str, args.seeds))}")
     return args
@@ -210,7 +215,9 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                 )
         # On SLURM, the job's --gpus-per-task gives each task its own CUDA_VISIBLE_DEVICES.
         plans = expand(exp, ports=decision.ports, resume=decision.action == "resume",
-                       gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None)
+                       gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None,
+                       # on SLURM a peer has its task's cores, not a share of this login node's
+                       threads=exp.slurm.cpus_per_task if slurm else None)
         if args.in_process and exp.faults:
             raise ConfigError("faults", "process faults need a process per peer; drop "
                                         "--in-process or the faults")
@@ -266,18 +273,29 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     if not slurm and (busy := busy_machine_warning(len(plans), _load_average(), os.cpu_count())):
         _out(f"hfl-launch: {busy}", err=True)
     ports = [int(p.config.node.listen.rsplit(":", 1)[1]) for p in plans]
-    write_record(run_dir, exp_dict, ports, "running")
+    earlier_job = None  # a job a detached (or disconnected) launch of this run submitted
+    if slurm and decision.action == "resume":
+        from hfl.launch.rundir import read_record
+
+        earlier_job = (read_record(run_dir) or {}).get("slurm_job")
+    write_record(run_dir, exp_dict, ports, "running", **({"slurm_job": earlier_job} if earlier_job else {}))
     args.started_run_dir = run_dir  # from here on, a Ctrl-C marks it interrupted
     if slurm:
         from hfl.launch import slurm as on_slurm
 
         try:
+            follow = on_slurm.following(earlier_job, plans)
             outcome = on_slurm.run(exp, plans, run_dir, _out, progress=not args.quiet,
-                                   on_submit=lambda job: set_state(run_dir, "running", slurm_job=job))
+                                   on_submit=lambda job: set_state(run_dir, "running", slurm_job=job),
+                                   job=earlier_job if follow else None, detach=args.detach)
         except on_slurm.SlurmError as err:
             set_state(run_dir, "failed")
             _out(f"hfl-launch: {err}", err=True)
             return 1
+        if outcome is None:  # --detach: submitted; the same command follows it later
+            _out(f"hfl-launch: detached; run the same command again to follow the job and get "
+                 f"the results table (until then: squeue --me; {run_dir}/<peer>/peer.log)")
+            return 0
     elif args.in_process:
         from hfl.launch.inprocess import run_in_process
 

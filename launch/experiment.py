@@ -85,6 +85,9 @@ class SlurmConfig:
         default=(), metadata={"help": "more sbatch options, e.g. [--account=lab, --qos=normal]"})
     python: str | None = field(
         default=None, metadata={"help": "the Python with hfl installed on the nodes (default this one)"})
+    setup: tuple[str, ...] = field(
+        default=(), metadata={"help": "shell lines the job runs before its tasks, e.g. "
+                                      "['module load python/3.11', 'source /shared/venv/bin/activate']"})
 
 
 @dataclass(frozen=True)
@@ -220,8 +223,9 @@ def model_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int] | None = None,
-           resume: bool = False) -> list[PeerPlan]:
-    """Per-peer configs, validated, written under ``<run_dir>/peers/``.
+           resume: bool = False, threads: int | None = None) -> list[PeerPlan]:
+    """Per-peer configs, validated, written under ``<run_dir>/peers/``. ``threads`` per
+    peer: default ``threads_per_peer``, else this machine's cores / peers.
 
     With ``resume``, a peer whose model would change (:data:`MODEL_FIELDS`) against the
     config it was launched with is refused before any file is written: its checkpoint
@@ -231,7 +235,7 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
     gpus = detect_gpus(exp.devices) if gpus is None else gpus
     ports = ports or free_ports(len(ids), exp.host)
     addresses = [f"tcp://{exp.host}:{p}" for p in ports]
-    threads = exp.threads_per_peer or max(1, (os.cpu_count() or 1) // len(ids))
+    threads = threads or exp.threads_per_peer or max(1, (os.cpu_count() or 1) // len(ids))
     (run_dir / "peers").mkdir(parents=True, exist_ok=True)
     keys = None
     plans = []

@@ -82,8 +82,8 @@ def set_state(run_dir: Path, state: str, **extra: Any) -> None:
     record = read_record(run_dir)
     if record is not None:
         write_record(run_dir, record["experiment"], record["ports"], state,
-                     **{k: v for k, v in record.items()
-                        if k not in ("experiment", "ports", "state", "pid", "updated")}, **extra)
+                     **{**{k: v for k, v in record.items()
+                           if k not in ("experiment", "ports", "state", "pid", "updated")}, **extra})
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

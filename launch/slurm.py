@@ -73,6 +73,9 @@ def batch_script(exp: ExperimentConfig, plans: list[PeerPlan], run_dir: Path) ->
     options += list(s.sbatch)
     lines = ["#!/bin/bash", f"# hfl-launch --on slurm: {exp.name}, {len(plans)} peers"]
     lines += [f"#SBATCH {o}" for o in options]
+    if s.setup:  # the nodes' environment: modules, conda, a virtual environment
+        lines += ["set -e  # a failed setup line ends the job at once, with its error in the log",
+                  *s.setup, "set +e"]
     lines += [
         "# One task per peer; srun passes SLURM's signals (scancel, preemption, time limit) on.",
         f"exec srun --kill-on-bad-exit=0 {shlex.quote(python)} -m hfl.launch.slurm task "
@@ -92,8 +95,51 @@ def _run(cmd: list[str], what: str) -> str:
         raise SlurmError(f"{what}: {cmd[0]} did not answer within 60 s (is slurmctld up?)") from None
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
-        raise SlurmError(f"{what}: {' '.join(cmd[:2])} failed: {detail[-1] if detail else proc.returncode}")
+        last = detail[-1] if detail else f"exit status {proc.returncode}"
+        cause = sbatch_cause("\n".join(detail)) if cmd[0] == "sbatch" else None
+        raise SlurmError(f"{what}: {' '.join(cmd[:2])} failed: {last}"
+                         + (f": {cause}" if cause else ""))
     return proc.stdout
+
+
+# What sbatch's own error lines mean, and what to do (its text, lower-cased -> the cause).
+SBATCH_CAUSES = [
+    ("could not establish a configuration source",
+     "this machine has the SLURM commands but no cluster configured (no slurm.conf, no "
+     "configless slurmctld): run hfl-launch on the cluster's login node, or set SLURM_CONF"),
+    ("unable to contact slurm controller",
+     "slurmctld does not answer (down, or unreachable from here): try again later, or ask the "
+     "cluster's admins"),
+    ("invalid partition name",
+     "slurm.partition names no partition of this cluster: sinfo -s lists them"),
+    ("invalid account",
+     "the account (slurm.sbatch --account=...) is not yours on this cluster: sacctmgr show "
+     "assoc user=$USER lists yours"),
+    ("invalid qos",
+     "the QOS (slurm.sbatch --qos=...) is not allowed for your account: sacctmgr show assoc "
+     "user=$USER format=qos"),
+    ("requested node configuration is not available",
+     "no node has what one task asks for (slurm.cpus_per_task, slurm.gpus_per_task, memory): "
+     "ask for less, or another slurm.partition (sinfo -o '%P %c %G %m')"),
+    ("invalid generic resource",
+     "the GPUs asked for (slurm.gpus_per_task) do not exist in that partition: "
+     "sinfo -o '%P %G' shows each partition's GPUs"),
+    ("time limit",
+     "slurm.time is above the partition's limit: sinfo -o '%P %l' shows the limits"),
+    ("qosmaxsubmitjobperuserlimit",
+     "you have as many jobs queued as your QOS allows: wait for some to end (squeue -u $USER)"),
+    ("job violates accounting/qos policy",
+     "the job exceeds a limit of your account or QOS (jobs, CPUs, GPUs, time): ask for less, "
+     "or see sacctmgr show assoc user=$USER"),
+    ("node count specification invalid",
+     "more tasks (peers) than the partition can place: fewer peers, or another partition"),
+]
+
+
+def sbatch_cause(text: str) -> str | None:
+    """The cause and the fix of an sbatch failure, from its error text; None if unknown."""
+    low = text.lower()
+    return next((cause for needle, cause in SBATCH_CAUSES if needle in low), None)
 
 
 def job_state(job: str) -> str:
@@ -140,15 +186,43 @@ def _rounds(plans: list[PeerPlan]) -> str:
     return f"rounds {min(done)}-{max(done)}/{plans[0].config.cohort.rounds}"
 
 
+def following(job: str | None, plans: list[PeerPlan]) -> str | None:
+    """What became of the job a detached (or disconnected) launch submitted: "running"
+    (still queued or running: follow it), "ended" (every peer recorded its exit status:
+    collect the results) or None (gone without them: submit anew, resuming)."""
+    if not job:
+        return None
+    state = job_state(job)
+    if state not in ENDED and state != "UNKNOWN":
+        return "running"
+    codes = []
+    for p in plans:
+        try:
+            codes.append(int((Path(p.config.run_dir) / EXIT_FILE).read_text()))
+        except (OSError, ValueError):
+            return None
+    return "ended" if state == "COMPLETED" or not any(c in (130, 143, -15) for c in codes) else None
+
+
 def run(exp: ExperimentConfig, plans: list[PeerPlan], run_dir: Path, out, progress: bool,
-        on_submit=None) -> LaunchOutcome:
-    """Submit the cohort's job, wait for it, and say how each peer ended."""
+        on_submit=None, job: str | None = None, detach: bool = False) -> LaunchOutcome | None:
+    """Submit the cohort's job (or follow ``job``, submitted earlier), wait for it, and
+    say how each peer ended. ``detach``: submit and return None at once."""
     started = time.monotonic()
-    job = submit(exp, plans, run_dir)
-    out(f"hfl-launch: submitted SLURM job {job} ({run_dir / SCRIPT_FILE}); scancel {job} stops it")
-    if on_submit is not None:
-        on_submit(job)
-    state, shown, interrupted, unknown = "PENDING", "", False, 0
+    if job is None:
+        job = submit(exp, plans, run_dir)
+        out(f"hfl-launch: submitted SLURM job {job} ({run_dir / SCRIPT_FILE}); scancel {job} stops it")
+        if on_submit is not None:
+            on_submit(job)
+        if detach:
+            return None
+        state = "PENDING"
+    else:
+        out(f"hfl-launch: following SLURM job {job}, submitted earlier (scancel {job} stops it)")
+        state = job_state(job)
+        if state == "UNKNOWN" and following(job, plans) == "ended":
+            state = "COMPLETED"  # scontrol forgot it (MinJobAge); every peer recorded its end
+    shown, interrupted, unknown = "", False, 0
     try:
         # UNKNOWN: scontrol failed or forgot the job; give a restarting slurmctld time.
         while state not in ENDED and unknown < UNKNOWN_POLLS:

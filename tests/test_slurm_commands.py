@@ -1,0 +1,153 @@
+"""``hfl-launch --on slurm`` against stand-in SLURM commands (small shell scripts on
+PATH that answer as sbatch, scontrol and scancel do): what sbatch's failures mean,
+the nodes' set-up lines, and ``--detach`` (submit, leave, follow later). No daemon
+and no process is started, so nothing can be left behind; the real cluster is
+tests/test_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hfl.launch.cli import main
+from hfl.launch.slurm import sbatch_cause
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def experiment(tmp_path: Path, **slurm) -> Path:
+    exp = {"name": "onslurm", "peers": 2, "run_dir": str(tmp_path / "run"), "slurm": slurm,
+           "defaults": {"cohort": {"algorithm": "fedavg", "rounds": 2},
+                        "data": {"dataset": "digits", "partition": "iid"},
+                        "model": {"arch": "mlp", "options": {"hidden": [16]}}}}
+    path = tmp_path / "onslurm.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    return path
+
+
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch):
+    """sbatch (prints job 4242, counts its calls; fails with $FAKE_SBATCH_ERROR if set),
+    scontrol (the job's state from a file), scancel (recorded)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    state = tmp_path / "job_state"
+    state.write_text("PENDING")
+    scripts = {
+        "sbatch": f'echo x >> {tmp_path}/sbatch_calls\n'
+                  'if [ -n "$FAKE_SBATCH_ERROR" ]; then echo "$FAKE_SBATCH_ERROR" >&2; exit 1; fi\n'
+                  'echo 4242',
+        "scontrol": f'echo "JobId=4242 JobName=hfl JobState=$(cat {state}) Reason=None"',
+        "scancel": f'echo "$@" >> {tmp_path}/scancel_calls',
+    }
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return tmp_path
+
+
+def sbatch_calls(tmp_path: Path) -> int:
+    calls = tmp_path / "sbatch_calls"
+    return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+def record(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "run" / "launch.json").read_text())
+
+
+def peers_ended(tmp_path: Path, status: int) -> None:
+    """What the job's tasks leave behind: each peer's metrics and exit status."""
+    for pid in ("p0", "p1"):
+        d = tmp_path / "run" / pid
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(
+            {"peer": pid, "round": r, "time": 1000.0 + r, "round_time_s": 0.5, "test_acc": 0.5,
+             "global_acc": 0.5, "bytes_sent": 100, "bytes_received": 100, "incarnation": 0})
+            + "\n" for r in (1, 2)))
+        (d / "exit_status").write_text(f"{status}\n")
+
+
+@pytest.mark.parametrize(("error", "needle"), [
+    ("sbatch: fatal: Could not establish a configuration source", "no cluster configured"),
+    ("sbatch: error: Batch job submission failed: Invalid partition name specified", "sinfo -s"),
+    ("sbatch: error: Batch job submission failed: Requested node configuration is not available",
+     "slurm.cpus_per_task, slurm.gpus_per_task"),
+    ("sbatch: error: Batch job submission failed: Invalid account or account/partition "
+     "combination specified", "sacctmgr"),
+    ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+     "slurmctld does not answer"),
+])
+def test_an_sbatch_failure_is_one_line_with_its_cause(fake_slurm, capsys, monkeypatch, error, needle):
+    monkeypatch.setenv("FAKE_SBATCH_ERROR", error)
+    assert main([str(experiment(fake_slurm)), "--on", "slurm", "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    line = next(x for x in err if x.startswith("hfl-launch: submitting the job"))
+    assert error.split(": ", 1)[-1][:30] in line and needle in line
+    assert record(fake_slurm)["state"] == "failed"
+
+
+def test_an_unknown_sbatch_failure_still_says_what_sbatch_said():
+    assert sbatch_cause("sbatch: error: something new") is None
+
+
+def test_setup_lines_run_before_the_tasks_and_a_peer_has_its_tasks_cores(tmp_path, capsys):
+    path = experiment(tmp_path, cpus_per_task=3,
+                      setup=["module load python/3.11", "source /shared/venv/bin/activate"])
+    assert main([str(path), "--on", "slurm", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("module load python/3.11") < out.index("source /shared/venv") < out.index("exec srun")
+    assert "set -e" in out
+    # Its task's 3 cores, not a share of the login node's.
+    assert yaml.safe_load((tmp_path / "run" / "peers" / "p0.yaml").read_text())["node"]["threads"] == 3
+
+
+@pytest.mark.parametrize("example", ["slurm_cpu", "slurm_gpu"])
+def test_the_example_experiments_make_a_batch_script(tmp_path, capsys, example):
+    root = Path(__file__).resolve().parent.parent
+    assert main([str(root / "examples" / f"{example}.yaml"), "--on", "slurm", "--dry-run",
+                 "--run-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --ntasks=" in out and "-m hfl.launch.slurm task" in out
+    assert ("#SBATCH --gpus-per-task=1" in out) == (example == "slurm_gpu")
+
+
+def test_detach_submits_and_returns_and_the_same_command_follows_the_job(fake_slurm, capsys):
+    path = str(experiment(fake_slurm))
+    assert main([path, "--on", "slurm", "--detach", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "submitted SLURM job 4242" in out and "run the same command again" in out
+    assert sbatch_calls(fake_slurm) == 1
+    assert record(fake_slurm)["state"] == "running" and record(fake_slurm)["slurm_job"] == "4242"
+
+    # While it runs, the login session may end; later the job has completed.
+    peers_ended(fake_slurm, 0)
+    (fake_slurm / "job_state").write_text("COMPLETED")
+    assert main([path, "--on", "slurm", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "following SLURM job 4242" in out and "| p0" in out
+    assert sbatch_calls(fake_slurm) == 1  # followed, not submitted again
+    assert record(fake_slurm)["state"] == "finished"
+    assert (fake_slurm / "run" / "results.json").exists()
+
+
+def test_a_detached_job_that_was_cancelled_is_resubmitted_to_continue(fake_slurm, capsys):
+    path = str(experiment(fake_slurm))
+    assert main([path, "--on", "slurm", "--detach", "--quiet"]) == 0
+    peers_ended(fake_slurm, 143)  # stopped by scancel's SIGTERM after a checkpoint
+    (fake_slurm / "job_state").write_text("CANCELLED")
+    assert main([path, "--on", "slurm", "--detach", "--quiet"]) == 0
+    assert sbatch_calls(fake_slurm) == 2
+    assert "submitted SLURM job 4242" in capsys.readouterr().out
+
+
+def test_detach_needs_slurm(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([str(experiment(tmp_path)), "--detach"])
+    assert "--detach: only with --on slurm" in capsys.readouterr().err
