@@ -297,6 +297,13 @@ class PeerCore:
                 return "repeat", res
         return "abstain", None
 
+    def asks_again(self, msg: Heartbeat, aggregator: str, knowledge: Knowledge) -> bool:
+        """``msg`` (a heartbeat with ``awaiting``) is the aggregator this peer sent
+        ``knowledge`` to, for that round and epoch, saying it has not arrived: send it
+        again. Anyone else's ask, or one for another round or epoch, changes nothing."""
+        return (msg.sender == aggregator and msg.awaiting == knowledge.round == self.round
+                and msg.epoch == knowledge.epoch)
+
     def expect_acks(self, r: int, epoch: int, digest: str) -> None:
         self.acks.setdefault((r, epoch, digest), {self.id})
 

@@ -185,6 +185,9 @@ class Node:
         self._rounds_run = 0
         self._stopping = False
         self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
+        # (aggregator, knowledge) this peer sent last with an elected aggregator: sent
+        # again when that aggregator says it is still awaiting it (heartbeat ``awaiting``)
+        self._sent_knowledge: tuple[str, Knowledge] | None = None
         self.advertise = advertise
         self.seeds = seeds
         self.fault = fault or FaultConfig()
@@ -466,6 +469,12 @@ class Node:
             address = mem.address_of(to)
             if address is not None and to != self.id:
                 self._reply_soon(address, self._heartbeat(), to)
+        if msg.awaiting and self._sent_knowledge is not None:
+            aggregator, knowledge = self._sent_knowledge
+            if self.core.asks_again(msg, aggregator, knowledge):
+                log.info("%s: round %d: aggregator %s has not got our knowledge; sending it "
+                         "again", self.id, msg.awaiting, msg.sender)
+                self._spawn(self._send_to(aggregator, knowledge), "knowledge again")
         if msg.target and msg.target not in (self.id, msg.sender):
             # An indirect probe: ask the target to answer the sender itself, over its own
             # link (our word that it lives would be a third party's).
@@ -950,6 +959,7 @@ class Node:
             if aggregator == self.id:
                 return await self._serve(r, payload, info, work)
             knowledge = self._knowledge(r, payload, self.epoch)
+            self._sent_knowledge = (aggregator, knowledge)  # an "awaiting" asks for it again
             await self._send_to(aggregator, knowledge)
             # An aggregator still behind round r (restarted, paused, catching up) may lose
             # what it got meanwhile (or never get it: it was not listening yet): once its
@@ -1148,7 +1158,18 @@ class Node:
         an abstention: PeerCore.proposal), then commit once a quorum acked it."""
         mem, core = self.membership, self.core
         deadline = self.clock.now() + self.timing.round_timeout_s
-        complete = await self._wait_until(lambda: not core.awaited(r), deadline)
+        # A contribution lost on the way (a lossy link, a reconnect) cost the whole
+        # round_timeout_s: after 4, 8, 8, ... heartbeats the members still awaited are
+        # asked for it (a heartbeat with ``awaiting``; one that has sent it here sends
+        # it again, one still training ignores it).
+        hb = self.timing.heartbeat_interval_s
+        ask_after, paused0 = 4 * hb, self._paused_s
+        while not (complete := await self._wait_until(
+                lambda: not core.awaited(r), min(deadline, self.clock.now() + ask_after))):
+            if self.clock.now() >= deadline + (self._paused_s - paused0):  # (a pause moves it)
+                break
+            await self._broadcast(core.awaited(r), self._heartbeat(awaiting=r), 0.05)
+            ask_after = 8 * hb
         promised = core.promises(r)
         quorum = core.quorum()
         self._maybe_crash(r, "serve")

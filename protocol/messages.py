@@ -101,6 +101,9 @@ class Heartbeat(Message):
     # it entered, it neither contributes, acks nor serves there (its own word that the
     # rotation may skip it for that round).
     sitting_out: int = 0
+    # From an aggregator to a member it still waits for (0: none): "round r's knowledge
+    # for my epoch has not reached me"; a member that sent it there sends it again.
+    awaiting: int = 0
     probe: int = 0
     relay: str = ""
     target: str = ""

@@ -150,3 +150,20 @@ def test_a_heartbeat_sent_before_the_aggregator_failed_over_too_is_not_news():
     # A heartbeat a whole interval later that still says epoch 0 is news: p4 waits there.
     hear(c, beat("p4", 3, epoch=0), 11.5)
     assert c.aggregator_waits_elsewhere("p4", 3)
+
+
+# ------------------------------------------------------------------ a lost contribution
+
+
+def test_only_the_aggregator_we_sent_to_can_ask_for_our_knowledge_again():
+    from hfl.protocol import Knowledge
+
+    c = core("p0")
+    c.round = 3
+    sent = Knowledge(sender="p0", incarnation=0, round=3, epoch=1, kind="weights")
+    assert c.asks_again(beat("p4", 3, epoch=1, awaiting=3), "p4", sent)
+    assert not c.asks_again(beat("p1", 3, epoch=1, awaiting=3), "p4", sent)  # not ours
+    assert not c.asks_again(beat("p4", 3, epoch=0, awaiting=3), "p4", sent)  # another epoch
+    assert not c.asks_again(beat("p4", 4, epoch=1, awaiting=4), "p4", sent)  # another round
+    c.round = 4  # we moved on: round 3's knowledge is not sent again
+    assert not c.asks_again(beat("p4", 3, epoch=1, awaiting=3), "p4", sent)
