@@ -176,6 +176,7 @@ class Membership:
             if round is not None:
                 self.members[peer_id].round = round
                 self.members[peer_id].epoch = epoch or 0
+                self.members[peer_id].epoch_heard = now
             self._ids.append(peer_id)
             self._touch()
             return Change(peer_id, "unknown", ALIVE, "joined")
