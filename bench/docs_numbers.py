@@ -176,7 +176,8 @@ def _launch_values(example: str, out_dir: Path, sets: list[str] = (), extra: lis
     res = json.loads((run_dir / "results.json").read_text())
     values = {"best_mean_test_acc": res["best_mean_test_acc"]}
     for row in res["peers"]:
-        for col in ("test_acc", "global_acc", "best_global_acc", "sent_mb"):
+        for col in ("test_acc", "global_acc", "best_global_acc", "sent_mb", "sel_acc", "sel_bwt",
+                    "sel_fwt", "acc"):
             if isinstance(row.get(col), (int, float)):
                 values[f"{row['peer']}.{col}"] = row[col]
     return values
@@ -192,6 +193,10 @@ def measure_chfl_tabular(out_dir: Path) -> dict:
 
 def measure_chfl_digits(out_dir: Path) -> dict:
     return _launch_values("examples/chfl_digits.yaml", out_dir)
+
+
+def measure_rotated_digits_hetero(out_dir: Path) -> dict:
+    return _launch_values("examples/rotated_digits_hetero.yaml", out_dir)
 
 
 def measure_chfl_simulated(out_dir: Path) -> dict:
@@ -286,6 +291,20 @@ COHORT_ROWS = {"breast_cancer": "breast-cancer", "wine": "wine", "digits": "digi
 METHODS = ["solo", "avg", "avgkd", "chfl"]  # the tables' method columns, in order
 
 
+def _cell(row_start: str, column: int) -> str:
+    """A regex up to the start of cell ``column`` (0: the first after ``row_start``) of
+    the table row that begins with ``row_start`` (``| wine | IID |``)."""
+    return rf"{re.escape(row_start)}(?:[^|\n]*\|){{{column}}}[^|\n]*?"
+
+
+def _pm_quotes(doc: str, anchor: str, row_start: str, column: int, key: str) -> list[Quote]:
+    """The two numbers of a ``95.70 ± 1.87`` cell (bold or not), in percent."""
+    cell = _cell(row_start, column)
+    return [Quote(doc, f"{key}.mean", anchor=anchor, scale=100,
+                  pattern=cell + r"\*{0,2}" + NUMBER + " ±"),
+            Quote(doc, f"{key}.std", anchor=anchor, scale=100, pattern=cell + r"± " + NUMBER)]
+
+
 def _chfl_table_quotes(cohorts: list[str]) -> list[Quote]:
     """docs/chfl.md's two results tables: a row is (cohort, labels), a column a method
     (the paired table has no SOLO column); a cell reads ``95.70 ± 1.87`` or
@@ -293,24 +312,63 @@ def _chfl_table_quotes(cohorts: list[str]) -> list[Quote]:
     quotes = []
     for cohort in cohorts:
         for labels in ("IID", "non-IID"):
-            anchor_row = f"| {COHORT_ROWS[cohort]} | {labels} |"
+            row = f"| {COHORT_ROWS[cohort]} | {labels} |"
             for i, m in enumerate(METHODS):
                 key = f"{cohort}/{labels}/{m}"
-                cell = rf"{re.escape(anchor_row)}(?:[^|\n]*\|){{{i}}}[^|\n]*?"
-                quotes.append(Quote("docs/chfl.md", f"{key}.mean", anchor=CHFL_RESULTS, scale=100,
-                                    pattern=cell + r"\*{0,2}" + NUMBER + " ±"))
-                quotes.append(Quote("docs/chfl.md", f"{key}.std", anchor=CHFL_RESULTS, scale=100,
-                                    pattern=cell + r"± " + NUMBER))
+                quotes += _pm_quotes("docs/chfl.md", CHFL_RESULTS, row, i, key)
                 if m == "solo":
                     continue
-                cell = rf"{re.escape(anchor_row)}(?:[^|\n]*\|){{{i - 1}}}[^|\n]*?"
-                quotes.append(Quote("docs/chfl.md", f"{key}-solo.mean", anchor=CHFL_PAIRED, scale=100,
-                                    pattern=cell + NUMBER + " ±"))
-                quotes.append(Quote("docs/chfl.md", f"{key}-solo.std", anchor=CHFL_PAIRED, scale=100,
-                                    pattern=cell + r"± " + NUMBER))
+                quotes += _pm_quotes("docs/chfl.md", CHFL_PAIRED, row, i - 1, f"{key}-solo")
                 quotes.append(Quote("docs/chfl.md", f"{key}-solo.count", anchor=CHFL_PAIRED,
-                                    pattern=cell + r"\(" + NUMBER + "/5"))
+                                    pattern=_cell(row, i - 1) + r"\(" + NUMBER + "/5"))
     return quotes
+
+
+ATTACKS_TABLE = "| attack | f | mean (no defense)"
+ATTACKS_WORST = "A lying aggregator (it contributes honestly"
+
+
+def _attacks_quotes() -> list[Quote]:
+    """docs/robust.md's attack benchmark: the final-round table (a row per attack and f)
+    and the lying aggregator's worst-round table (a row per f and where it aggregates)."""
+    from attacks import ATTACKS, DEFENSES
+
+    quotes = []
+    rows = [("none", 0, "aggregator")] + [(a, f, "aggregator") for a in ATTACKS if a != "none"
+                                          for f in (1, 2)]
+    rows += [("lying aggregator", f, "every_peer") for f in (1, 2)]
+    for attack, f, at in rows:
+        label = attack + (" (every_peer)" if at == "every_peer" else "")
+        for i, d in enumerate(DEFENSES):
+            quotes += _pm_quotes("docs/robust.md", ATTACKS_TABLE, f"| {label} | {f} |", i,
+                                 f"final/{attack}/{f}/{at}/{d}")
+    for f in (1, 2):
+        for at in ("aggregator", "every_peer"):
+            for i, d in enumerate(DEFENSES):
+                quotes += _pm_quotes("docs/robust.md", ATTACKS_WORST, f"| f={f} {at} |", i,
+                                     f"worst/lying aggregator/{f}/{at}/{d}")
+    return quotes
+
+
+def measure_attacks(out_dir: Path) -> dict:
+    """bench/attacks.py --seeds 0 1 2: each cell's mean and std over the seeds."""
+    out = out_dir / "attacks.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "attacks.py"), "--seeds", "0", "1", "2",
+           "--out", str(out)]
+    print("$ " + " ".join(cmd[1:]), flush=True)
+    rc, _, text = run_cmd(cmd, 3600)
+    if rc != 0:
+        raise RuntimeError(f"attacks.py exited with status {rc}:\n{text[-2000:]}")
+    cells: dict[str, list[float]] = {}
+    for r in json.loads(out.read_text())["runs"]:
+        for which in ("final", "worst"):
+            cells.setdefault(f"{which}/{r['attack']}/{r['f']}/{r['aggregate_at']}/{r['defense']}",
+                             []).append(r[which])
+    values = {}
+    for key, v in cells.items():
+        values[f"{key}.mean"] = statistics.mean(v)
+        values[f"{key}.std"] = statistics.stdev(v) if len(v) > 1 else 0.0
+    return values
 
 
 CHECKS = [
@@ -345,6 +403,15 @@ CHECKS = [
           minutes=1.5),
     Check("compare_chfl_digits", "python bench/compare_chfl.py --cohorts digits",
           measure_compare_chfl_digits, _chfl_table_quotes(["digits"]), minutes=32),
+    Check("attacks", "python bench/attacks.py --seeds 0 1 2", measure_attacks, _attacks_quotes(),
+          minutes=1.5),
+    Check("rotated_digits_hetero", "hfl-launch examples/rotated_digits_hetero.yaml",
+          measure_rotated_digits_hetero,
+          [Quote("docs/fedh2l.md", f"{row}.{key}", anchor="### Heterogeneous architectures", row=row,
+                 column=col, scale=100)
+           for row in ("p0", "p1", "p2", "p3", "mean")
+           for col, key in (("ACC", "sel_acc"), ("BWT", "sel_bwt"), ("FWT", "sel_fwt"),
+                            ("final ACC", "acc"))], minutes=1.5),
 ]
 
 
@@ -378,11 +445,12 @@ def run_check(check: Check, out_dir: Path, write: bool) -> Result:
         result.moved.append(f"{f.quote.doc}:{f.line}: {f.quote.key}: the doc says {f.text}, "
                             f"`{check.command}` gives {new}")
         edits.setdefault(f.quote.doc, []).append((f, new))
-    if write:
+    if write:  # found again in the page as it is now (it may have been edited meanwhile)
         for doc, changes in edits.items():
             text = (ROOT / doc).read_text()
-            for f, new in sorted(changes, key=lambda c: -c[0].start):
-                text = text[: f.start] + new + text[f.end:]
+            spans = [(find(f.quote, text), new) for f, new in changes]
+            for now, new in sorted(spans, key=lambda c: -c[0].start):
+                text = text[: now.start] + new + text[now.end:]
             (ROOT / doc).write_text(text)
     return result
 
