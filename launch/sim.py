@@ -450,6 +450,9 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     from hfl.peer.runner import run_peer
 
     wall0 = time.perf_counter()
+    # Autograd's switch is thread-global: an earlier run or test interrupted inside a
+    # torch.no_grad() block's __enter__ leaves it off (every peer then fails to train).
+    torch.set_grad_enabled(True)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

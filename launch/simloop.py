@@ -78,6 +78,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         selector.loop = self
         self._now = start
         self._frozen: dict[str, float] = {}  # peer -> virtual time it thaws
+        self._interrupt: BaseException | None = None  # see _interrupted
 
     # ------------------------------------------------------------------ time
 
@@ -147,6 +148,47 @@ class VirtualLoop(asyncio.SelectorEventLoop):
             if until is not None and when < until:
                 when = until
         return super().call_at(when, callback, *args, context=context)
+
+    # ------------------------------------------------------------------ interrupts
+
+    # A BaseException that is not an Exception (what a signal handler raises: pytest-timeout's
+    # Failed, KeyboardInterrupt, SystemExit) comes from outside the simulated system, at a
+    # point that depends on the wall clock. asyncio stores it on whichever task it hit and
+    # carries on, and the runtime logs a dead background task and goes on without it (a
+    # peer whose receive loop died is alive but deaf: its whole cohort stops learning). So
+    # the run ends at once and run_until_complete raises it: never a different history.
+
+    def create_task(self, coro, *, name=None, context=None):
+        task = super().create_task(coro, name=name, context=context)
+        task.add_done_callback(self._watch)
+        return task
+
+    def _watch(self, task: asyncio.Task) -> None:
+        if not task.cancelled():
+            self._interrupted(task.exception())
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        self._interrupted(context.get("exception"))  # a plain callback (Handle._run) hit
+        super().call_exception_handler(context)
+
+    def _interrupted(self, exc: BaseException | None) -> None:
+        if (exc is not None and not isinstance(exc, (Exception, asyncio.CancelledError))
+                and self._interrupt is None):
+            self._interrupt = exc
+            self.stop()
+
+    def run_until_complete(self, future):
+        try:
+            result = super().run_until_complete(future)
+        except BaseException:
+            exc, self._interrupt = self._interrupt, None
+            if exc is not None:
+                raise exc from None  # not "Event loop stopped before Future completed"
+            raise
+        exc, self._interrupt = self._interrupt, None
+        if exc is not None:
+            raise exc
+        return result
 
     # ------------------------------------------------------------------ no threads
 

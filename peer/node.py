@@ -185,6 +185,9 @@ class Node:
         self._rounds_run = 0
         self._stopping = False
         self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
+        self._essential: set[asyncio.Task] = set()  # the receive and tick loops
+        self._runner: asyncio.Task | None = None  # the task in run(), cancelled if one dies
+        self._fatal: tuple[str, BaseException] | None = None  # (loop, what killed it)
         # (aggregator, knowledge) this peer sent last with an elected aggregator: sent
         # again when that aggregator says it is still awaiting it (heartbeat ``awaiting``)
         self._sent_knowledge: tuple[str, Knowledge] | None = None
@@ -234,13 +237,21 @@ class Node:
             self._spawn(self._receive_loop(), "receive"),
             self._spawn(self._tick_loop(), "tick"),
         ]
+        self._essential = set(background)
+        self._runner = asyncio.current_task()
         try:
             await self._run_rounds()
             await self._leave("finished")
         except asyncio.CancelledError:
-            # Stopped from outside (SIGTERM, Ctrl-C): tell the others, briefly.
+            # Stopped from outside (SIGTERM, Ctrl-C), or a loop of its own died: tell the
+            # others, briefly.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._leave("stopped"), self.timing.send_timeout_s)
+            if self._fatal is not None:
+                name, exc = self._fatal
+                raise NodeFailed(f"{self.id}: its {name} loop failed ({type(exc).__name__}: "
+                                 f"{exc}); a peer that cannot receive or send heartbeats "
+                                 "stops instead of running on deaf") from exc
             raise
         finally:
             self._stopping = True
@@ -267,6 +278,12 @@ class Node:
         self._tasks.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: task %s failed", self.id, task.get_name(), exc_info=task.exception())
+            if task in self._essential and not self._stopping and self._fatal is None:
+                # The receive or tick loop: without it the peer is alive to the others but
+                # deaf (its whole cohort stopped learning). Stop the peer, loudly.
+                self._fatal = (task.get_name().split(":", 1)[-1], task.exception())
+                if self._runner is not None:
+                    self._runner.cancel()
 
     # ================================================================ sending
 
@@ -1267,6 +1284,10 @@ class Node:
         if targets:  # best effort and brief: a peer that already closed must not delay our exit
             await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
                                                  round=self.round), timeout_s=0.2)
+
+
+class NodeFailed(RuntimeError):
+    """The node's own receive or tick loop died: the peer stops (see Node._task_done)."""
 
 
 def clip(text: Any, limit: int = 120) -> str:

@@ -94,11 +94,15 @@ def _check_same_model(cfg: PeerConfig, run_dir: Path, saved: dict[str, Any] | No
         raise _model_changed(cfg, run_dir, "; ".join(config_differences(saved, spec)) or "it differs")
 
 
-def _save(run_dir: Path, r: int, node: Node, model: dict[str, Any] | None) -> None:
+def _save(run_dir: Path, r: int, node: Node, model: dict[str, Any] | None,
+          saved_at: float | None = None) -> None:
     import torch
 
     save_checkpoint(run_dir, {
         "round": r,
+        # when (the run's wall clock, or the simulator's): a summary a member wrote after
+        # it means the cohort finished without this peer (finished_siblings)
+        "saved_at": time.time() if saved_at is None else saved_at,
         "model": model,  # how to rebuild the model (hfl.peer.factory.model_spec), for hfl-export
         "incarnation": node.incarnation,
         "algorithm": node.alg.state_dict(),
@@ -130,7 +134,7 @@ class RoundRecorder:
 
     def __init__(self, run_dir: Path, cfg: PeerConfig, mode: str, resumed_after: int | None,
                  checkpoints: bool, remembered: int = 0, model: dict[str, Any] | None = None,
-                 clock=None):
+                 clock=None, wall: Callable[[], float] = time.time):
         self.run_dir = run_dir
         self.model = model
         self.write_metrics = MetricsWriter(run_dir / METRICS_NAME, cfg.cohort.rounds)
@@ -146,6 +150,7 @@ class RoundRecorder:
         self.written: set[int] = set()
         self.node: Node | None = None  # set once built: the membership tells who answered
         self.clock = clock or MonotonicClock()
+        self.wall = wall  # what "saved_at" in a checkpoint reads
         self.started = self.clock.now()
         self.stopped = False  # the peer is stopping: a held round lets go
         self._written = threading.Event()  # no checkpoint is being written (worker thread)
@@ -214,7 +219,7 @@ class RoundRecorder:
         if record is not None:
             self._record(record)
         if self.checkpoints:
-            _save(self.run_dir, r, node, self.model)
+            _save(self.run_dir, r, node, self.model, self.wall())
 
     def round(self, record: dict[str, Any]) -> None:
         self._record(record)
@@ -224,17 +229,25 @@ def finished_siblings(run_dir: Path, cfg: PeerConfig, members: list[tuple[str, s
                       since: float) -> list[str]:
     """Members remembered in this peer's checkpoint whose run directories (beside
     this one, as ``hfl-launch`` lays them out) hold a summary of the cohort's last
-    round, written after this peer's checkpoint: the cohort finished without it."""
+    round, written after this peer's checkpoint: the cohort finished without it.
+
+    "After" compares the times the files record (``finished_at``, the checkpoint's
+    ``saved_at``: the simulator's virtual clock there), not file times: those are
+    coarse (a kernel tick) and read the wall clock, so a simulated run would depend
+    on the machine's speed. Files from before these fields fall back to mtimes."""
     done = []
     for peer_id, _ in members:
         if peer_id == cfg.node.id or "/" in peer_id or peer_id in (".", ".."):
             continue
         path = run_dir.parent / peer_id / SUMMARY_NAME
         try:
-            if path.stat().st_mtime < since:
-                continue
             summary = json.loads(path.read_text())
+            finished = (summary.get("finished_at") if isinstance(summary, dict) else None)
+            if not isinstance(finished, (int, float)):
+                finished = path.stat().st_mtime
         except (OSError, ValueError):
+            continue
+        if finished < since:
             continue
         if (isinstance(summary, dict) and summary.get("peer") == peer_id
                 and isinstance(summary.get("last_round"), int)
@@ -286,6 +299,9 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     from hfl.peer.factory import build_algorithm, model_spec
 
     identity = cfg.identity()  # keys before anything slow: a bad key file fails at once
+    # The time files record for each other (a checkpoint's saved_at, a summary's
+    # finished_at): the wall clock, or the clock the simulator injects (virtual).
+    wall = clock.now if clock is not None else time.time
 
     # Files first (before the slow data and model): a corrupt checkpoint, a full or
     # read-only disk, a finished cohort are one line each, at once.
@@ -301,7 +317,9 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         start_round = resumed_after + 1
         members = [(str(p), str(a)) for p, a in state["members"]]
         if start_round <= cfg.cohort.rounds and get_algorithm(cfg.cohort.algorithm).mode != "local":
-            since = (run_dir / CHECKPOINT_NAME).stat().st_mtime
+            since = state.get("saved_at")
+            if not isinstance(since, (int, float)):  # a checkpoint from before the field
+                since = (run_dir / CHECKPOINT_NAME).stat().st_mtime
             done = finished_siblings(run_dir, cfg, members, since)
             if done and not cfg.node.allow_solo:
                 raise CohortGone(
@@ -384,7 +402,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
                  cfg.data.partition, cfg.data.num_partitions, cfg.data.seed)
     recorder = RoundRecorder(run_dir, cfg, algorithm.mode, resumed_after, cfg.node.checkpoint,
                              remembered=len([p for p, _ in members if p != cfg.node.id]),
-                             model=spec, clock=clock)
+                             model=spec, clock=clock, wall=wall)
     # A sharing peer told where its cohort is (bootstrap) waits for one other peer even
     # with min_peers 1, and stops (exit 3) if none joined within timing.join_timeout_s,
     # instead of training every round alone only to fail at the end. The first peer of a
@@ -429,6 +447,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         "incarnation": incarnation, "rounds": cfg.cohort.rounds,
         "last_round": result.last_round, "rounds_completed_this_run": result.rounds_completed,
         "wall_time_s": time.time() - started, "cpu_time_s": time.process_time(),
+        "finished_at": wall(),  # compared with a checkpoint's saved_at (finished_siblings)
         "dropped": result.dropped,
         "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
         "max_live_peers": max((int(r.get("live_peers", 1)) for r in result.metrics), default=1),
