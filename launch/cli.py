@@ -225,12 +225,16 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         start = args.start or ("forkserver" if sys.platform.startswith("linux") else "process")
         if start == "forkserver" and not args.dry_run and not args.in_process and not slurm:
             import signal
+            from multiprocessing import resource_tracker
 
             from hfl.launch.zygote import preload_for, start_template
 
             # The template starts with SIGINT blocked, and keeps it so: a Ctrl-C while it
             # imports torch would print a traceback from inside torch (the launcher
             # stops it). Here a Ctrl-C meanwhile is only delayed to the unblocking.
+            # (multiprocessing's resource tracker, started with the template, unblocks
+            # SIGINT after spawning itself: started first, it leaves the mask alone.)
+            resource_tracker.ensure_running()
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
                 start_template(sorted({m for p in plans

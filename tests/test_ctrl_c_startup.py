@@ -44,6 +44,19 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _sigint_blocked(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    blocked = int(next(x for x in status.splitlines() if x.startswith("SigBlk:")).split()[1], 16)
+    return bool(blocked & (1 << (signal.SIGINT - 1)))
+
+
 def wait_gone(pids: list[int], timeout_s: float = 30) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(alive(p) for p in pids):
@@ -78,6 +91,9 @@ def test_ctrl_c_during_start_up_is_one_line_and_leaves_nothing_running(tmp_path,
                 break
             assert time.monotonic() < deadline
     kids = children(proc.pid)
+    if moment != "template":  # the template, importing torch or serving, never takes SIGINT
+        template = [k for k in kids if b"forkserver" in _cmdline(k)]
+        assert template and all(_sigint_blocked(k) for k in template), (kids, template)
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     lines = [x for x in out.splitlines() if x.strip()]
