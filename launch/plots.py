@@ -135,51 +135,59 @@ def plot_run(run_dir: Path, peers: list[tuple[str, Path]]) -> list[Path]:
         plt = _pyplot()
         fig, ax = plt.subplots(figsize=(7, 4.2))
         draw_cohort(ax, series, archs, events)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel("round")
-        ax.set_ylabel(label)
-        ax.set_title(f"{Path(run_dir).name}: {label}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"{stem}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, ax, label, f"{Path(run_dir).name}: {label}",
+                             out_dir / f"{stem}.png"))
     write_tensorboard(run_dir, records)
     return written
+
+
+def _cohort_means(runs: dict[Any, dict[str, list[dict[str, Any]]]], key: str) -> dict[Any, dict[int, float]]:
+    """Each run's (run label -> {peer id -> metrics records}) cohort mean of ``key``."""
+    means = {}
+    for name, peers in runs.items():
+        series = [s for s in (per_round(recs, key) for recs in peers.values()) if s]
+        if series:
+            means[name] = cohort_mean(series)
+    return means
+
+
+def _metric_figures(runs: dict[Any, dict[str, list[dict[str, Any]]]]):
+    """Per metric some run reports: (label, file stem, each run's cohort mean, pyplot,
+    a fresh figure and its axes)."""
+    for key, label, stem in METRICS:
+        means = _cohort_means(runs, key)
+        if means:
+            plt = _pyplot()
+            fig, ax = plt.subplots(figsize=(7, 4.2))
+            yield label, stem, means, plt, fig, ax
+
+
+def _save(plt, fig, ax, ylabel: str, title: str, path: Path) -> Path:
+    """Axes labelled and titled, the figure written to ``path`` and closed."""
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot_compare(runs: dict[str, dict[str, list[dict[str, Any]]]], out: Path) -> list[Path]:
     """``runs``: run label -> {peer id -> metrics records}. One PNG per metric: each
     run's cohort mean over rounds. ``out`` is the file stem (``<out>_<metric>.png``)."""
     written = []
-    for key, label, stem in METRICS:
-        means = {}
-        for name, peers in runs.items():
-            series = [s for s in (per_round(recs, key) for recs in peers.values()) if s]
-            if series:
-                means[name] = cohort_mean(series)
-        if not means:
-            continue
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, stem, means, plt, fig, ax in _metric_figures(runs):
         for name, mean in means.items():
             ax.plot(list(mean), list(mean.values()), lw=2, label=name)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel("round")
-        ax.set_ylabel(f"{label} (cohort mean)")
-        ax.set_title(f"{' vs '.join(means)}: {label}" if len(means) <= 4 else
-                     f"{len(means)} runs: {label}", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = Path(f"{out}_{stem}.png")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        title = (f"{' vs '.join(means)}: {label}" if len(means) <= 4 else
+                 f"{len(means)} runs: {label}")
+        written.append(_save(plt, fig, ax, f"{label} (cohort mean)", title,
+                             Path(f"{out}_{stem}.png")))
     return written
 
 
@@ -189,16 +197,7 @@ def plot_seeds(base: Path, runs: dict[int, dict[str, list[dict[str, Any]]]]) -> 
     import statistics
 
     written = []
-    for key, label, stem in METRICS:
-        means = {}
-        for seed, peers in runs.items():
-            series = [s for s in (per_round(recs, key) for recs in peers.values()) if s]
-            if series:
-                means[seed] = cohort_mean(series)
-        if not means:
-            continue
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, stem, means, plt, fig, ax in _metric_figures(runs):
         for seed, mean in means.items():
             ax.plot(list(mean), list(mean.values()), lw=1, alpha=0.6, label=f"seed {seed}")
         rounds = sorted(set().union(*means.values()))
@@ -209,18 +208,9 @@ def plot_seeds(base: Path, runs: dict[int, dict[str, list[dict[str, Any]]]]) -> 
                         [m + d for m, d in zip(mu, sd, strict=True)], color="grey", alpha=0.3,
                         lw=0, label="± 1 std over seeds")
         ax.plot(rounds, mu, lw=2.5, color="black", label=f"mean over {len(means)} seeds")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel("round")
-        ax.set_ylabel(f"{label} (cohort mean)")
-        ax.set_title(f"{Path(base).name}, seeds {', '.join(map(str, means))}: {label}", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        path = Path(base) / "plots" / f"seeds_{stem}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, ax, f"{label} (cohort mean)",
+                             f"{Path(base).name}, seeds {', '.join(map(str, means))}: {label}",
+                             Path(base) / "plots" / f"seeds_{stem}.png"))
     return written
 
 
