@@ -1,7 +1,8 @@
 """Liveness under external faults: what a kill, a pause, a double restart or a
 healed partition costs the cohort's round, against a normal round of the same run.
 
-    python bench/liveness.py [--quick] [--cases 0abcde] [--dead-after 1.5]
+    python bench/liveness.py [--quick] [--cases 0abcdefgh] [--dead-after 1.5]
+                             [--hfl-src DIR [--hfl-src DIR ...]]
 
 ``hfl-launch --dry-run`` writes the per-peer configs of a small FedAvg cohort
 (4 peers, digits, a small MLP); each case then starts those peers itself as
@@ -19,9 +20,33 @@ self-crash hook):
      two bridges joined by one veth link, which is taken down for
      2 x dead_after_s and brought up again (needs root and ``ip netns``; left
      out, with the reason, where either is missing)
+  f  SIGTERM the next round's aggregator (a graceful leave: goodbye, last row and
+     checkpoint) and restart it as soon as it has exited (leave, then rejoin)
+  g  a rolling restart with SIGTERM of every peer (``--peers 5`` for the issue's
+     numbers), in rotation order from the next round's aggregator: each stopped,
+     restarted as soon as it exited, the next stopped once the last has a metrics
+     row in its new life (a higher incarnation)
+  h  the same rolling restart with SIGKILL
+
+f, g and h run ``--departure-rounds`` rounds (a restart takes a process start,
+seconds, during which the others go on) and end, SIGKILLing the peers, once the
+cohort has been whole again for ``--fault-after + 2`` rounds after the last
+restart. For a SIGTERM each stop prints the seconds from the signal to the
+process's exit and its exit status (143 expected; bounded by ``--stop-timeout``,
+then SIGKILL). For the cases that run to their end (0-e) each peer's seconds
+from its "done" line (seen in its log; polled every 20 ms) and from its
+summary.json's mtime to its process's exit are printed too.
+
+``--hfl-src DIR`` (repeatable) runs each case once per checkout, side by side in
+one run (alternating, so both see the same load): the dry run and every peer
+import ``hfl`` from DIR (scale.py's ``sitecustomize.py`` on PYTHONPATH), e.g. a
+``git worktree add /tmp/hfl-before <commit>`` of older code; ``.`` (the default)
+is this checkout.
 
 From the metrics.jsonl rows of the peers the fault did not touch (all peers for
-e) a round ends at ``max(time + round_time_s)`` over them; a round's duration is
+e, g and h) a round ends at ``max(time + round_time_s)`` over them (less the rows
+that end after some peer ended the next round: a restarted peer left behind, which
+re-ran a round the cohort had passed); a round's duration is
 the time between the ends of consecutive rounds. The fault's window runs from
 the fault to the first round whose aggregate took in every peer still in the
 run (the cohort "whole again"; to the end if that never came); the affected
@@ -33,9 +58,10 @@ round, its extra seconds over normal and the ratio, the extra summed over the
 window, whether the affected round stayed within the issue's
 budget ``dead_after_s + 2 x heartbeat_interval_s`` over normal, how many rounds
 after the fault some measured peer ended without an aggregate (below the
-quorum, or left behind), how long after the fault the first aggregate with
-every peer still in the run came (the cohort "whole again"), rounds in which
-peers used results of different aggregators or epochs (a split: must be 0),
+quorum, or left behind) and in how many none of them had one, how long after
+the fault the first aggregate with every peer still in the run came (the cohort
+"whole again"), rounds in which peers used results of different aggregators or
+epochs (a split: must be 0),
 and each peer's exit codes (-9: killed here). For e the verdict uses the time
 from the heal until the cohort is whole again, less a normal round: rounds go
 on without aggregates on both sides of a cut (neither half is a quorum).
@@ -61,6 +87,7 @@ from typing import Any
 
 import _common as c
 import yaml
+from scale import commit_of, hfl_location
 
 CASE_NAMES = {
     "0": "no fault",
@@ -69,7 +96,11 @@ CASE_NAMES = {
     "c": "paused 2x dead_after_s",
     "d": "two peers restarted together",
     "e": "2|2 partition healed",
+    "f": "SIGTERM aggregator, rejoin",
+    "g": "rolling restart, SIGTERM",
+    "h": "rolling restart, SIGKILL",
 }
+DEPARTURES = "fgh"  # cases that stop peers on purpose and end once whole again
 NETNS_PREFIX = "hfl9"
 SUBNET = "10.199.9"
 
@@ -80,18 +111,23 @@ SUBNET = "10.199.9"
 class Peer:
     """One ``hfl-peer`` process this script started (in its own session)."""
 
-    def __init__(self, pid: str, config: Path, run_dir: Path, netns: str | None = None):
+    def __init__(self, pid: str, config: Path, run_dir: Path, netns: str | None = None,
+                 env: dict[str, str] | None = None, extra: tuple[str, ...] = ()):
         self.id, self.config, self.run_dir, self.netns = pid, config, run_dir, netns
+        self.env, self.extra = env or {}, extra
         self.proc: subprocess.Popen | None = None
         self.exit_codes: list[int] = []
         self.stopped = False
+        self.stops: list[dict[str, Any]] = []  # each SIGTERM: seconds to exit, status
+        self.done_seen: float | None = None  # when its "done" line was first seen
+        self.exit_seen: float | None = None  # when its last process was seen gone
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "hfl.peer.cli", "--config", str(self.config)]
+        cmd = [sys.executable, "-m", "hfl.peer.cli", "--config", str(self.config), *self.extra]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        env = {**os.environ, **self.env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "CUDA_VISIBLE_DEVICES": ""}
         with (self.run_dir / "peer.log").open("a") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -113,8 +149,47 @@ class Peer:
                 self.exit_codes.append(self.proc.returncode)
             self.proc = None
 
+    def stop(self, sig: int, timeout_s: float) -> None:
+        """``sig``, then wait (bounded) for the exit; SIGKILL past ``timeout_s``."""
+        t0 = time.monotonic()
+        self.signal(sig)
+        try:
+            rc = self.proc.wait(timeout=timeout_s)
+            self.stops.append({"signal": signal.Signals(sig).name,
+                               "exit_s": time.monotonic() - t0, "rc": rc})
+            self.exit_codes.append(rc)
+            self.proc = None
+        except subprocess.TimeoutExpired:
+            self.stops.append({"signal": signal.Signals(sig).name, "exit_s": None,
+                               "rc": f"none in {timeout_s:.0f}s"})
+            self.kill()
+
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def watch_exit(self) -> None:
+        """Note when the "done" line shows up in the log and when the process is gone."""
+        if self.done_seen is None:
+            with contextlib.suppress(OSError), (self.run_dir / "peer.log").open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                if b"hfl-peer: " + self.id.encode() + b" done: " in f.read():
+                    self.done_seen = time.time()
+        if self.exit_seen is None and self.proc is not None and self.proc.poll() is not None:
+            self.exit_seen = time.time()
+
+    def exit_lag(self) -> dict[str, float | None]:
+        """Seconds from the "done" line and from summary.json's mtime to the exit."""
+        try:
+            summary = (self.run_dir / "summary.json").stat().st_mtime
+        except OSError:
+            summary = None
+        ok = self.exit_seen is not None
+        return {"done_to_exit_s": self.exit_seen - self.done_seen
+                if ok and self.done_seen is not None else None,
+                "summary_to_exit_s": self.exit_seen - summary if ok and summary else None}
+
+    def incarnation(self) -> int:
+        return max((int(r.get("incarnation") or 0) for r in self.rows()), default=-1)
 
     def rows(self) -> list[dict[str, Any]]:
         try:
@@ -233,7 +308,7 @@ class Partitionable:
 
 
 def case_configs(base: dict[str, dict], case_dir: Path, net: Partitionable | None,
-                 log_level: str = "info") -> dict[str, Path]:
+                 log_level: str = "info", rounds: int | None = None) -> dict[str, Path]:
     """The dry-run configs with this case's run directories and addresses."""
     ids = sorted(base)
     if net is None:
@@ -246,6 +321,8 @@ def case_configs(base: dict[str, dict], case_dir: Path, net: Partitionable | Non
         cfg["node"]["listen"] = addr[p]
         cfg["node"]["log_level"] = log_level
         cfg["node"]["run_dir"] = str(case_dir / p)
+        if rounds is not None:
+            cfg["cohort"]["rounds"] = rounds
         cfg["node"]["bootstrap"] = [] if p == ids[0] else [f"{ids[0]}@{addr[ids[0]]}"]
         path = case_dir / "peers" / f"{p}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -263,18 +340,29 @@ def non_aggregators(ids: list[str], k: int, count: int) -> list[str]:
     return [p for p in ids if p not in busy][-count:]
 
 
-def run_case(case: str, base: dict[str, dict], args, out: Path) -> dict[str, Any]:
-    case_dir = out / f"case-{case}-{args.run_index}"
+def rolling_order(ids: list[str], k: int) -> list[str]:
+    """Every peer, in rotation order from the aggregator of round k + 1."""
+    first = ids.index(aggregator_of(ids, k + 1))
+    return ids[first:] + ids[:first]
+
+
+def run_case(case: str, base: dict[str, dict], args, out: Path,
+             src: dict[str, Any]) -> dict[str, Any]:
+    case_dir = out / f"case-{case}-{src['label']}-{args.run_index}"
     shutil.rmtree(case_dir, ignore_errors=True)
     ids = sorted(base)
     k = args.fault_after
+    departure = case in DEPARTURES
     net_ctx = Partitionable(len(ids)) if case == "e" else contextlib.nullcontext()
-    info: dict[str, Any] = {"case": case, "what": CASE_NAMES[case]}
+    info: dict[str, Any] = {"case": case, "what": CASE_NAMES[case], "code": src["label"]}
     with net_ctx as net:
-        paths = case_configs(base, case_dir, net, args.log_level)
-        peers = {p: Peer(p, paths[p], case_dir / p, net.ns(i) if net else None)
+        paths = case_configs(base, case_dir, net, args.log_level,
+                             args.departure_rounds if departure else None)
+        peers = {p: Peer(p, paths[p], case_dir / p, net.ns(i) if net else None, src["env"],
+                         ("--no-plot",) if args.no_plot else ())
                  for i, p in enumerate(ids)}
         touched: list[str] = []
+        t_last = 0.0  # the last restart (f, g, h): the cohort is whole again after it
         try:
             for peer in peers.values():
                 peer.start()
@@ -306,9 +394,31 @@ def run_case(case: str, base: dict[str, dict], args, out: Path) -> dict[str, Any
                 net.heal()
                 info["partition_s"] = time.time() - t_fault
                 info["heal_reaches"] = net.reachable(0, len(ids) - 1, port)
+            elif departure:
+                touched = [aggregator_of(ids, k + 1)] if case == "f" else rolling_order(ids, k)
+                sig = signal.SIGKILL if case == "h" else signal.SIGTERM
+                for i, victim in enumerate(touched):
+                    info.setdefault("restart_rounds", []).append(
+                        max(p.last_round() for p in peers.values()))
+                    life = peers[victim].incarnation()
+                    peers[victim].stop(sig, args.stop_timeout)
+                    peers[victim].start()
+                    t_last = info["last_restart"] = time.time()
+                    if i + 1 < len(touched):  # the next one once this one is back
+                        wait_for(lambda v=peers[victim], life=life: v.incarnation() > life,
+                                 args.start_timeout, f"{victim}'s first row in its new life",
+                                 poll_s=0.1)
             info["touched"] = touched
-            wait_for(lambda: not any(p.running() for p in peers.values()), args.case_timeout,
-                     f"the peers of case {case} to finish")
+            if departure:  # whole again, then enough rounds for a normal round after it
+                wait_for(lambda: whole_after(peers, t_last, k + 2), args.case_timeout,
+                         f"case {case}'s cohort whole again for {k + 2} rounds", poll_s=0.2)
+            else:
+                def finished() -> bool:
+                    for peer in peers.values():
+                        peer.watch_exit()
+                    return not any(p.running() for p in peers.values())
+
+                wait_for(finished, args.case_timeout, f"the peers of case {case} to finish")
         except TimeoutError as exc:
             info["error"] = str(exc)
         finally:
@@ -319,10 +429,13 @@ def run_case(case: str, base: dict[str, dict], args, out: Path) -> dict[str, Any
                     peer.exit_codes.append(peer.proc.returncode)
                     peer.proc = None
         info["exit_codes"] = {p: peers[p].exit_codes for p in ids}
+        info["stops"] = {p: peers[p].stops for p in ids if peers[p].stops}
+        if not departure:
+            info["exit_lag"] = {p: peers[p].exit_lag() for p in ids}
         rows = {p: peers[p].rows() for p in ids}
     gone = touched if case in "ab" else []
-    info.update(analyse(rows, ids, touched if case != "e" else [], gone, k,
-                        info.get("fault_time", 0.0)))
+    info.update(analyse(rows, ids, touched if case not in "egh" else [], gone, k,
+                        info.get("fault_time", 0.0), t_last))
     if case == "e" and info.get("recovered_after_s") is not None and "partition_s" in info:
         # Rounds go on (without aggregates) on both sides of a cut; what healing costs is
         # the time from the heal until the cohort's aggregate is whole again, beyond a round.
@@ -331,20 +444,37 @@ def run_case(case: str, base: dict[str, dict], args, out: Path) -> dict[str, Any
     return info
 
 
+def whole_after(peers: dict[str, Peer], t: float, n: int) -> bool:
+    """Whether n rounds that ended after time t had every peer's contribution."""
+    ends = {}
+    for peer in peers.values():
+        for r in peer.rows():
+            if int(r.get("contributors") or 0) >= len(peers):
+                ends[int(r["round"])] = float(r["time"]) + float(r["round_time_s"])
+    return sum(1 for end in ends.values() if end > t) >= n
+
+
 def analyse(rows: dict[str, list[dict]], ids: list[str], touched: list[str], gone: list[str],
-            k: int, t_fault: float) -> dict[str, Any]:
+            k: int, t_fault: float, t_last: float = 0.0) -> dict[str, Any]:
     measured = [p for p in ids if p not in touched]
+    row_ends = [(int(r["round"]), float(r["time"]) + float(r["round_time_s"]))
+                for p in measured for r in rows[p]]
+    first_end: dict[int, float] = {}
+    for r, end in row_ends:
+        first_end[r] = min(first_end.get(r, end), end)
     ends: dict[int, float] = {}
-    for p in measured:
-        for r in rows[p]:
-            end = float(r["time"]) + float(r["round_time_s"])
-            ends[int(r["round"])] = max(ends.get(int(r["round"]), 0.0), end)
+    for r, end in row_ends:
+        # A row that ends after some peer ended round r + 1 is a peer left behind (a
+        # restarted peer that re-ran a round the cohort had passed): not the round's end.
+        if end <= first_end.get(r + 1, end):
+            ends[r] = max(ends.get(r, 0.0), end)
     rounds = sorted(ends)
     dur = {r: ends[r] - ends[r - 1] for r in rounds if r - 1 in ends}
-    # Recovery: the first round after the fault whose aggregate took in every peer
-    # still in the run (killed-and-not-restarted ones excluded).
+    # Recovery: the first round after the fault (after the last restart for f, g, h)
+    # whose aggregate took in every peer still in the run (killed-and-not-restarted
+    # ones excluded).
     expected = len(ids) - len(gone)
-    recovered = next((r for r in rounds if r > k and r in ends and max(
+    recovered = next((r for r in rounds if r > k and ends[r] > t_last and max(
         (int(x.get("contributors") or 0) for p in measured for x in rows[p]
          if int(x["round"]) == r), default=0) >= expected), None)
     # The fault's window: from the fault to the first whole round (all rounds after the
@@ -370,6 +500,10 @@ def analyse(rows: dict[str, list[dict]], ids: list[str], touched: list[str], gon
         recovered_round=recovered,
         recovered_after_s=(ends[recovered] - t_fault) if recovered else None,
         split_rounds=split, no_aggregate_rounds=len(no_aggregate),
+        # rounds in which no measured peer used any aggregate (nobody absorbed anything)
+        nobody_aggregated_rounds=[r for r in no_aggregate if all(
+            x.get("aggregator") is None for p in measured for x in rows[p]
+            if int(x["round"]) == r)],
         normal_s=base, affected_round=worst, affected_s=dur[worst], extra_s=dur[worst] - base,
         ratio=dur[worst] / base if base > 0 else float("inf"),
         window_extra_s=sum(dur[r] - base for r in window),
@@ -387,7 +521,7 @@ def analyse(rows: dict[str, list[dict]], ids: list[str], touched: list[str], gon
 # ------------------------------------------------------------------ main
 
 
-def dry_run_configs(args, out: Path) -> dict[str, dict]:
+def dry_run_configs(args, out: Path, env: dict[str, str]) -> dict[str, dict]:
     exp = {
         "name": "bench-liveness",
         "peers": args.peers,
@@ -403,20 +537,63 @@ def dry_run_configs(args, out: Path) -> dict[str, dict]:
                        "join_timeout_s": 60.0, "send_timeout_s": 1.0},
         },
     }
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "experiment.yaml"
     path.write_text(yaml.safe_dump(exp, sort_keys=False))
     dry = out / "dry"
     shutil.rmtree(dry, ignore_errors=True)
     cmd = [sys.executable, "-m", "hfl.launch.cli", str(path), "--dry-run", "--run-dir", str(dry)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **env})
     if proc.returncode != 0:
         sys.exit(f"liveness: {' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
     return {p.stem: yaml.safe_load(p.read_text()) for p in sorted((dry / "peers").glob("*.yaml"))}
 
 
+def boot_env(src: Path, boot: Path) -> dict[str, str]:
+    """Environment under which a Python process imports hfl from checkout ``src``: a
+    ``sitecustomize.py`` in ``boot`` (first on PYTHONPATH, bench/ next) calls
+    ``_scale_worker.use_hfl_from`` (as scale.py --hfl-src does, importing it by name)."""
+    boot.mkdir(parents=True, exist_ok=True)
+    (boot / "sitecustomize.py").write_text(
+        f"import _scale_worker\n_scale_worker.use_hfl_from({str(src)!r})\n")
+    path = [str(boot), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(filter(None, path))}
+
+
+def sources(dirs: list[Path], out: Path) -> list[dict[str, Any]]:
+    """Each checkout to measure: a label (its commit), the peers' environment, its path."""
+    found = []
+    for d in dirs:
+        d = d.resolve()
+        if not (d / "peer" / "__init__.py").is_file():
+            sys.exit(f"liveness: --hfl-src {d}: not an hfl checkout (no peer/__init__.py)")
+        env = {} if d == c.ROOT else boot_env(d, out / "_boot" / str(len(found)))
+        where = Path(hfl_location(env)).resolve()
+        if where != d:
+            sys.exit(f"liveness: --hfl-src {d}: child processes import hfl from {where}")
+        commit = (commit_of(d) or "unknown")[:7]
+        dirty = " (+ uncommitted)" if subprocess.run(
+            ["git", "-C", str(d), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=20).stdout.strip() else ""
+        found.append({"label": commit, "env": env, "path": str(d), "dirty": dirty})
+    return found
+
+
 def main() -> int:
     p = c.parser(__doc__)
-    p.add_argument("--cases", default="0abcde", help="which cases (default 0abcde)")
+    p.add_argument("--cases", default="0abcde", help="which cases (default 0abcde; f, g, h: "
+                   "departures)")
+    p.add_argument("--hfl-src", type=Path, action="append", default=None, metavar="DIR",
+                   help="measure the hfl of this checkout (repeatable: each case runs once per "
+                        "DIR, alternating; default: this checkout)")
+    p.add_argument("--departure-rounds", type=int, default=3000,
+                   help="rounds of f, g, h (they end once whole again after the last restart)")
+    p.add_argument("--no-plot", action="store_true",
+                   help="start the peers with --no-plot (as hfl-launch does; a bare hfl-peer "
+                        "draws its plots before it exits, after a SIGTERM too)")
+    p.add_argument("--stop-timeout", type=float, default=60.0,
+                   help="seconds a SIGTERM'd peer gets to exit before a SIGKILL")
     p.add_argument("--peers", type=int, default=4)
     p.add_argument("--rounds", type=int, default=40,
                    help="enough that restarted peers (a process start takes seconds) find the "
@@ -440,6 +617,7 @@ def main() -> int:
         sys.exit("liveness: case e is a 2|2 partition: --peers 4")
     out = c.out_path("liveness", args.out).with_suffix("")
     out.mkdir(parents=True, exist_ok=True)
+    srcs = sources(args.hfl_src or [c.ROOT], out)
     print(f"liveness: {args.peers} peers, fedavg, {args.rounds} rounds; heartbeat "
           f"{args.heartbeat}s, suspect {args.suspect_after}s, dead {args.dead_after}s, "
           f"round timeout {args.round_timeout}s; fault after round {args.fault_after}", flush=True)
@@ -448,7 +626,9 @@ def main() -> int:
         why = netns_unavailable()
         if why:
             skipped["e"] = why
-    base = dry_run_configs(args, out)
+    for src in srcs:
+        print(f"code {src['label']}{src['dirty']}: hfl from {src['path']}", flush=True)
+        src["base"] = dry_run_configs(args, out / src["label"], src["env"])
     results = []
     for case in args.cases:
         if case in skipped:
@@ -458,37 +638,57 @@ def main() -> int:
         for case in args.cases:
             if case in skipped:
                 continue
-            t0 = time.monotonic()
-            load0 = os.getloadavg()[0]
-            args.run_index = rep + 1
-            res = run_case(case, base, args, out)
-            res["repeat"] = rep
-            res["load_avg_1m"] = (load0, os.getloadavg()[0])
-            res["wall_s"] = time.monotonic() - t0
-            results.append(res)
-            print(f"case {case} ({res['what']}) #{rep + 1}: {res.get('error') or 'ok'}; affected "
-                  f"round {res.get('affected_round')}, extra {c.fmt(res.get('extra_s'), '{:.2f}')}s,"
-                  f" exit codes {res['exit_codes']} ({res['wall_s']:.0f}s)", flush=True)
+            for src in srcs:
+                t0 = time.monotonic()
+                load0 = os.getloadavg()[0]
+                args.run_index = rep + 1
+                res = run_case(case, src["base"], args, out, src)
+                res["repeat"] = rep
+                res["load_avg_1m"] = (load0, os.getloadavg()[0])
+                res["wall_s"] = time.monotonic() - t0
+                results.append(res)
+                print(f"case {case} ({res['what']}) #{rep + 1}, code {src['label']}: "
+                      f"{res.get('error') or 'ok'}; affected round {res.get('affected_round')}, "
+                      f"extra {c.fmt(res.get('extra_s'), '{:.2f}')}s, exit codes "
+                      f"{res['exit_codes']} ({res['wall_s']:.0f}s)", flush=True)
     budget = args.dead_after + 2 * args.heartbeat
-    header = ["case", "run", "fault", "affected round", "normal s", "affected s", "extra s", "ratio",
-              "window extra s", "cost vs budget", "rounds w/o aggregate", "whole again after s",
-              "split rounds", "exit codes", "load"]
+    header = ["case", "code", "run", "fault", "affected round", "normal s", "affected s", "extra s",
+              "ratio", "window extra s", "cost vs budget", "rounds w/o aggregate",
+              "rounds nobody aggregated", "whole again after s", "split rounds", "exit codes",
+              "load"]
     table_rows = []
     for res in results:
         extra = res.get("after_heal_extra_s", res.get("extra_s"))
         verdict = "-" if extra is None else ("within" if extra <= budget else "OVER")
         what = res["what"] + (f" ({res['partition_s']:.1f}s cut)" if "partition_s" in res else "")
-        table_rows.append([res["case"], res["repeat"] + 1, what, res.get("affected_round"), res.get("normal_s"),
+        table_rows.append([res["case"], res["code"], res["repeat"] + 1, what,
+                           res.get("affected_round"), res.get("normal_s"),
                            res.get("affected_s"), res.get("extra_s"), res.get("ratio"),
                            res.get("window_extra_s"), verdict, res.get("no_aggregate_rounds"),
+                           len(res.get("nobody_aggregated_rounds", [])),
                            res.get("recovered_after_s"), len(res.get("split_rounds", [])),
                            " ".join(f"{p}:{','.join(map(str, v))}"
                                     for p, v in res["exit_codes"].items()),
                            "{:.0f}-{:.0f}".format(*res["load_avg_1m"])])
     print()
     print(c.table(header, table_rows,
-                  ["{}", "{}", "{}", "{}", "{:.3f}", "{:.2f}", "{:.2f}", "{:.1f}", "{:.2f}", "{}", "{}",
-                   "{:.2f}", "{}", "{}", "{}"]))
+                  ["{}", "{}", "{}", "{}", "{}", "{:.3f}", "{:.2f}", "{:.2f}", "{:.1f}", "{:.2f}",
+                   "{}", "{}", "{}", "{:.2f}", "{}", "{}", "{}"]))
+    stops = [[res["case"], res["code"], res["repeat"] + 1, p, s["signal"], s["exit_s"], s["rc"]]
+             for res in results for p, ss in res.get("stops", {}).items() for s in ss
+             if s["signal"] != "SIGKILL"]
+    if stops:
+        print("\nSIGTERM to exit (each stopped peer; restarted once it had exited)")
+        print(c.table(["case", "code", "run", "peer", "signal", "to exit s", "exit status"], stops,
+                      ["{}", "{}", "{}", "{}", "{}", "{:.2f}", "{}"]))
+    lags = [[res["case"], res["code"], res["repeat"] + 1, p, v["done_to_exit_s"],
+             v["summary_to_exit_s"], res["exit_codes"][p][-1] if res["exit_codes"][p] else None]
+            for res in results for p, v in res.get("exit_lag", {}).items()]
+    if lags:
+        print("\nafter the last round: from the \"done\" line (seen in the log, polled every "
+              "20 ms) and from summary.json's mtime to the process's exit")
+        print(c.table(["case", "code", "run", "peer", "done to exit s", "summary to exit s",
+                       "exit status"], lags, ["{}", "{}", "{}", "{}", "{:.2f}", "{:.2f}", "{}"]))
     print(f"\nbudget (issue 9): dead_after_s + 2 heartbeats = {budget:.2f}s over a normal round; "
           "for the partition: from the heal until whole again, less a normal round. "
           f"load: the machine's 1-minute load average at the case's start and end "
@@ -496,8 +696,8 @@ def main() -> int:
     if args.repeat > 1:
         print(f"\nover {args.repeat} runs per case: mean +- std")
         summary = []
-        for case in args.cases:
-            runs = [r for r in results if r["case"] == case]
+        for case, src in [(case, src) for case in args.cases for src in srcs]:
+            runs = [r for r in results if r["case"] == case and r["code"] == src["label"]]
             if not runs:
                 continue
 
@@ -510,11 +710,12 @@ def main() -> int:
 
             within = sum(1 for r in runs if (r.get("after_heal_extra_s", r.get("extra_s"))
                                              or 0.0) <= budget)
-            summary.append([case, CASE_NAMES[case], ms("normal_s"), ms("extra_s"), ms("ratio"),
+            summary.append([case, src["label"], CASE_NAMES[case], ms("normal_s"), ms("extra_s"),
+                            ms("ratio"),
                             ms("window_extra_s"), f"{within}/{len(runs)}",
                             ms("no_aggregate_rounds"), ms("recovered_after_s"),
                             sum(len(r.get("split_rounds", [])) for r in runs)])
-        print(c.table(["case", "fault", "normal s", "extra s", "ratio", "window extra s",
+        print(c.table(["case", "code", "fault", "normal s", "extra s", "ratio", "window extra s",
                        "within budget", "rounds w/o aggregate", "whole again after s",
                        "split rounds (all runs)"], summary))
     for res in results:
