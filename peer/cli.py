@@ -11,7 +11,8 @@ checkpoint: one ``hfl-peer: <file>: ...`` line). SIGTERM and Ctrl-C stop the pee
 within about two seconds (it tells the others it is leaving, finishes a checkpoint being
 written, and does not wait for a training step in flight), with status 143 for SIGTERM
 and 130 for Ctrl-C (SIGINT); the checkpoint of the last finished round lets it resume later.
-At the end it draws its metrics into ``<run_dir>/plots/`` as ``hfl-launch`` does.
+At the end it draws its metrics into ``<run_dir>/plots/`` as ``hfl-launch`` does (not
+when stopped by a signal: ``hfl-report <run_dir>`` draws them later).
 """
 
 from __future__ import annotations
@@ -105,8 +106,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hfl-peer: {err.filename}: {os_error_text(err)}", file=sys.stderr)
             return 1
         raise
-    if isinstance(result, _Stopped):  # the rounds it ran, drawn as the launcher does
-        _plot(cfg, args.no_plot)
+    if isinstance(result, _Stopped):
+        # No plots here: a stopped peer exits within about a second (drawing took 2-3 s
+        # more on a loaded machine, past what a scheduler's SIGTERM allows).
+        if not args.no_plot:
+            print(f"hfl-peer: {cfg.node.id} stopped by {signal.Signals(result.signum).name}; "
+                  f"its rounds so far are in {cfg.run_dir}/metrics.jsonl (hfl-report "
+                  f"{cfg.run_dir} draws them)", file=sys.stderr, flush=True)
         return 128 + result.signum  # 143 for SIGTERM, 130 for Ctrl-C
     if result.rounds_completed == 0 and result.last_round >= cfg.cohort.rounds:
         print(f"hfl-peer: {cfg.node.id}: nothing to run: {cfg.run_dir} already finished round "
