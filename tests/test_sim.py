@@ -402,6 +402,26 @@ def test_a_seed_history_is_the_same_run_first_after_100_seeds_and_beside_busy_cp
         assert HISTORIES[seed, False] == first
 
 
+def test_no_wall_clock_reaches_a_simulated_run(monkeypatch):
+    # The wall clocks jump by hours between calls (and go backwards): the history is
+    # the same, since everything the runtime decides on reads the simulator's clock.
+    import itertools
+
+    ticks = itertools.count()
+
+    def wild() -> float:
+        n = next(ticks)
+        return 1e9 + (3600.0 * n if n % 2 else -7.0 * n)
+
+    clean = sim.run_seed(7, sim.SimOptions())
+    for name in ("time", "monotonic", "perf_counter"):
+        monkeypatch.setattr(time, name, wild)
+    wild_run = sim.run_seed(7, sim.SimOptions())
+    monkeypatch.undo()
+    assert next(ticks) > 100  # the clocks were read, and nothing depended on them
+    assert wild_run.history == clean.history and not wild_run.violations
+
+
 class Interrupt(BaseException):
     """What a signal handler raises inside a run (pytest-timeout's Failed is one)."""
 
