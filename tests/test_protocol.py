@@ -794,3 +794,21 @@ def test_fuzzed_frames_decode_or_raise_protocol_error() -> None:
         except ProtocolError:
             outcomes["error"] += 1
     assert outcomes["error"] > 100
+
+
+def test_the_aggregate_digest_is_what_protocol_md_defines():
+    # PROTOCOL.md (heartbeat absorbed_digest): per tensor in name order, its name, its
+    # dtype's name and shape as Python writes them, then its bytes; 16 hex digits.
+    import hashlib
+
+    from hfl.peer.core import payload_digest
+    from hfl.protocol import AggregateResult
+
+    tensors = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.int64),
+               "s": np.array(2.5, dtype=np.float64)}
+    msg = AggregateResult(sender="p0", incarnation=0, round=1, epoch=0, kind="weights",
+                          tensors=tensors)
+    h = hashlib.sha256()
+    for name, text in (("b", "int64(3,)"), ("s", "float64()"), ("w", "float32(2, 3)")):
+        h.update(name.encode() + text.encode() + tensors[name].tobytes())
+    assert payload_digest(msg) == h.hexdigest()[:16]
