@@ -281,11 +281,19 @@ class RefusalLog:
     one line ("N more ... in the last 60 s") when its window closes (:meth:`flush`,
     called on every refusal and by the transport's housekeeping). Thread-safe: the ZAP
     handler runs in a thread of its own. ``clock`` is injectable for tests.
+
+    Bounded in total, whatever sources an attacker brings (a new key pair per
+    connection is a new source): at most ``max_sources`` sources of one kind get a
+    line of their own per window; refusals from any further ones are counted together
+    and reported as one line when the window closes.
     """
 
+    OTHERS = "\x00others"  # the key that counts the sources past max_sources
+
     def __init__(self, peer_id: str, window_s: float = 60.0, clock=time.monotonic,
-                 outgoing: bool = False):
+                 outgoing: bool = False, max_sources: int = 8):
         self.peer_id = peer_id
+        self.max_sources = max_sources
         self.outgoing = outgoing  # refusals of our own connections: "X refused our connection"
         self.window_s = window_s
         self.clock = clock
@@ -302,6 +310,12 @@ class RefusalLog:
             if entry is not None:
                 entry[1] += 1
                 return
+            if sum(1 for k, _ in self._open if k == kind) >= self.max_sources:
+                others = self._open.setdefault((kind, self.OTHERS), [now, 0, set()])
+                others[1] += 1
+                if len(others[2]) < 100_000:  # (a bound on the count's memory too)
+                    others[2].add(source)
+                return
             self._open[(kind, source)] = [now, 0]
         if self.outgoing:
             log.warning("%s: %s refused our connection: %s (further refusals are counted and "
@@ -313,12 +327,17 @@ class RefusalLog:
     def flush(self, now: float | None = None) -> None:
         now = self.clock() if now is None else now
         with self._lock:
-            closed = [(key, more) for key, (start, more) in self._open.items()
-                      if now - start >= self.window_s]
+            closed = [(key, entry) for key, entry in self._open.items()
+                      if now - entry[0] >= self.window_s]
             for key, _ in closed:
                 del self._open[key]
-        for (kind, source), more in closed:
-            if more and self.outgoing:
+        for (kind, source), (_, more, *others) in closed:
+            if source == self.OTHERS:
+                log.warning("%s: refused %d connection(s) from %d other source(s) in the last "
+                            "%.0f s (%s; each of the first %d sources had a line of its own)",
+                            self.peer_id, more, len(others[0]), self.window_s,
+                            kind.replace("_", " "), self.max_sources)
+            elif more and self.outgoing:
                 log.warning("%s: %s refused %d more of our connection(s) in the last %.0f s (%s)",
                             self.peer_id, source, more, self.window_s, kind.replace("_", " "))
             elif more:

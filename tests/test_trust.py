@@ -986,3 +986,30 @@ def test_an_unsendable_message_is_logged_and_dropped_not_raised(tmp_path):
     msg = Knowledge(sender="p0", incarnation=0, round=1, kind="weights", tensors=tensors)
     assert node._encode(msg) is None
     assert node.dropped["unsendable"] == 1
+
+
+def test_refusal_logging_is_bounded_in_total_whatever_keys_a_flooder_brings(caplog):
+    # Issue 35 item 7: a new key pair per connection is a new source each time, and 7,100
+    # connections gave 1,307 lines in 10 s. At most max_sources lines of their own per
+    # kind and window; the rest are counted together and reported as one line.
+    from hfl.peer.security import RefusalLog
+
+    now = [0.0]
+    refusals = RefusalLog("b", window_s=60.0, clock=lambda: now[0], max_sources=8)
+    with caplog.at_level(logging.WARNING, logger="hfl.peer.security"):
+        for i in range(7100):
+            now[0] = i * 10 / 7100
+            refusals.refused("unknown_key", f"tcp://127.0.0.9:4000 (key k{i:05d}...)",
+                             "not on the allow-list")
+        refusals.refused("plaintext_client", "a client of tcp://127.0.0.1:1", "no CURVE")
+        assert len(caplog.records) == 9  # 8 sources of one kind, 1 of the other
+        now[0] = 61.0
+        refusals.flush()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 10
+    assert "refused 7092 connection(s) from 7092 other source(s) in the last 60 s" in lines[-1]
+    assert refusals.total == {"unknown_key": 7100, "plaintext_client": 1}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hfl.peer.security"):
+        refusals.refused("unknown_key", "tcp://127.0.0.9:4000 (key new...)", "again")  # a new window
+    assert len(caplog.records) == 1
