@@ -928,9 +928,11 @@ def test_a_release_sent_before_a_crash_is_counted_after_the_restart(tmp_path):
     release (before its checkpoint) and is restarted from its round-1 checkpoint. The
     release it sent still counts: the ledger was on disk before it left. (Before, the
     restarted peer's accountant forgot it and re-ran with the same noise.)"""
-    launch_example(tmp_path, ["defaults.cohort.rounds=6", "defaults.train.local_epochs=15",  # slow: rejoins
+    # Restarted when the cohort reaches round 3, it must rejoin before round 12: 0.3 s
+    # rounds left a restart on a loaded machine (load 5.6) too little time with 6.
+    launch_example(tmp_path, ["defaults.cohort.rounds=12", "defaults.train.local_epochs=15",
                               "defaults.algorithm.noise_multiplier=1.0",
-                              "faults=[{peer: p1, at_round: 2, phase: wait, restart_at_round: 4}]"])
+                              "faults=[{peer: p1, at_round: 2, phase: wait, restart_at_round: 3}]"])
     p1 = tmp_path / "run" / "p1"
     assert "injected crash in round 2 (wait)" in (p1 / "peer.log").read_text()
     rows = [json.loads(line) for line in (p1 / "metrics.jsonl").read_text().splitlines()]
