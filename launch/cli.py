@@ -311,6 +311,10 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
             return 2
     else:
         outcome = Supervisor(exp, plans, progress=not args.quiet, start_method=start).run()
+        if "interrupted" in outcome.failures and "hfl.launch.zygote" in sys.modules:
+            # The template ignores Ctrl-C: if it is still importing torch it would hold
+            # the terminal (and a pipe such as `| tee log`) until it finished, for nobody.
+            sys.modules["hfl.launch.zygote"].stop_template()
     state = ("interrupted" if "interrupted" in outcome.failures
              else "failed" if outcome.failures else "finished")
     set_state(run_dir, state, failures=outcome.failures)

@@ -8,6 +8,7 @@ Ctrl-C or timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ MAX_SHOWN_EVENTS = 8  # status events per peer on the console; the rest stay in 
 MAX_SHOWN_TOTAL = 60  # and for the whole cohort (100 peers must not flood the console)
 CRASH_EXIT_CODE = 137  # FaultConfig.exit_code's default
 COHORT_TOO_SMALL_EXIT_CODE = 3  # hfl-peer: finished, but below min_peers (node.allow_solo)
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # each stops the launch
 
 
 @dataclass
@@ -118,8 +120,9 @@ class Supervisor:
         if self.start_method == "forkserver":  # forked from a template that imported torch
             from hfl.launch.zygote import ForkedPeer
 
-            pp.proc = ForkedPeer(pp.plan.config_path, {**pp.plan.env, "PYTHONUNBUFFERED": "1"},
-                                 run_dir / "peer.log", self._preload)
+            with _stops_deferred():  # see there: no peer forked and not recorded
+                pp.proc = ForkedPeer(pp.plan.config_path, {**pp.plan.env, "PYTHONUNBUFFERED": "1"},
+                                     run_dir / "peer.log", self._preload)
         else:
             env = {**os.environ, **pp.plan.env, "PYTHONUNBUFFERED": "1"}
             pp.proc = subprocess.Popen(
@@ -400,6 +403,29 @@ def eta_text(mean_round_s: float | None, rounds_left: int) -> str:
 
 def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stops_deferred():
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block is done, then stop the launch as
+    they would have: one arriving between the template's fork of a peer and its record
+    in ``pp.proc`` left a peer nobody stopped (it held the terminal's pipe through
+    multiprocessing's resource tracker). Python handlers, not a signal mask: the
+    kernel may hand a signal to another thread of this process."""
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught:
+        handler = previous[caught[0]]
+        if callable(handler):
+            handler(caught[0], None)
+        elif handler != signal.SIG_IGN:
+            raise KeyboardInterrupt
 
 
 def _tail(path: Path, n: int) -> str:

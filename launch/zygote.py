@@ -101,8 +101,11 @@ def _peer_main(config_path: str, env: dict[str, str], log_path: str) -> None:
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's stdout
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     os.environ.update(env)
+    # SIGINT is blocked in the template; one pending since the fork was a Ctrl-C for the
+    # launcher's process group (this peer was not in its own session yet): dropped.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked in the template
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     from hfl.peer.cli import exit_now, main
 
