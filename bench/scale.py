@@ -328,6 +328,8 @@ def boot_env(hfl_src: Path | None) -> dict[str, str]:
         "    import importlib.util as _util\n"
         f"    _spec = _util.spec_from_file_location('_hfl_scale_boot', {str(WORKER)!r})\n"
         "    _boot = _util.module_from_spec(_spec)\n"
+        "    import sys as _sys\n"
+        "    _sys.modules['_hfl_scale_boot'] = _boot  # its dataclasses look themselves up there\n"
         "    _spec.loader.exec_module(_boot)\n"
         "    _boot.use_hfl_from(os.environ['HFL_SCALE_SRC'])\n"
     )
