@@ -800,7 +800,7 @@ class Node:
             # hundred peers started one after another on a busy machine take minutes)
             # is waited for as long as peers keep arriving.
             done, count, since = False, arrived(), self.clock.now()
-            while await self._wait_until(lambda: joined() or arrived() > count,
+            while await self._wait_until(lambda c=count: joined() or arrived() > c,
                                          since + self.timing.join_timeout_s):
                 if joined():
                     done = True
