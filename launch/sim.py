@@ -508,9 +508,13 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
             left -= piece
         return fn(*args)
 
+    last_round_at: dict[str, float] = {}  # peer -> virtual time it last recorded a round
+
     def observer(event: str, node, **fields: Any) -> None:
         if event == "started" and node.everywhere:
             checker.everywhere = True
+        if event == "round":
+            last_round_at[node.id] = loop.time()
         checker.observe(event, node, **fields)
 
     def start(peer: str) -> None:
@@ -562,9 +566,7 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
             await asyncio.sleep(f.duration)
             await restart(peer)
             since = loop.time()
-            while not tasks[peer].done() and not any(
-                    e["event"] == "round" and e["peer"] == peer and e["t"] > since
-                    for e in checker.events[-64:]):
+            while not tasks[peer].done() and last_round_at.get(peer, -1.0) <= since:
                 await asyncio.sleep(timing.heartbeat_interval_s)
 
     async def conduct() -> None:

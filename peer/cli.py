@@ -208,7 +208,7 @@ def entry() -> None:
     Everything the peer leaves behind (metrics, checkpoint, summary) is written and
     fsynced before :func:`main` returns; what is skipped is the interpreter's own
     teardown, a last garbage collection of some 400,000 objects (torch, the data, the
-    model) that took 5-50 s on a loaded machine after the "done" line or a SIGTERM.
+    model) that took 5-12 s on a loaded machine after the "done" line or a SIGTERM.
     Standard streams and log handlers are flushed first."""
     exit_now(main())
 

@@ -198,8 +198,10 @@ class PeerCore:
         return m is not None and m.incarnation == said[0]
 
     def aggregators_for(self, r: int, epoch: int) -> set[str]:
-        """Who may send the result of (r, epoch): the rotation's candidate, computed
-        with and without members that have left (one may leave as the round ends)."""
+        """Who may send the result of (r, epoch): the rotation's candidate, computed over
+        the rotation (departed members included) and over every member this peer knows,
+        gossip-only suggestions included (the sender may already have heard from one
+        that this peer knows only from gossip)."""
         mem = self.membership
         orders = [mem.rotation_order(), sorted([self.id, *mem.members])]
         return {order[(r + epoch) % len(order)] for order in orders}
@@ -393,8 +395,7 @@ class PeerCore:
             if self.sits_out(p, r):  # restarted into r: it neither contributes nor acks
                 continue
             if (self.mode == "aggregator" and not self.everywhere and m.round == r
-                    and (m.epoch > self.epoch or self.said_since_epoch(p))
-                    and self.served_elsewhere(r, m.epoch)):
+                    and self.served_elsewhere(r, p)):
                 continue
             awaited.append(p)
         return awaited
@@ -418,21 +419,24 @@ class PeerCore:
         return ([ring[(i + j) % n] for j in range(1, k + 1)],
                 {ring[(i - j) % n] for j in range(1, k + 1)})
 
-    def served_elsewhere(self, r: int, epoch: int) -> bool:
-        """A peer at ``epoch`` of round r sent its knowledge to another aggregator than
-        us (we serve at ``self.epoch``): it failed over past us, or it stays with an
-        earlier candidate that is alive in our view too. (Two peers restarted together
+    def served_elsewhere(self, r: int, peer_id: str) -> bool:
+        """``peer_id``, in round r at the epoch its heartbeats name, sent its knowledge to
+        another aggregator than us (we serve at ``self.epoch``): it failed over past us,
+        or it stays with an earlier candidate that is alive in our view too (on news
+        only: :meth:`said_since_epoch`). (Two peers restarted together
         rejoin at epoch 0 while the survivors failed over past them: without this, both
         aggregators waited a whole round_timeout_s for each other's peers.) A peer at an
         earlier epoch whose candidate we hold dead is still failing over to us."""
+        epoch = self.membership.members[peer_id].epoch
         if epoch > self.epoch:
             return True
-        return epoch < self.epoch and self.candidate_alive(r, epoch)
+        return (epoch < self.epoch and self.said_since_epoch(peer_id)
+                and self.candidate_alive(r, epoch))
 
     def said_since_epoch(self, peer_id: str) -> bool:
         """``peer_id``'s epoch is news: a heartbeat said it ``epoch_news_after_s`` after
-        this peer reached its own epoch. One sent before, or as it failed over too, is no evidence that it waits at an earlier epoch: it
-        may have failed over as we did (hfl-sim: an aggregator SIGSTOPped 4.5 s came back
+        this peer reached its own epoch. One sent before, or as it failed over too, is
+        no evidence that it waits at an earlier epoch: it may have failed over as we did (hfl-sim: an aggregator SIGSTOPped 4.5 s came back
         as the others failed over, and its alive again plus their stale epoch-0 heartbeats
         sent each of them on to the next epoch, until each served alone below the quorum)."""
         m = self.membership.members.get(peer_id)

@@ -1181,9 +1181,11 @@ class Node:
         # it again, one still training ignores it).
         hb = self.timing.heartbeat_interval_s
         ask_after, paused0 = 4 * hb, self._paused_s
-        while not (complete := await self._wait_until(
-                lambda: not core.awaited(r), min(deadline, self.clock.now() + ask_after))):
-            if self.clock.now() >= deadline + (self._paused_s - paused0):  # (a pause moves it)
+        while True:
+            end = deadline + (self._paused_s - paused0)  # a pause moves the deadline on
+            complete = await self._wait_until(lambda: not core.awaited(r),
+                                              min(end, self.clock.now() + ask_after))
+            if complete or self.clock.now() >= deadline + (self._paused_s - paused0):
                 break
             await self._broadcast(core.awaited(r), self._heartbeat(awaiting=r), 0.05)
             ask_after = 8 * hb
