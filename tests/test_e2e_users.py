@@ -242,3 +242,54 @@ def test_a_pair_whose_partner_is_sigkilled_from_outside_does_not_exit_0_as_if_fe
     assert p0[0]["learned_from"] == 1 and p0[-1]["learned_from"] == 0
     summary = json.loads((tmp_path / "p0" / "summary.json").read_text())
     assert "learned from no other peer" in summary["cohort_shortfall"]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
+                         ids=["sigterm", "ctrl-c"])
+def test_a_stopped_peer_says_goodbye_and_exits_with_its_signals_status(tmp_path, sig, code):
+    # Issue 30: SIGTERM took 19-30 s and exited 130. From outside, as a scheduler stops a
+    # peer: the partner hears a goodbye (not a silence taken for a death), the peer exits
+    # 128 + the signal with one line saying where its rounds are, and its checkpoint
+    # holds the last round it recorded (what a restart resumes after).
+    from hfl.peer.checkpoint import load_checkpoint
+
+    ports = [free_tcp_port(), free_tcp_port()]
+    paths = []
+    for i in range(2):
+        cfg = {"node": {"id": f"p{i}", "listen": f"tcp://127.0.0.1:{ports[i]}",
+                        "bootstrap": [f"tcp://127.0.0.1:{ports[0]}"] if i else [],
+                        "run_dir": str(tmp_path / f"p{i}"), "min_peers": 2},
+               "security": {"mode": "none"},
+               "cohort": {"algorithm": "fedavg", "rounds": 400},
+               "data": {"dataset": "digits", "partition": "iid", "num_partitions": 2,
+                        "partition_index": i},
+               "model": {"arch": "mlp", "options": {"hidden": [16]}},
+               "train": {"max_batches": 1},
+               "timing": TIMING}
+        paths.append(tmp_path / f"p{i}.yaml")
+        paths[-1].write_text(yaml.safe_dump(cfg))
+    procs = [subprocess.Popen([sys.executable, "-m", "hfl.peer.cli", "--config", str(p)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for p in paths]
+    try:
+        wait_for(tmp_path / "p1" / "metrics.jsonl")
+        procs[1].send_signal(sig)
+        _, err1 = procs[1].communicate(timeout=60)
+        after = len(metrics(tmp_path, "p0"))
+        deadline = time.monotonic() + 120
+        while len(metrics(tmp_path, "p0")) < after + 2 and procs[0].poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)  # the partner, another process, goes on alone for two rounds
+        procs[0].send_signal(signal.SIGTERM)
+        _, err0 = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[1].returncode == code, err1
+    assert f"stopped by {signal.Signals(sig).name}" in err1 and "hfl-report" in err1
+    assert "Traceback" not in err1
+    assert "p1 alive -> left (left)" in err0  # its goodbye, not a silence taken for death
+    assert "p1 alive -> dead" not in err0 and procs[0].returncode == 143, err0
+    rows = metrics(tmp_path, "p1")
+    assert rows and load_checkpoint(tmp_path / "p1")["round"] == rows[-1]["round"]
