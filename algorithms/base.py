@@ -242,9 +242,18 @@ class Algorithm:
 # ---------------------------------------------------------------------- helpers
 
 
-def aggregates_everywhere(aggregate_at: str, algorithm: Algorithm) -> bool:
+#: cohort.aggregate_at auto: every peer aggregates for itself in cohorts up to this size
+#: (node.min_peers), whatever it shares: no elected aggregator can set the model (one
+#: malicious member among them is outvoted, not obeyed). Above it, full weights go
+#: through one elected aggregator (O(n) bytes a round instead of O(n^2)), which the
+#: cohort then trusts for its rounds (docs/security.md, "Defaults").
+EVERY_PEER_UP_TO = 16
+
+
+def aggregates_everywhere(aggregate_at: str, algorithm: Algorithm, cohort_size: int = 1) -> bool:
     """Whether an aggregator-mode ``algorithm`` runs with every peer aggregating for
-    itself (``cohort.aggregate_at``); ValueError when asked for and impossible."""
+    itself (``cohort.aggregate_at``); ValueError when asked for and impossible.
+    ``cohort_size``: node.min_peers, the cohort the peer expects (for ``auto``)."""
     if algorithm.mode != "aggregator":
         return False
     why = algorithm.why_not_everywhere()
@@ -254,7 +263,8 @@ def aggregates_everywhere(aggregate_at: str, algorithm: Algorithm) -> bool:
         return True
     if aggregate_at == "aggregator":
         return False
-    return why is None and algorithm.aggregates_everywhere_by_default()
+    return why is None and (algorithm.aggregates_everywhere_by_default()
+                            or cohort_size <= EVERY_PEER_UP_TO)
 
 
 def pooled(parts, num_classes: int, name: str):

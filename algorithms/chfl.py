@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -41,7 +41,7 @@ from torch import nn
 from hfl.algorithms.dkd import chfl_temperature, dkd_loss
 from hfl.algorithms.fedavg import FedAvg, FedAvgConfig
 from hfl.algorithms.registry import register
-from hfl.algorithms.robust import UpdateRobustOptions
+from hfl.algorithms.robust import WEIGHT_SHARE_HELP, UpdateRobustOptions
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,21 @@ class HeadKDConfig(UpdateRobustOptions):
     )
 
 
+@dataclass(frozen=True)
+class HeadAvgConfig(FedAvgConfig):
+    """FedAvg's options; the heads' mean weighs claimed counts, as the CHFL paper's AVG
+    baseline (``max_weight_share: equal`` to weigh every head the same)."""
+
+    max_weight_share: float | Literal["equal"] | None = field(default=None, metadata={
+        "gt": 0, "max": 1, "help": WEIGHT_SHARE_HELP})
+
+
 @register
 class HeadAvg(FedAvg):
     """``avg``: the mean head replaces every peer's local head each round."""
 
     name = "avg"
-    Config = FedAvgConfig
+    Config = HeadAvgConfig
 
     def shared(self) -> nn.Module:
         return self.model.head  # (C, E) weight and (C,) bias: E x C, nothing else

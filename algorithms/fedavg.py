@@ -60,6 +60,10 @@ AGGREGATION_HELP = ("model: identical models, whole-model mean; layerwise: each 
 @dataclass(frozen=True)
 class FedAvgConfig(robust.UpdateRobustOptions):
     weighted: bool = True  # weight by sample count (False: plain mean)
+    # Safe by default (issue 35): a claimed count buys nothing until the cohort says it
+    # trusts its members' counts (null, or a cap in (0, 1]).
+    max_weight_share: float | Literal["equal"] | None = field(default="equal", metadata={
+        "gt": 0, "max": 1, "help": robust.WEIGHT_SHARE_HELP})
     aggregation: Literal["model", "layerwise", "same_arch"] = field(
         default="model", metadata={"help": AGGREGATION_HELP}
     )
@@ -138,7 +142,7 @@ class FedAvg(Algorithm):
     def share(self, round: int) -> Payload:
         # The sample count leaves the peer only when the mean is weighted by it.
         tensors, meta = pack_if_many(module_to_arrays(self.shared()),
-                                     {"num_samples": len(self.ctx.train)} if self.cfg.weighted else {})
+                                     {"num_samples": len(self.ctx.train)} if robust.counts_weigh(self.cfg) else {})
         return Payload(kind="weights", tensors=tensors, meta=meta)
 
     def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
@@ -146,7 +150,7 @@ class FedAvg(Algorithm):
         by_layer = self.aggregation() != "model"
         good, excluded = {}, []
         for peer, c in sorted(contributions.items()):
-            n = c.meta.get("num_samples", 1) if self.cfg.weighted else 1
+            n = c.meta.get("num_samples", 1) if robust.counts_weigh(self.cfg) else 1
             arrays, why = unpack_if_packed(c.tensors, c.meta)
             c = Payload(kind=c.kind, tensors=arrays, meta=c.meta)
             if why is None:
@@ -171,11 +175,11 @@ class FedAvg(Algorithm):
         elif by_layer:
             tensors = layerwise.layerwise_mean(
                 {p: c.tensors for p, c in good.items()},
-                {p: float(c.meta.get("num_samples", 1)) if self.cfg.weighted else 1.0
+                {p: float(c.meta.get("num_samples", 1)) if robust.counts_weigh(self.cfg) else 1.0
                  for p, c in good.items()},
                 same_arch=self.aggregation() == "same_arch")
         else:
-            tensors = weighted_mean(good, self.cfg.weighted)
+            tensors = weighted_mean(good, robust.counts_weigh(self.cfg))
         tensors, meta = pack_if_many(tensors, meta)
         return Payload(kind="weights", tensors=tensors, meta=meta)
 
@@ -184,7 +188,7 @@ class FedAvg(Algorithm):
         """The robust rule over the checked contributions (``meta`` gains what it did),
         or None, with a logged reason, when it cannot run for them."""
         arrays = {p: c.tensors for p, c in good.items()}
-        weights = {p: float(c.meta.get("num_samples", 1)) if self.cfg.weighted else 1.0
+        weights = {p: float(c.meta.get("num_samples", 1)) if robust.counts_weigh(self.cfg) else 1.0
                    for p, c in good.items()}
         meta["robust"] = options["rule"]
         try:

@@ -23,12 +23,14 @@ from torch import nn
 
 from hfl.algorithms.fedavg import AGGREGATION_HELP, FedAvg
 from hfl.algorithms.registry import register
-from hfl.algorithms.robust import UpdateRobustOptions
+from hfl.algorithms.robust import WEIGHT_SHARE_HELP, UpdateRobustOptions
 
 
 @dataclass(frozen=True)
 class FedProxConfig(UpdateRobustOptions):
     weighted: bool = True
+    max_weight_share: float | Literal["equal"] | None = field(default="equal", metadata={
+        "gt": 0, "max": 1, "help": WEIGHT_SHARE_HELP})  # as FedAvg: counts untrusted by default
     mu: float = field(default=0.01, metadata={"min": 0, "help": "weight of the proximal term"})
     part: Literal["model", "head"] = field(
         default="model", metadata={"help": "what is shared, averaged and kept close: model or head"}

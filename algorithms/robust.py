@@ -98,18 +98,30 @@ class RobustOptions:
             raise ValueError(f"krum_select applies only to robust: multi_krum (got robust: {self.robust})")
 
 
+WEIGHT_SHARE_HELP = (
+    "how much a contribution's claimed sample count may weigh (mean, geometric_median): equal "
+    "(every contribution weighs the same: a claimed count buys nothing); a share s in (0, 1] "
+    "(counts weigh, none above s of the total); null (counts weigh uncapped: FedAvg as published, "
+    "for a cohort that trusts its members' counts)")
+
+
+def counts_weigh(cfg: Any) -> bool:
+    """Whether claimed sample counts weigh in ``cfg``'s mean: ``weighted`` and not
+    ``max_weight_share: equal`` (FedAvg's and FedProx's default: a member that claims
+    10^12 samples must not own the model of a cohort that did not say it trusts it)."""
+    return bool(getattr(cfg, "weighted", True)) and getattr(cfg, "max_weight_share", None) != "equal"
+
+
 @dataclass(frozen=True)
 class WeightedRobustOptions(RobustOptions):
     """:class:`RobustOptions` plus the cap on a contribution's share of the weight."""
 
-    max_weight_share: float | None = field(default=None, metadata={
-        "gt": 0, "max": 1,
-        "help": "cap on any contribution's share of the weight (mean, geometric_median): a claimed "
-                "sample count buys no more (None: no cap; weighted: false for equal weights)"})
+    max_weight_share: float | Literal["equal"] | None = field(default=None, metadata={
+        "gt": 0, "max": 1, "help": WEIGHT_SHARE_HELP})
 
     def validate(self) -> None:
         super().validate()
-        if self.max_weight_share is None:
+        if self.max_weight_share is None or self.max_weight_share == "equal":
             return
         if self.robust not in WEIGHTED_RULES:
             raise ValueError(f"max_weight_share applies only to the weighted rules (robust: "
@@ -144,7 +156,8 @@ def rule_options(cfg: Any) -> dict[str, Any]:
         "byzantine": getattr(cfg, "byzantine", 1),
         "trim_fraction": getattr(cfg, "trim_fraction", 0.2),
         "krum_select": getattr(cfg, "krum_select", None),
-        "max_weight_share": getattr(cfg, "max_weight_share", None),
+        "max_weight_share": (None if (share := getattr(cfg, "max_weight_share", None)) == "equal"
+                             else share),  # equal: no counts reach the rule (counts_weigh)
         "clip_update_norm": getattr(cfg, "clip_update_norm", None),
     }
 

@@ -41,7 +41,7 @@ def simulate(
         raise ValueError(f"one algorithm mode per cohort, got {sorted(modes)}")
     mode = modes.pop()
     ids = sorted(by_id)
-    everywhere = {aggregates_everywhere(aggregate_at, a) for a in algorithms}
+    everywhere = {aggregates_everywhere(aggregate_at, a, len(algorithms)) for a in algorithms}
     if len(everywhere) != 1:
         raise ValueError("peers disagree on aggregate_at (every_peer for some, aggregator for others)")
     everywhere = everywhere.pop()

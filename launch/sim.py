@@ -431,6 +431,10 @@ def _configs(opts: SimOptions, root: Path):
 
     sets = [f"peers={opts.peers}", f"run_dir={root}", f"defaults.cohort.rounds={opts.rounds}",
             "defaults.security.mode=none", "defaults.node.threads=1", "defaults.node.device=cpu",
+            # The commit protocol is what the simulator explores: an elected aggregator,
+            # although cohort.aggregate_at auto has every peer aggregate in small cohorts
+            # (override with defaults.cohort.aggregate_at=every_peer).
+            "defaults.cohort.aggregate_at=aggregator",
             *opts.overrides]
     exp = load_experiment(opts.experiment, sets)
     plans = expand(exp, gpus=[], ports=list(range(1, opts.peers + 1)))

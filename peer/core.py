@@ -269,35 +269,74 @@ class PeerCore:
         held = self.accepted.get(r)
         return (held[0].epoch, held[1]) if held is not None else (-1, "")
 
+    def admit_knowledge(self, msg: Knowledge) -> Drop | None:
+        """Why a contribution is refused for what it claims (None: take it). A peer
+        moves to a result's epoch when it accepts it and never goes back, so its
+        contributions name an accepted epoch no higher than their own: one that claims
+        a later one is a lie (a member that is not elected would otherwise have the
+        aggregator publish a result it forged for an epoch that elects it)."""
+        if msg.accepted_epoch > msg.epoch:
+            return Drop("lying_claim",
+                        f"{msg.sender}'s knowledge for round {msg.round} epoch {msg.epoch} claims it "
+                        f"accepted a result of the later epoch {msg.accepted_epoch}: a lie (a peer "
+                        "only contributes to the epoch of a result it accepted or a later one); "
+                        f"dropped, naming {msg.sender}")
+        return None
+
     def promises(self, r: int) -> dict[str, Knowledge]:
         """Round-r contributions sent to this peer's epoch or a later one: each a
         promise from its sender never to accept an older epoch's result."""
         return {p: k for p, k in self.buffer.received(r).items() if k.epoch >= self.epoch}
 
-    def proposal(self, r: int, promised: dict[str, Knowledge]) -> tuple[str, AggregateResult | None]:
+    def proposal(self, r: int, promised: dict[str, Knowledge]
+                 ) -> tuple[str, AggregateResult | None, dict[str, str]]:
         """What this peer, aggregator of (r, self.epoch), may publish: ``("own", None)``
         its own aggregate; ``("repeat", res)`` the result accepted at the highest epoch
         among the promises and itself, which it holds a copy of (the copy came from
         that epoch's aggregator: admission checked it); ``("abstain", None)`` when a
         result was accepted that it holds no copy of, or when two different results
         were accepted at that highest epoch (views of the rotation that differ can
-        elect two aggregators for one epoch: no rule could tell which may be committed)."""
-        reports = [self.marker(r)] + [(k.accepted_epoch, k.accepted_digest)
-                                      for k in promised.values() if k.accepted_epoch >= 0]
+        elect two aggregators for one epoch: no rule could tell which may be committed).
+
+        The third item names the promisers whose report is a lie this peer can see
+        for itself, with why: they are left out (their report, their promise and
+        their contribution). Two reports are not taken:
+
+        - one of an epoch above this peer's: a peer that promised a later epoch never
+          accepts this epoch's result, so nothing it accepted there can be lost by
+          publishing here (a result committed at a later epoch had a quorum of acks
+          from peers past this epoch, which cannot also make a quorum here). Taken,
+          it let a member that is not elected have its own forged result of an epoch
+          that elects it published by the real aggregator;
+        - one of a result of an epoch whose only candidate is this peer, which this
+          peer never published: a lie. Taken, it made the aggregator abstain in every
+          round the liar contributed to."""
+        refused: dict[str, str] = {}
+        reports = [self.marker(r)]
+        for p, k in promised.items():
+            e = k.accepted_epoch
+            if e < 0 or e > self.epoch:
+                continue
+            if self.aggregators_for(r, e) == {self.id} and (r, e, k.accepted_digest) not in self.acks:
+                refused[p] = (f"{p} claims it accepted a result of round {r} epoch {e} "
+                              f"({k.accepted_digest[:16]}), which only this peer could have "
+                              "published and never published: a lie")
+                continue
+            reports.append((e, k.accepted_digest))
         top = max(epoch for epoch, _ in reports)
         if top < 0:
-            return "own", None
+            return "own", None, refused
         digests = {d for epoch, d in reports if epoch == top}
         if len(digests) > 1:
-            return "abstain", None
+            return "abstain", None, refused
         (digest,) = digests
         held = self.accepted.get(r)
         if held is not None and held[1] == digest:
-            return "repeat", held[0]
+            return "repeat", held[0], refused
         for res in self.buffer.results_for(r):  # any epoch: the same value is the same value
             if payload_digest(res) == digest:
-                return "repeat", res
-        return "abstain", None
+                return "repeat", res, refused
+        return "abstain", None, refused
 
     def asks_again(self, msg: Heartbeat, aggregator: str, knowledge: Knowledge) -> bool:
         """``msg`` (a heartbeat with ``awaiting``) is the aggregator this peer sent

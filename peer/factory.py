@@ -335,7 +335,7 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     except ValueError as exc:  # what the options ask of this peer's model, data or key files
         raise ConfigError("algorithm", str(exc)) from exc
     try:
-        aggregates_everywhere(cfg.cohort.aggregate_at, algorithm)
+        aggregates_everywhere(cfg.cohort.aggregate_at, algorithm, cfg.node.min_peers)
     except ValueError as exc:
         raise ConfigError("cohort.aggregate_at", str(exc)) from None
     return algorithm, num_classes

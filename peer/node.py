@@ -162,7 +162,8 @@ class Node:
         self._to_greet = True  # swim: members may wait for our hello (scan the view)
         self._tasks: dict[asyncio.Task, None] = {}  # a dict: cancelled in a fixed order
         # No elected aggregator: every peer aggregates the round's knowledge itself.
-        self.everywhere = aggregates_everywhere(getattr(cohort, "aggregate_at", "auto"), algorithm)
+        self.everywhere = aggregates_everywhere(getattr(cohort, "aggregate_at", "auto"), algorithm,
+                                               min_peers)
         # The protocol's state and rules (no I/O): membership, round buffer, round,
         # epoch, election, quorum, whom to wait for. This class does the I/O around it.
         self.core = PeerCore(peer_id, mode=algorithm.mode, everywhere=self.everywhere,
@@ -420,6 +421,9 @@ class Node:
                 log.debug("%s: learned of %s via %s", self.id, new, msg.sender)
                 self._to_greet = True
         elif isinstance(msg, Knowledge):
+            if (drop := self.core.admit_knowledge(msg)) is not None:
+                self._drop(drop.code, drop.reason)
+                return
             reason = self.buffer.offer_knowledge(msg)
             if reason:
                 self._drop("stale_knowledge" if "late" in reason else "rejected_knowledge", reason)
@@ -1190,6 +1194,10 @@ class Node:
             await self._broadcast(core.awaited(r), self._heartbeat(awaiting=r), 0.05)
             ask_after = 8 * hb
         promised = core.promises(r)
+        decision, earlier, refused = core.proposal(r, promised)
+        for liar, why in refused.items():
+            self._drop("lying_claim", f"round {r}: left out {liar}'s contribution: {why}")
+            del promised[liar]
         quorum = core.quorum()
         self._maybe_crash(r, "serve")
         info.update(timed_out=not complete)
@@ -1198,7 +1206,6 @@ class Node:
             info.update(aggregator=None, contributors=1 + len(promised))
             self._discard_unused_results(r, self.epoch)
             return self._short_of_quorum(r, 1 + len(promised), quorum, info, self.NO_RESULT)
-        decision, earlier = core.proposal(r, promised)
         if decision == "abstain":
             log.warning("%s: round %d: a contributor accepted a result of an earlier epoch that "
                         "this peer holds no copy of; abstaining at epoch %d", self.id, r, self.epoch)

@@ -74,7 +74,10 @@ def peer_cfg(
                 "checkpoint": False,
                 "seed": index,
             },
-            "cohort": {"algorithm": "fedavg", "rounds": rounds, **(cohort or {})},
+            # The aggregator protocol unless a test says otherwise (auto would have these
+            # small cohorts aggregate at every peer).
+            "cohort": {"algorithm": "fedavg", "rounds": rounds, "aggregate_at": "aggregator",
+                       **(cohort or {})},
             "timing": {**TIMING, **(timing or {})},
             "data": {
                 "dataset": "digits",

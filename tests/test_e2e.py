@@ -37,7 +37,9 @@ def experiment(tmp_path: Path, rounds: int, faults=(), train=None, timing=None, 
         "defaults": {  # a section in ``defaults`` updates the base section's keys
             section: {**base, **(defaults or {}).get(section, {})}
             for section, base in {
-                "cohort": {"algorithm": "fedavg", "rounds": rounds},
+                # The elected aggregator's protocol (rotation, fail-over); auto would have
+                # these 4 peers aggregate for themselves.
+                "cohort": {"algorithm": "fedavg", "rounds": rounds, "aggregate_at": "aggregator"},
                 "data": {"dataset": "digits", "partition": "dirichlet", "alpha": 0.5},
                 "model": {"arch": "mlp", "options": {"hidden": [64]}},
                 "train": train or {"max_batches": 4},

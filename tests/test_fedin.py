@@ -177,9 +177,10 @@ def test_extractor_and_classifier_take_the_local_gradient_only(digits):
 
 
 def test_layerwise_mean_matches_numpy_per_layer_over_its_holders(digits):
-    peers = {"p0": make("fedavg", digits, "p0", depth=10, aggregation="layerwise"),
-             "p1": make("fedavg", digits, "p1", depth=14, part=1, aggregation="layerwise"),
-             "p2": make("fedavg", digits, "p2", depth=26, part=2, aggregation="layerwise")}
+    counts = {"aggregation": "layerwise", "max_weight_share": None}  # FedAvg's count-weighted mean
+    peers = {"p0": make("fedavg", digits, "p0", depth=10, **counts),
+             "p1": make("fedavg", digits, "p1", depth=14, part=1, **counts),
+             "p2": make("fedavg", digits, "p2", depth=26, part=2, **counts)}
     rng = np.random.default_rng(0)
     shares = {}
     for pid, alg in peers.items():  # different values per peer, so a wrong mean shows
@@ -209,9 +210,9 @@ def test_layerwise_mean_matches_numpy_per_layer_over_its_holders(digits):
 
 
 def test_same_arch_averages_only_identical_architectures(digits):
-    a = make("fedavg", digits, "p0", depth=10, aggregation="same_arch")
-    b = make("fedavg", digits, "p1", depth=10, part=1, aggregation="same_arch")
-    c = make("fedavg", digits, "p2", depth=12, part=2, aggregation="same_arch")
+    a = make("fedavg", digits, "p0", depth=10, aggregation="same_arch", max_weight_share=None)
+    b = make("fedavg", digits, "p1", depth=10, part=1, aggregation="same_arch", max_weight_share=None)
+    c = make("fedavg", digits, "p2", depth=12, part=2, aggregation="same_arch", max_weight_share=None)
     with torch.no_grad():
         for alg, v in ((a, 1.0), (b, 3.0), (c, 10.0)):
             for p in alg.model.parameters():
@@ -478,6 +479,7 @@ def test_the_example_runs_through_hfl_launch_and_survives_its_aggregator(tmp_pat
     exp["defaults"]["timing"] = {"heartbeat_interval_s": 0.2, "suspect_after_s": 0.8, "dead_after_s": 1.6,
                                  "round_timeout_s": 30, "aggregate_grace_s": 5, "join_timeout_s": 120}
     exp["faults"] = [{"peer": "aggregator", "at_round": 2, "phase": "serve"}]
+    exp["defaults"]["cohort"]["aggregate_at"] = "aggregator"  # (auto: every peer, at 10 peers)
     path = tmp_path / "fedin.yaml"
     path.write_text(yaml.safe_dump(exp))
     proc = subprocess.run([sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet"],

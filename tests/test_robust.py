@@ -276,16 +276,28 @@ def test_the_weight_averaging_methods_take_the_median_when_asked(name):
                                    rtol=1e-6)
 
 
-def test_the_default_is_todays_weighted_mean_to_the_byte():
+def test_the_default_weighs_every_contribution_the_same_and_null_is_fedavgs_weighted_mean():
+    # Issue 35: a member that claims 10^12 samples owned the default FedAvg (0.936 ->
+    # 0.100). By default a claimed count buys nothing (none is even sent); null trusts
+    # the counts again, FedAvg as published, to the byte.
     cfg = build(get_algorithm("fedavg").Config, {}, "algorithm")
-    assert (cfg.robust, cfg.byzantine, cfg.max_weight_share, cfg.clip_update_norm) == ("mean", 1, None, None)
-    assert R.is_plain(R.rule_options(cfg))
-    peers = [make("fedavg", f"p{i}", n=20 + 10 * i) for i in range(3)]
-    contributions = {a.ctx.peer_id: a.share(1) for a in peers}
-    result = peers[0].aggregate(1, contributions)
-    expected = weighted_mean(contributions, True)
-    assert all(result.tensors[k].tobytes() == expected[k].tobytes() for k in expected)
-    assert "robust" not in result.meta
+    assert (cfg.robust, cfg.byzantine, cfg.max_weight_share, cfg.clip_update_norm) == ("mean", 1, "equal", None)
+    assert R.is_plain(R.rule_options(cfg)) and not R.counts_weigh(cfg)
+    for trust, weighted in ((None, False), ("null", True)):
+        extra = {} if trust is None else {"max_weight_share": None}
+        peers = [make("fedavg", f"p{i}", n=20 + 10 * i, **extra) for i in range(3)]
+        contributions = {a.ctx.peer_id: a.share(1) for a in peers}
+        assert all(("num_samples" in c.meta) == weighted for c in contributions.values())
+        result = peers[0].aggregate(1, contributions)
+        expected = weighted_mean(contributions, weighted)
+        assert all(result.tensors[k].tobytes() == expected[k].tobytes() for k in expected)
+        assert "robust" not in result.meta
+    liar = make("fedavg", "p3").share(1)
+    liar.meta["num_samples"] = 10 ** 12  # claimed anyway: ignored under the default
+    honest = {a.ctx.peer_id: a.share(1) for a in peers[:2]}
+    default = make("fedavg", "p9").aggregate(1, {**honest, "p3": liar})
+    equal = weighted_mean({**honest, "p3": liar}, False)
+    assert all(default.tensors[k].tobytes() == equal[k].tobytes() for k in equal)
 
 
 def test_krum_that_cannot_run_gives_no_aggregate_and_says_why(caplog):

@@ -28,6 +28,7 @@ from tests.test_cohort import (
     build_node,
     cohort_cfgs,
     run_conducted,
+    until,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -95,12 +96,14 @@ class LoseProbesTo(FaultyTransport):
 
     def __init__(self, inner, dest: str):
         super().__init__(inner, FaultPlan())
-        self.dest, self.lost = dest, 0
+        self.dest, self.lost, self.first_lost_at = dest, 0, None
 
     async def send(self, address, frames, timeout_s, peer_id=None):
         header = msgpack.unpackb(bytes(frames[0]), raw=False)
         if address == self.dest and header["type"] == "heartbeat" and header["body"].get("probe"):
             self.lost += 1
+            if self.first_lost_at is None:
+                self.first_lost_at = asyncio.get_running_loop().time()
             return True
         return await self.inner.send(address, frames, timeout_s, peer_id)
 
@@ -109,9 +112,11 @@ def test_a_member_the_prober_cannot_reach_answers_an_indirect_probe_and_stays_al
     n, rounds = 5, 4
     cfgs = cohort_cfgs(tmp_path, n, rounds=rounds, timing={"membership": "swim"})
     watch = RoundWatch(c.node.id for c in cfgs)
-    gate = TrainingGate(rounds=())
+    gate = TrainingGate([rounds])  # the last round waits until p2 was unreachable long enough
     hub = MemoryHub()
     nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
+    for nd in nodes:
+        gate.install(nd)
     p0 = nodes[0]
     p0.transport = lossy = LoseProbesTo(p0.transport, "mem://p2")
     assert all(nd.swim for nd in nodes)
@@ -129,6 +134,14 @@ def test_a_member_the_prober_cannot_reach_answers_an_indirect_probe_and_stays_al
 
         p0.membership.tick = record
         await watch.all_finished(rounds - 1)
+        # On a fast run the rounds could end before p0 ever probed p2: hold the last one
+        # until p0's probes to p2 have been lost for longer than dead_after_s.
+        loop = asyncio.get_running_loop()
+        dead_after = cfgs[0].timing.dead_after_s
+        await until(lambda: lossy.first_lost_at is not None
+                    and loop.time() - lossy.first_lost_at > 1.5 * dead_after,
+                    "p0's probes to p2 lost for 1.5 x dead_after_s")
+        gate.release(rounds)
 
     results = run_conducted(nodes, gate, conduct)
     assert_completed(results, rounds)

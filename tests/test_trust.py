@@ -387,6 +387,76 @@ def test_an_aggregator_that_sends_two_results_for_one_round_gets_neither_committ
     assert_same_model(recs[3])  # and round 3 is one cohort again
 
 
+# Issue 35, items 1 and 2: a member that is not elected takes the model through the
+# commit protocol's rule 5. p3 (round 2's candidate at epoch 1; p2 is the real,
+# alive aggregator at epoch 0) sends p2 a zero model as its epoch-1 result, then a
+# contribution that claims it accepted a result. Before: p2 republished the zero model as
+# round 2's result ("publishing p3's result of epoch 1 again at epoch 0": every honest
+# peer at 0.100), or, for a claim naming a result p2 never published, abstained (every
+# round the liar was in, no result).
+CLAIMS = {  # label -> (the contribution's epoch, its accepted_epoch, the digest it names)
+    "accepted_later_epoch_than_its_own": (0, 1, "forged"),
+    "promise_to_a_later_epoch": (1, 1, "forged"),
+    "accepted_what_the_aggregator_never_published": (0, 0, "junk"),
+}
+
+
+@pytest.mark.parametrize("claim", sorted(CLAIMS))
+def test_a_member_cannot_take_the_model_or_the_round_by_claiming_it_accepted_a_result(
+        tmp_path, claim, caplog):
+    from hfl.peer.core import payload_digest
+
+    n, rounds, r = 4, 3, 2
+    order = [f"p{i}" for i in range(n)]
+    epoch = (order.index("p3") - r) % n
+    assert epoch == 1 and order[r % n] == "p2"
+    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "aggregator"})
+    watch = RoundWatch(order)
+    hub = MemoryHub()
+    nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
+    gate = TrainingGate([r])
+    for nd in nodes:
+        gate.install(nd)
+    k_epoch, accepted_epoch, names = CLAIMS[claim]
+
+    async def conduct():
+        member = InMemoryTransport("p3", "mem://p3-second-socket", hub)
+        await member.start()
+        await watch.all_finished(1)
+        state = {k: v.detach().cpu().numpy().copy() for k, v in nodes[3].alg.model.state_dict().items()}
+        zeros = {k: np.zeros_like(v) for k, v in state.items()}
+        forged = AggregateResult(sender="p3", incarnation=0, round=r, epoch=epoch, kind="weights",
+                                 contributors=order, meta={"round": r}, tensors=zeros)
+        digest = payload_digest(forged) if names == "forged" else "0" * 64
+        # An honest-looking contribution (p3's own weights): only the claim is a lie.
+        claim_msg = Knowledge(sender="p3", incarnation=0, round=r, kind="weights", epoch=k_epoch,
+                              accepted_epoch=accepted_epoch, accepted_digest=digest,
+                              meta={"num_samples": len(nodes[3].alg.ctx.train)}, tensors=state)
+        p2 = nodes[2]
+        assert await member.send(p2.transport.address, encode(forged), 1.0)
+        assert await member.send(p2.transport.address, encode(claim_msg), 1.0)
+        await until(lambda: "p3" in p2.buffer.received(r) or p2.dropped.get("lying_claim"),
+                    "p2 holding (or refusing) p3's claim")
+        gate.release(r)
+        await member.close()
+
+    with caplog.at_level(logging.INFO, logger="hfl.peer"):
+        results = run_conducted(nodes, gate, conduct)
+    assert_completed(results, rounds)
+    recs = by_round(results)
+    honest = ("p0", "p1", "p2")
+    for p in honest:
+        assert recs[r][p]["aggregator"] == "p2", recs[r][p]  # a result, and p2's own
+        assert recs[r][p]["learned_from"] > 0, recs[r][p]
+        assert recs[r][p]["global_acc"] > 0.3, recs[r][p]  # never the zero model
+    assert_same_model({p: recs[r][p] for p in honest})
+    assert min(recs[rounds][p]["global_acc"] for p in honest) > 0.5
+    said = " ".join(rec.getMessage() for rec in caplog.records)
+    assert "again at epoch" not in said and "abstaining" not in said
+    if claim != "promise_to_a_later_epoch":  # a claim no honest peer can make names its maker
+        assert "p3" in said and ("lie" in said or "never published" in said), said
+
+
 @pytest.mark.parametrize("robust", ["mean", "median", "multi_krum"])
 def test_a_poisoning_member_is_outvoted_by_a_robust_rule_over_the_runtime(tmp_path, robust):
     # Issue 23: with aggregate_at: every_peer nobody aggregates for others, so a member's
