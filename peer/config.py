@@ -72,6 +72,13 @@ class NodeConfig:
                                     "of the members this peer knows, so a minority side of a "
                                     "partition never publishes; 1 allows any)"},
     )
+    byzantine: int | None = field(
+        default=None,
+        metadata={"min": 0, "help": "f, the malicious members an elected aggregator's commits "
+                                    "tolerate where the allow-list has signing keys: quorums of "
+                                    "floor((n + f) / 2) + 1 (default 1 with signing keys: 3 of 4, "
+                                    "4 of 5; 0 without, or for crash faults only: a majority)"},
+    )
     seed_chunk_bytes: int = field(
         default=1 << 20, metadata={"min": 256, "help": "size of the chunks a public seed set travels in"}
     )

@@ -53,8 +53,17 @@ class PeerCore:
 
     def __init__(self, self_id: str, *, mode: str, everywhere: bool, lookahead: int,
                  start_round: int = 1, quorum: int | None = None,
-                 allowed_peers: frozenset[str] | None = None, cohort_size: int = 1):
+                 allowed_peers: frozenset[str] | None = None, cohort_size: int = 1,
+                 cohort: str = "", signer=None, verify_keys: dict[str, bytes] | None = None,
+                 byzantine: int | None = None):
         self.id = self_id
+        # Signed acks and certified commits (the allow-list's signing keys; see "Commit").
+        self.cohort = cohort  # signed statements name their cohort: never valid in another
+        self.signer = signer  # bytes -> 64-byte Ed25519 signature (None: acks go unsigned)
+        #: peer -> raw Ed25519 verification key; None: commits carry no certificate and
+        #: one member's word (the aggregator's) commits a result
+        self.verify_keys = verify_keys
+        self.byzantine_config = byzantine  # node.byzantine (None: 1 where certifying)
         self.mode = mode  # the algorithm's: "broadcast", "aggregator" or "local"
         self.everywhere = everywhere  # aggregator mode with every peer aggregating itself
         self.quorum_config = quorum  # node.quorum (None: a majority)
@@ -77,6 +86,7 @@ class PeerCore:
         # round -> the result accepted last, and its digest
         self.accepted: dict[int, tuple[AggregateResult, str]] = {}
         self.acks: dict[tuple[int, int, str], set[str]] = {}  # our (round, epoch, digest) -> ackers
+        self.ack_sigs: dict[tuple[int, int, str], dict[str, str]] = {}  # ... -> acker -> signature
         self.commits: set[tuple[int, str]] = set()  # (round, digest) its aggregator committed
         # Rounds up to this one were entered by an earlier life of this peer, which may
         # have acked a result there; restarted, it forgot what: it sits them out (no
@@ -87,6 +97,13 @@ class PeerCore:
         self.sources: set[str] | None = None
         #: peer -> (incarnation, round) it said (heartbeat ``sitting_out``) it sits out
         self.sitting_out: dict[str, tuple[int, int]] = {}
+        # Equivocation (every peer aggregating, signing keys): (round, sender) -> the
+        # (incarnation, epoch, digest, sig) of the first signed contribution it sent us;
+        # round -> those this peer aggregated (told to the others with its next
+        # contribution); peer -> the proof that it signed two versions of one round.
+        self.signed_knowledge: dict[tuple[int, str], tuple[int, int, str, str]] = {}
+        self.heard: dict[int, dict[str, tuple[int, int, str, str]]] = {}
+        self.equivocators: dict[str, str] = {}
 
     # ================================================================ admission
 
@@ -165,18 +182,38 @@ class PeerCore:
 
     # ================================================================ election
 
-    def quorum(self) -> int:
-        """Contributors a round's result needs: ``node.quorum`` if configured, else a
-        majority of the members this peer knows by its own evidence (dead ones
-        included, left ones and gossip-only suggestions not), so two sides of a
-        partition can never both publish and gossiped ghosts cannot block every round.
+    @property
+    def certifying(self) -> bool:
+        """Commits must carry a quorum of signed acks (the allow-list has signing keys)."""
+        return self.verify_keys is not None
 
-        The majority is at least one of ``node.min_peers`` (the cohort hfl-launch
-        started): a peer restarted before its first checkpoint remembers nobody, and
-        two such peers that find each other must not make a majority of two."""
+    @property
+    def byzantine(self) -> int:
+        """f, the malicious members the commit protocol is sized for: ``node.byzantine``,
+        by default 1 where commits are certified (a member's signature is its own, so
+        one member cannot count twice); always 0 where they are not (crash faults only:
+        without signatures the aggregator's word is all a commit is)."""
+        if not self.certifying:
+            return 0
+        return 1 if self.byzantine_config is None else self.byzantine_config
+
+    def quorum(self) -> int:
+        """Contributors a round's result needs: ``node.quorum`` if configured, else
+        floor((n + f) / 2) + 1 of the n members this peer knows by its own evidence
+        (dead ones included, left ones and gossip-only suggestions not): a majority
+        where f = 0, so two sides of a partition can never both publish and gossiped
+        ghosts cannot block every round; and with f = :attr:`byzantine` = 1, two
+        quorums share f + 1 members, one of them honest, which acks one result per
+        (round, epoch): f malicious members cannot complete two certificates for one
+        round (the same size as a majority for even n: 3 of 4, 5 of 8).
+
+        n is at least ``node.min_peers`` (the cohort hfl-launch started): a peer
+        restarted before its first checkpoint remembers nobody, and two such peers
+        that find each other must not make a majority of two."""
         if self.quorum_config is not None:
             return self.quorum_config
-        return max(len(self.membership.rotation_order()), self.cohort_size) // 2 + 1
+        n = max(len(self.membership.rotation_order()), self.cohort_size)
+        return (n + self.byzantine) // 2 + 1
 
     def elect(self, r: int) -> tuple[str, int] | None:
         """(aggregator, epoch) for round r from this peer's epoch on: the first live
@@ -281,7 +318,99 @@ class PeerCore:
                         f"accepted a result of the later epoch {msg.accepted_epoch}: a lie (a peer "
                         "only contributes to the epoch of a result it accepted or a later one); "
                         f"dropped, naming {msg.sender}")
+        if msg.sender in self.equivocators:
+            return Drop("equivocator", f"knowledge for round {msg.round} from {msg.sender}, which "
+                                       "signed two versions of one round's contribution")
+        if not self.certifying:
+            return None
+        digest = payload_digest(msg)
+        if not self.signed_by(msg.sender, "knowledge", msg.round, msg.epoch, digest, msg.sig,
+                              msg.incarnation):
+            return Drop("bad_signature", f"knowledge for round {msg.round} from {msg.sender}: its "
+                                         "signature does not check against its allow-listed key")
+        mine = (msg.incarnation, msg.epoch, digest, msg.sig)
+        held = self.signed_knowledge.setdefault((msg.round, msg.sender), mine)
+        if mine[0] > held[0]:  # a new life of the sender, which may train the round again
+            held = self.signed_knowledge[(msg.round, msg.sender)] = mine
+        if held[0] == mine[0] and held[2] != digest:  # two versions sent to this very peer
+            self._convicted(msg.sender, msg.round, held, mine)
+            return Drop("equivocator", f"{msg.sender} sent this peer two different signed "
+                                       f"contributions for round {msg.round}")
         return None
+
+    # ================================================================ equivocation
+    #
+    # With every peer aggregating, a member that sends different contributions to
+    # different peers makes them diverge. Each contribution is signed; each peer
+    # tells the others, with its next contribution, the signed digests of the ones it
+    # aggregated; two signatures of one member over different contributions of one
+    # round (and life) are a proof anyone can check. The member is then left out by
+    # every peer that sees the proof, for the rest of the run, and the proof travels
+    # on with each peer's contributions.
+
+    def _convicted(self, peer: str, r: int, a: tuple, b: tuple) -> None:
+        self.equivocators.setdefault(peer, ":".join(map(str, (r, *a, *b[1:]))))
+        for held in self.buffer.knowledge.values():
+            held.pop(peer, None)  # what it sent for rounds still open is left out too
+
+    def note_heard(self, r: int) -> None:
+        """Round ``r``'s contributions this peer aggregated, as their senders signed them."""
+        self.heard[r] = {p: self.signed_knowledge[(r, p)] for p in self.buffer.received(r)
+                         if (r, p) in self.signed_knowledge}
+
+    def heard_report(self) -> tuple[int, dict[str, str]]:
+        """(round, peer -> "incarnation:epoch:digest:sig") of this peer's last aggregated round."""
+        if not self.heard:
+            return 0, {}
+        r = max(self.heard)
+        return r, {p: ":".join(map(str, e)) for p, e in sorted(self.heard[r].items())}
+
+    def check_heard(self, msg: Knowledge) -> tuple[list[str], str | None]:
+        """Compare what ``msg.sender`` says it received (``heard``) with what this peer
+        received, and take the proofs it carries (``equivocations``). Returns the
+        members newly proven to have equivocated, and why ``msg.sender``'s own report
+        is a lie (a version of another member's contribution that member never
+        signed), or None."""
+        if not self.certifying:
+            return [], None
+        before = set(self.equivocators)
+        lie = None
+        for peer, text in sorted(msg.heard.items()):
+            parts = text.split(":")
+            if peer in (self.id, msg.sender) or peer in self.equivocators or len(parts) != 4:
+                continue
+            try:
+                inc, epoch, digest, sig = int(parts[0]), int(parts[1]), parts[2], parts[3]
+            except ValueError:
+                continue
+            mine = self.signed_knowledge.get((msg.heard_round, peer))
+            if mine is None or mine[0] != inc or mine[2] == digest:
+                continue
+            if not self.signed_by(peer, "knowledge", msg.heard_round, epoch, digest, sig, inc):
+                lie = (f"{msg.sender} reports a contribution of {peer} for round {msg.heard_round} "
+                       f"that {peer} never signed")
+                continue
+            self._convicted(peer, msg.heard_round, mine, (inc, epoch, digest, sig))
+        for peer, proof in sorted(msg.equivocations.items()):
+            if peer != self.id and peer not in self.equivocators and self._proves(peer, proof):
+                parts = proof.split(":")
+                self._convicted(peer, int(parts[0]), tuple(parts[1:5]), tuple(parts[4:8]))
+                self.equivocators[peer] = proof
+        return sorted(set(self.equivocators) - before), lie
+
+    def _proves(self, peer: str, proof: str) -> bool:
+        """``proof`` ("round:incarnation:epoch:digest:sig:epoch:digest:sig") holds two
+        signatures of ``peer`` over different contributions of one round and life."""
+        parts = proof.split(":")
+        if len(parts) != 8:
+            return False
+        try:
+            r, inc, e1, e2 = int(parts[0]), int(parts[1]), int(parts[2]), int(parts[5])
+        except ValueError:
+            return False
+        d1, s1, d2, s2 = parts[3], parts[4], parts[6], parts[7]
+        return (d1 != d2 and self.signed_by(peer, "knowledge", r, e1, d1, s1, inc)
+                and self.signed_by(peer, "knowledge", r, e2, d2, s2, inc))
 
     def promises(self, r: int) -> dict[str, Knowledge]:
         """Round-r contributions sent to this peer's epoch or a later one: each a
@@ -345,17 +474,72 @@ class PeerCore:
         return (msg.sender == aggregator and msg.awaiting == knowledge.round == self.round
                 and msg.epoch == knowledge.epoch)
 
+    def statement(self, what: str, r: int, epoch: int, digest: str, *extra: int) -> bytes:
+        """What a signed statement signs: ``b"hfl-" + what + b"\\0"`` and msgpack [cohort,
+        round, epoch, digest, *extra] (``what``: ``ack``, a result accepted;
+        ``knowledge``, a contribution sent, with the sender's incarnation as ``extra``:
+        a restarted peer that trains a round again is another life, not a liar)."""
+        import msgpack
+
+        return (b"hfl-" + what.encode() + b"\x00"
+                + msgpack.packb([self.cohort, r, epoch, digest, *extra]))
+
+    def ack_statement(self, r: int, epoch: int, digest: str) -> bytes:
+        return self.statement("ack", r, epoch, digest)
+
+    def sign(self, what: str, r: int, epoch: int, digest: str, *extra: int) -> str:
+        """This peer's signature of a statement, hex ("" where it has no signing key)."""
+        return self.signer(self.statement(what, r, epoch, digest, *extra)).hex() if self.signer else ""
+
+    def sign_ack(self, r: int, epoch: int, digest: str) -> str:
+        """This peer's signature of its ack of (r, epoch, digest), hex ("" unsigned)."""
+        return self.sign("ack", r, epoch, digest)
+
+    def signed_by(self, peer: str, what: str, r: int, epoch: int, digest: str, sig: str,
+                  *extra: int) -> bool:
+        """``sig`` is ``peer``'s signature of the statement (:meth:`statement`)."""
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        key = (self.verify_keys or {}).get(peer)
+        if key is None or len(sig) != 128:
+            return False
+        try:
+            Ed25519PublicKey.from_public_bytes(key).verify(
+                bytes.fromhex(sig), self.statement(what, r, epoch, digest, *extra))
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+    def ack_signed_by(self, peer: str, r: int, epoch: int, digest: str, sig: str) -> bool:
+        """``sig`` is ``peer``'s signature of its ack of (r, epoch, digest)."""
+        return self.signed_by(peer, "ack", r, epoch, digest, sig)
+
     def expect_acks(self, r: int, epoch: int, digest: str) -> None:
         self.acks.setdefault((r, epoch, digest), {self.id})
+        if self.signer is not None:
+            self.ack_sigs.setdefault((r, epoch, digest), {self.id: self.sign_ack(r, epoch, digest)})
 
     def note_ack(self, msg: Ack) -> Drop | None:
-        """Count an ack of a result this peer published (anything else is dropped)."""
-        ackers = self.acks.get((msg.round, msg.epoch, msg.digest))
+        """Count an ack of a result this peer published (anything else is dropped); where
+        commits are certified, only one its sender signed."""
+        key = (msg.round, msg.epoch, msg.digest)
+        ackers = self.acks.get(key)
         if ackers is None:
             return Drop("stale_ack", f"ack from {msg.sender} for round {msg.round} epoch "
                                      f"{msg.epoch}: not a result this peer published")
+        if self.certifying:
+            if not self.ack_signed_by(msg.sender, *key, msg.sig):
+                return Drop("bad_signature", f"ack from {msg.sender} for round {msg.round} epoch "
+                                             f"{msg.epoch}: its signature does not check against "
+                                             "its allow-listed signing key")
+            self.ack_sigs.setdefault(key, {})[msg.sender] = msg.sig
         ackers.add(msg.sender)
         return None
+
+    def certificate(self, r: int, epoch: int, digest: str) -> dict[str, str]:
+        """The signed acks of (r, epoch, digest) this peer holds: its commit's proof."""
+        return dict(self.ack_sigs.get((r, epoch, digest), {}))
 
     def acked(self, r: int, epoch: int, digest: str) -> int:
         return len(self.acks.get((r, epoch, digest), ()))
@@ -374,22 +558,54 @@ class PeerCore:
         return None
 
     def admit_commit(self, msg: Commit) -> Drop | None:
-        """Record a commit from the aggregator of (round, epoch); drop anyone else's."""
+        """Record a commit from the aggregator of (round, epoch); drop anyone else's.
+        Where commits are certified, only one whose certificate holds a quorum of
+        acks of that very (round, epoch, digest), each signed by its member: an
+        aggregator that shows peers different results cannot commit any of them
+        (before, each peer absorbed what it was shown: one at 0.100, one at 0.93)."""
         if msg.sender not in self.aggregators_for(msg.round, msg.epoch):
             return Drop("wrong_aggregator", f"commit for round {msg.round} epoch {msg.epoch} "
                                             f"from {msg.sender}, not its aggregator")
+        if self.certifying:
+            signed = [p for p, sig in sorted(msg.certificate.items())
+                      if self.ack_signed_by(p, msg.round, msg.epoch, msg.digest, sig)]
+            if len(signed) < self.quorum():
+                bad = len(msg.certificate) - len(signed)
+                return Drop("uncertified_commit",
+                            f"commit for round {msg.round} epoch {msg.epoch} from {msg.sender}: "
+                            f"{len(signed)} signed acks of the {self.quorum()} a commit needs"
+                            + (f" ({bad} signature(s) that do not check)" if bad else ""))
         self.commits.add((msg.round, msg.digest))
         return None
 
     def note_heartbeat(self, msg: Heartbeat) -> None:
         """The aggregator of the result we accepted says it absorbed it: a commit (a
-        lost commit message is made up for by its next heartbeat). A sender that sits a
-        round out says so (:meth:`sits_out`)."""
+        lost commit message is made up for by its next heartbeat), except where commits
+        are certified (a heartbeat proves nothing: :meth:`commit_missing`). A sender
+        that sits a round out says so (:meth:`sits_out`)."""
         if msg.sitting_out > 0:
             self.sitting_out[msg.sender] = (msg.incarnation, msg.sitting_out)
         held = self.accepted.get(msg.absorbed_round)
-        if held is not None and held[0].sender == msg.sender and held[1] == msg.absorbed_digest:
+        if (not self.certifying and held is not None and held[0].sender == msg.sender
+                and held[1] == msg.absorbed_digest):
             self.commits.add((msg.absorbed_round, msg.absorbed_digest))
+
+    def commit_missing(self, msg: Heartbeat) -> tuple[int, int, str] | None:
+        """Where commits are certified: the aggregator of the result we accepted says it
+        absorbed it, and its commit never reached us. The (round, epoch, digest) to ack
+        again (an aggregator answers an ack of a result it committed with the commit)."""
+        r = msg.absorbed_round
+        held = self.accepted.get(r)
+        if (not self.certifying or held is None or held[0].sender != msg.sender
+                or held[1] != msg.absorbed_digest or (r, held[1]) in self.commits):
+            return None
+        return r, held[0].epoch, held[1]
+
+    def commit_of(self, msg: Ack) -> tuple[int, int, str] | None:
+        """(round, epoch, digest) when ``msg`` acks a result this peer published and
+        committed: the acker lacks the commit (it is sent again)."""
+        key = (msg.round, msg.epoch, msg.digest)
+        return key if key in self.acks and (msg.round, msg.digest) in self.commits else None
 
     def committed(self, r: int) -> AggregateResult | None:
         """The accepted result of round r, once its value is known committed."""
@@ -408,6 +624,10 @@ class PeerCore:
         """Entering round r: the commit state of earlier rounds is not needed."""
         self.accepted = {k: v for k, v in self.accepted.items() if k >= r}
         self.acks = {k: v for k, v in self.acks.items() if k[0] >= r}
+        self.ack_sigs = {k: v for k, v in self.ack_sigs.items() if k[0] >= r}
+        # What the others report hearing is about the round before theirs: keep one back.
+        self.signed_knowledge = {k: v for k, v in self.signed_knowledge.items() if k[0] >= r - 1}
+        self.heard = {k: v for k, v in self.heard.items() if k >= r - 1}
         self.commits = {k for k in self.commits if k[0] >= r}
 
     # ================================================================ waiting
@@ -563,16 +783,32 @@ class PeerCore:
         return catch_up_round(self.mode, self.round, self.membership.max_live_round(), last)
 
 
+def _canonical(value: Any) -> Any:
+    """Plain data with every map as a list of [key, value] pairs in key order: the same
+    value encodes to the same bytes, whatever order its maps were built in."""
+    if isinstance(value, dict):
+        return [[k, _canonical(v)] for k, v in sorted(value.items())]
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
 def payload_digest(payload: Any) -> str:
-    """First 16 hex digits of the SHA-256 of a payload's (or a message's) arrays: names,
-    dtypes, shapes and bytes, by name."""
-    h = hashlib.sha256()
+    """The SHA-256 (64 hex digits) of a payload (or a message): its kind and meta, then
+    each array by name: a msgpack header [name, dtype, shape], then its bytes in C
+    order (PROTOCOL.md, heartbeat ``absorbed_digest``). Everything a receiver would use
+    is covered, and every part is self-delimiting: what is signed or acked by this
+    digest is one payload (a 64-bit prefix let an aggregator find two results with
+    one digest in about 2^32 tries)."""
+    import msgpack
+
+    h = hashlib.sha256(b"hfl-payload\x00")
+    h.update(msgpack.packb([payload.kind, _canonical(dict(payload.meta))], use_bin_type=True))
     for name in sorted(payload.tensors):
         arr = payload.tensors[name]
-        h.update(name.encode())
-        h.update(str(arr.dtype).encode() + str(arr.shape).encode())
+        h.update(msgpack.packb([name, str(arr.dtype), list(arr.shape)]))
         h.update(np.ascontiguousarray(arr))  # no copy for the usual contiguous array
-    return h.hexdigest()[:16]
+    return h.hexdigest()
 
 
 def catch_up_round(mode: str, own: int, cohort: int, last: int) -> int:

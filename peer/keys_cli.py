@@ -1,11 +1,12 @@
 """``hfl-keys``: CURVE key pairs and allow-lists for cohorts across machines.
 
     hfl-keys new p0 --dir keys/          # on p0's machine: keys/p0.key_secret (0600) + keys/p0.key
-    hfl-keys show keys/p0.key            # the allow-list line for p0: "p0 <public key>"
+    hfl-keys show keys/p0.key            # the allow-list line for p0: "p0 <public key> <signing key>"
     hfl-keys cohort p0 p1 p2 --dir keys/ # every pair plus keys/allow_list, on one trusted box
 
 Each party runs ``new`` on its own machine and sends only the printed line (its
-public key) to the others; everyone puts all lines in one allow-list file and
+CURVE public key and the Ed25519 key that checks its signed acks, derived from
+its secret key) to the others; everyone puts all lines in one allow-list file and
 points ``security.key_file`` / ``security.allow_list`` at the two files. Secret
 keys never leave their machine and are never printed.
 
@@ -40,16 +41,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _line(path) -> str:
-    """``<peer id> <public key>``: the allow-list line of a key file."""
+    """``<peer id> <public key> <signing key>``: the allow-list line of a key file (the
+    signing key only where the file has one: older key files have none)."""
     import re
 
-    from hfl.peer.security import SecurityError, load_public_key
+    from hfl.peer.security import SecurityError, load_public_key, load_sign_key_hex
 
     public = load_public_key(path)
     found = re.search(r'^\s*name\s*=\s*"([^"]+)"', Path(path).read_text(), re.MULTILINE)
     if not found:
         raise SecurityError(f"{path} names no peer (no 'name' in its metadata)")
-    return f"{found.group(1)} {public.decode()}"
+    sign = load_sign_key_hex(path)
+    if sign is None:
+        print(f"hfl-keys: warning: {path} has no signing key (made by an older hfl): its "
+              "member's acks cannot be checked by the others; 'hfl-keys new <id> --force' makes "
+              "a new pair", file=sys.stderr)
+    return f"{found.group(1)} {public.decode()}" + (f" {sign}" if sign else "")
 
 
 def _not_ignored_by_git(paths: list[Path]) -> list[Path]:

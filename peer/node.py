@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import random
 import time
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +117,8 @@ class Node:
         seeds: SeedStore | None = None,
         shared: dict[str, int] | None = None,  # more values peers must agree on (data split)
         allowed_peers: frozenset[str] | None = None,
+        signing: tuple[Callable[[bytes], bytes], dict[str, bytes]] | None = None,
+        byzantine: int | None = None,
         quorum: int | None = None,
         evaluate_every: int = 1,
         stop_if_alone: bool = False,
@@ -161,6 +164,8 @@ class Node:
         self._phase = zlib.crc32(peer_id.encode())
         self._to_greet = True  # swim: members may wait for our hello (scan the view)
         self._tasks: dict[asyncio.Task, None] = {}  # a dict: cancelled in a fixed order
+        self._named: set[str] = set()  # equivocators this peer has said it leaves out
+        self._flooders: set[str] = set()  # senders whose flood was logged
         # No elected aggregator: every peer aggregates the round's knowledge itself.
         self.everywhere = aggregates_everywhere(getattr(cohort, "aggregate_at", "auto"), algorithm,
                                                min_peers)
@@ -168,7 +173,10 @@ class Node:
         # epoch, election, quorum, whom to wait for. This class does the I/O around it.
         self.core = PeerCore(peer_id, mode=algorithm.mode, everywhere=self.everywhere,
                              lookahead=timing.lookahead_rounds, start_round=start_round,
-                             quorum=quorum, allowed_peers=allowed_peers, cohort_size=min_peers)
+                             quorum=quorum, allowed_peers=allowed_peers, cohort_size=min_peers,
+                             cohort=cohort.name, signer=signing[0] if signing else None,
+                             verify_keys=dict(signing[1]) if signing else None,
+                             byzantine=byzantine)
         fanout = getattr(cohort, "fanout", None)
         if fanout is not None and algorithm.mode != "broadcast":
             raise ValueError(f"cohort.fanout: applies to broadcast-mode methods (fedh2l, mdhfl, "
@@ -346,14 +354,48 @@ class Node:
 
     # ================================================================ receiving
 
+    #: Messages taken from the transport at once, at most, before they are handled.
+    RECV_BATCH = 64
+    #: Messages held for one sender, at most: more is a flood, dropped and counted.
+    SENDER_QUEUE = 512
+
     async def _receive_loop(self) -> None:
+        """Handle what arrives, one message per sender in turn, and let the other tasks
+        run between turns. A member's flood then costs the others one turn each, not
+        its whole backlog, and never stops this peer's heartbeats: a message already
+        waiting made every ``await recv()`` return at once, so the loop never gave way
+        and a flooded peer went silent until the others declared it dead (issue 35)."""
+        queues: dict[str, deque] = {}
         while True:
-            identity, frames = await self.transport.recv()
-            try:
-                self._handle(identity, frames)
-            except Exception:  # a bug in a handler must not kill the peer
-                log.exception("%s: handler failed on a message from %s", self.id, identity)
-                self.dropped["handler_error"] += 1
+            if not queues:
+                self._enqueue(queues, *await self.transport.recv())
+            for _ in range(self.RECV_BATCH):
+                got = self.transport.recv_nowait()
+                if got is None:
+                    break
+                self._enqueue(queues, *got)
+            for identity in list(queues):
+                frames = queues[identity].popleft()
+                if not queues[identity]:
+                    del queues[identity]
+                try:
+                    self._handle(identity, frames)
+                except Exception:  # a bug in a handler must not kill the peer
+                    log.exception("%s: handler failed on a message from %s", self.id, identity)
+                    self.dropped["handler_error"] += 1
+            await asyncio.sleep(0)
+
+    def _enqueue(self, queues: dict[str, deque], identity: str, frames: list) -> None:
+        queue = queues.setdefault(identity, deque())
+        if len(queue) < self.SENDER_QUEUE:
+            queue.append(frames)
+            return
+        self.dropped["flood"] += 1
+        if identity not in self._flooders:
+            self._flooders.add(identity)
+            log.warning("%s: %s sends faster than this peer handles its messages (%d waiting): "
+                        "its further messages are dropped while that lasts (counted as 'flood')",
+                        self.id, clip(identity), self.SENDER_QUEUE)
 
     def _drop(self, code: str, reason: str) -> None:
         self.dropped[code] += 1
@@ -393,6 +435,12 @@ class Node:
         epoch_ = msg.epoch if isinstance(msg, Heartbeat) else None
         if isinstance(msg, Heartbeat):
             self.core.note_heartbeat(msg)
+            if (missing := self.core.commit_missing(msg)) and (to := mem.address_of(msg.sender)):
+                # Its heartbeat says it committed what we accepted; its commit (the proof)
+                # never came: ack again, and it answers with the commit.
+                self._reply_soon(to, Ack(**self._envelope(), round=missing[0], epoch=missing[1],
+                                         digest=missing[2], sig=self.core.sign_ack(*missing)),
+                                 msg.sender)
         if isinstance(msg, Heartbeat) and (why := self.core.compare_absorbed(msg)):
             log.warning("%s: round %d: %s absorbed another aggregate than this peer (%s vs ours "
                         "%s): %s", self.id, msg.absorbed_round, msg.sender,
@@ -423,7 +471,12 @@ class Node:
         elif isinstance(msg, Knowledge):
             if (drop := self.core.admit_knowledge(msg)) is not None:
                 self._drop(drop.code, drop.reason)
+                self._name_equivocators(msg.sender)
                 return
+            proven, lie = self.core.check_heard(msg)
+            if lie:
+                self._drop("lying_claim", lie)
+            self._name_equivocators(msg.sender, proven)
             reason = self.buffer.offer_knowledge(msg)
             if reason:
                 self._drop("stale_knowledge" if "late" in reason else "rejected_knowledge", reason)
@@ -448,6 +501,11 @@ class Node:
             if drop is not None:
                 self._drop(drop.code, drop.reason)
                 return
+            if isinstance(msg, Ack) and (done := self.core.commit_of(msg)):
+                # Acked again after we committed: its commit was lost. Once more.
+                self._reply_soon(mem.address_of(msg.sender), Commit(
+                    **self._envelope(), round=done[0], epoch=done[1], digest=done[2],
+                    certificate=self.core.certificate(*done)), msg.sender)
         elif isinstance(msg, SeedRequest):
             self._serve_seeds(msg)
         elif isinstance(msg, SeedChunk):
@@ -459,10 +517,29 @@ class Node:
                         clip(msg.reason, 300))
         self._wakeup.set()
 
+    def _name_equivocators(self, via: str, proven: list[str] | None = None) -> None:
+        """Say, once per member, that it is proven to have signed two versions of one
+        round's contribution, and that it is left out from now on."""
+        for peer in proven if proven is not None else [p for p in self.core.equivocators
+                                                         if p not in self._named]:
+            if peer in self._named:
+                continue
+            self._named.add(peer)
+            proof = self.core.equivocators[peer]
+            log.error("%s: %s signed two different contributions for round %s (proof from %s: "
+                      "digests %s and %s): it sent different knowledge to different peers; its "
+                      "contributions are left out for the rest of the run", self.id, peer,
+                      proof.split(":")[0], via if via != peer else "its own messages",
+                      clip(proof.split(":")[3], 16), clip(proof.split(":")[6], 16))
+            self._observe("equivocator", self, peer=peer, round=int(proof.split(":")[0]))
+
     def allow_list_changed(self, allowed: frozenset[str], removed: frozenset[str]) -> None:
         """The transport reloaded the CURVE allow-list: only ``allowed`` may be members
         from now on, and each peer ``removed`` from it stops being one at once."""
         self.allowed_peers = self.core.allowed_peers = allowed
+        security = getattr(self.transport, "security", None)
+        if self.core.certifying and security is not None:  # the signing keys came with it
+            self.core.verify_keys = {p: k for p, k in security.sign_keys.items() if p in allowed}
         for peer in sorted(removed):
             m = self.membership.members.get(peer)
             if m is not None and self.membership.left(peer, m.incarnation):
@@ -926,10 +1003,17 @@ class Node:
 
     def _knowledge(self, r: int, payload: Payload | None, epoch: int = 0) -> Knowledge:
         payload = payload or Payload(kind="none")
-        accepted_epoch, accepted_digest = self.core.marker(r)
-        return Knowledge(**self._envelope(), round=r, kind=payload.kind, epoch=epoch,
-                         accepted_epoch=accepted_epoch, accepted_digest=accepted_digest,
-                         meta=payload.meta, tensors=payload.tensors)
+        core = self.core
+        accepted_epoch, accepted_digest = core.marker(r)
+        heard_round, heard = core.heard_report() if self.everywhere else (0, {})
+        msg = Knowledge(**self._envelope(), round=r, kind=payload.kind, epoch=epoch,
+                        accepted_epoch=accepted_epoch, accepted_digest=accepted_digest,
+                        meta=payload.meta, tensors=payload.tensors, heard_round=heard_round,
+                        heard=heard, equivocations=dict(core.equivocators))
+        if core.signer is None:
+            return msg
+        return dataclasses.replace(msg, sig=core.sign("knowledge", r, epoch, payload_digest(msg),
+                                                      self.incarnation))
 
     @staticmethod
     def _payload(msg: Knowledge | AggregateResult) -> Payload:
@@ -1092,6 +1176,8 @@ class Node:
         word can set its model, only its contribution; what it takes needs the quorum,
         as an aggregator's result does."""
         contributions = await self._exchange(r, payload, info)
+        self.core.note_heard(r)  # told to the others with our next contribution
+        contributions = {p: c for p, c in contributions.items() if p not in self.core.equivocators}
         if payload is not None and payload.kind != "none":
             contributions[self.id] = payload
         result = await work(self.alg.aggregate, r, dict(sorted(contributions.items())))
@@ -1141,7 +1227,7 @@ class Node:
         core, aggregator = self.core, result.sender
         digest = core.accept(result)
         await self._send_to(aggregator, Ack(**self._envelope(), round=r, epoch=result.epoch,
-                                            digest=digest))
+                                            digest=digest, sig=core.sign_ack(r, result.epoch, digest)))
         # The aggregator decides within max(aggregate_grace_s, 4 heartbeats) of publishing
         # (see _serve); then its commit, or its next heartbeat, travels.
         hb = self.timing.heartbeat_interval_s
@@ -1267,8 +1353,9 @@ class Node:
             return {}
         core.commits.add((r, digest))
         self._observe("committed", self, round=r, epoch=self.epoch, digest=digest)
-        await self._broadcast(mem.live_peers(), Commit(**self._envelope(), round=r,
-                                                       epoch=self.epoch, digest=digest))
+        await self._broadcast(mem.live_peers(), Commit(
+            **self._envelope(), round=r, epoch=self.epoch, digest=digest,
+            certificate=core.certificate(r, self.epoch, digest)))
         info.update(learned_from=len(set(used) - {self.id}))
         return {self.id: result}
 

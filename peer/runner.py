@@ -31,6 +31,7 @@ from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import PeerConfig
 from hfl.peer.configtools import ConfigError, config_differences
 from hfl.peer.node import Node, NodeResult
+from hfl.peer.security import signing_of
 from hfl.peer.seeds import SeedStore
 from hfl.peer.status import (
     EVENTS_NAME,
@@ -416,6 +417,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         known_members=members, on_round=recorder.round, on_checkpoint=recorder.checkpoint,
         clock=clock, seed=cfg.node.seed, fault=cfg.fault, advertise=cfg.node.advertise,
         seeds=seeds, shared=shared, allowed_peers=frozenset(identity.allowed) if identity else None,
+        signing=signing_of(cfg.node.id, identity), byzantine=cfg.node.byzantine,
         quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
         stop_if_alone=stop_if_alone, run_blocking=run_blocking, hold_round=recorder.hold,
         observer=observer, on_enter_round=enter_round if cfg.node.checkpoint else None,

@@ -89,6 +89,11 @@ class Transport(ABC):
     async def recv(self) -> tuple[str, list[memoryview]]:
         """Wait for the next message: (transport-vouched sender id, frames)."""
 
+    def recv_nowait(self) -> tuple[str, list[memoryview]] | None:
+        """The next message if one is waiting, else None, without waiting (a transport
+        that cannot tell says None: the node then takes one message at a time)."""
+        return None
+
     async def forget(self, address: str) -> None:  # noqa: B027 - optional hook
         """Drop any connection state kept for ``address`` (a peer that left)."""
 
@@ -162,6 +167,7 @@ class ZmqTransport(Transport):
         # never reaches its finally, and an open socket blocks the context's term).
         self._dial_monitors: dict[tuple[str, str | None], tuple[asyncio.Task, object]] = {}
         self._router_monitor = None
+        self._router_shadow = None  # the ROUTER's blocking shadow, for recv_nowait
         # One DEALER per (address, peer it must authenticate as): a member that claims
         # another's address gets a link of its own, never replaces the real one.
         self._dealers: dict[tuple[str, str | None], object] = {}  # -> asyncio DEALER
@@ -321,7 +327,7 @@ class ZmqTransport(Transport):
         from hfl.peer.security import SecurityError, reread_allow_list
 
         try:
-            allowed = reread_allow_list(self.security)
+            allowed, signs = reread_allow_list(self.security)
         except SecurityError as exc:
             log.warning("%s: allow-list not reloaded, the one in force stays: %s", self.peer_id, exc)
             return False
@@ -330,7 +336,7 @@ class ZmqTransport(Transport):
         cut = {p for p, k in old.items() if allowed.get(p) != k}  # removed, or given a new key
         if not added and not cut:
             return False
-        self.security = dataclasses.replace(self.security, allowed=allowed)
+        self.security = dataclasses.replace(self.security, allowed=allowed, sign_keys=signs)
         for key in [k for k in self._dealers if k[1] in cut]:
             self._close_dealer(key)
         removed = frozenset(p for p in cut if p not in allowed)
@@ -440,28 +446,49 @@ class ZmqTransport(Transport):
 
     async def recv(self) -> tuple[str, list[memoryview]]:
         while True:
-            parts = await self._router.recv_multipart(copy=False)
-            if len(parts) < 2:  # an identity frame alone: nothing to deliver
-                continue
-            if self.security is not None:
-                from hfl.peer.security import split_user_id
+            got = self._deliver(await self._router.recv_multipart(copy=False))
+            if got is not None:
+                return got
 
-                # The peer id and key that authenticated this connection (ZAP User-Id).
-                identity, key = split_user_id(parts[1].get("User-Id") or "")
-                if not identity:  # cannot happen past the ZAP handler; never trust it
-                    continue
-                if self.security.allowed.get(identity) != key:
-                    self.refusals.refused(
-                        "revoked_key", identity, "a message on a connection made with a key "
-                        "removed from the allow-list since: dropped")
-                    continue
-                self._heard.add(identity)
-            else:
-                identity = parts[0].bytes.decode("utf-8", errors="replace")
-            frames = [p.buffer for p in parts[1:]]
-            self.stats.messages_received += 1
-            self.stats.bytes_received += frames_nbytes(frames)
-            return identity, frames
+    def recv_nowait(self) -> tuple[str, list[memoryview]] | None:
+        import zmq
+
+        if self._router is None:
+            return None
+        if self._router_shadow is None:
+            self._router_shadow = zmq.Socket.shadow(self._router.underlying)
+        while True:
+            try:
+                parts = self._router_shadow.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            got = self._deliver(parts)
+            if got is not None:
+                return got
+
+    def _deliver(self, parts) -> tuple[str, list[memoryview]] | None:
+        """(sender id, frames) of a received message, or None for one not to deliver."""
+        if len(parts) < 2:  # an identity frame alone: nothing to deliver
+            return None
+        if self.security is not None:
+            from hfl.peer.security import split_user_id
+
+            # The peer id and key that authenticated this connection (ZAP User-Id).
+            identity, key = split_user_id(parts[1].get("User-Id") or "")
+            if not identity:  # cannot happen past the ZAP handler; never trust it
+                return None
+            if self.security.allowed.get(identity) != key:
+                self.refusals.refused(
+                    "revoked_key", identity, "a message on a connection made with a key "
+                    "removed from the allow-list since: dropped")
+                return None
+            self._heard.add(identity)
+        else:
+            identity = parts[0].bytes.decode("utf-8", errors="replace")
+        frames = [p.buffer for p in parts[1:]]
+        self.stats.messages_received += 1
+        self.stats.bytes_received += frames_nbytes(frames)
+        return identity, frames
 
     def _close_dealers(self, address: str | None = None) -> None:
         """Close the links to ``address`` (every link when None)."""
@@ -608,6 +635,12 @@ class InMemoryTransport(Transport):
             raise RuntimeError("transport not started")
         return await self._inbox.get()
 
+    def recv_nowait(self) -> tuple[str, list[memoryview]] | None:
+        try:
+            return self._inbox.get_nowait() if self._inbox is not None else None
+        except asyncio.QueueEmpty:
+            return None
+
     async def close(self) -> None:
         if self.hub.endpoints.get(self.address) is self:
             del self.hub.endpoints[self.address]
@@ -723,6 +756,9 @@ class FaultyTransport(Transport):
 
     async def recv(self) -> tuple[str, list[memoryview]]:
         return await self.inner.recv()
+
+    def recv_nowait(self) -> tuple[str, list[memoryview]] | None:
+        return self.inner.recv_nowait()
 
     async def forget(self, address: str) -> None:
         await self.inner.forget(address)

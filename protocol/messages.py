@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 #: Member status values carried in the membership view.
 MEMBER_STATUSES = ("alive", "suspect", "dead", "left")
@@ -138,6 +138,16 @@ class Knowledge(Message):
     accepted_digest: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    #: hex Ed25519 signature of the sender over (cohort, round, epoch, payload digest)
+    #: ("" in a cohort without signing keys): a receiver can show it to the others
+    sig: str = ""
+    #: every peer aggregating: the contributions the sender received for round
+    #: ``heard_round`` (its last), peer -> "epoch:digest:sig" as their senders signed them
+    heard_round: int = 0
+    heard: dict[str, str] = field(default_factory=dict)
+    #: proofs of equivocation the sender holds: peer -> "round:epoch:digest:sig:epoch:digest:sig"
+    #: (two signed contributions of one round that differ)
+    equivocations: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +173,9 @@ class Ack(Message):
     round: int
     epoch: int
     digest: str
+    #: hex Ed25519 signature of the sender over (cohort, round, epoch, digest)
+    #: (:func:`ack_statement`); "" in a cohort without signing keys
+    sig: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +187,8 @@ class Commit(Message):
     round: int
     epoch: int
     digest: str
+    #: the quorum's signed acks of (round, epoch, digest): peer id -> its ``sig``
+    certificate: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -91,3 +91,159 @@ def test_a_report_of_another_candidates_earlier_epoch_is_still_honoured():
     c2.epoch = 2
     promised = hold(c2, claim("p1", 2, 1, "f" * 64), claim("p2", 2))
     assert c2.proposal(R, promised) == ("abstain", None, {})
+
+
+# ------------------------------------------------------------- certified commits
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat  # noqa: E402
+
+from hfl.protocol import Ack, Commit  # noqa: E402
+
+KEYS = {p: Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32) for i, p in enumerate(IDS)}
+VERIFY = {p: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for p, k in KEYS.items()}
+
+
+def signed_core(me: str) -> PeerCore:
+    c = core(me)
+    c.cohort, c.signer, c.verify_keys = "hfl", KEYS[me].sign, dict(VERIFY)
+    return c
+
+
+def sig(peer: str, c: PeerCore, r: int, e: int, digest: str) -> str:
+    """What ``peer``'s own core would sign (the test holds every key)."""
+    return KEYS[peer].sign(c.ack_statement(r, e, digest)).hex()
+
+
+def test_a_commit_counts_only_a_quorum_of_acks_each_signed_by_its_member():
+    c = signed_core("p0")
+    assert c.quorum() == 3  # floor((4 + 1) / 2) + 1: two quorums share an honest member
+    d = "ab" * 32
+
+    def commit(cert):
+        return Commit(sender="p2", incarnation=0, round=R, epoch=0, digest=d, certificate=cert)
+
+    two = {p: sig(p, c, R, 0, d) for p in ("p2", "p0")}
+    drop = c.admit_commit(commit(two))
+    assert drop.code == "uncertified_commit" and "2 signed acks of the 3" in drop.reason
+    forged = {**two, "p1": sig("p2", c, R, 0, d)}  # p2 signing in p1's name
+    assert c.admit_commit(commit(forged)).code == "uncertified_commit"
+    other = {**two, "p1": sig("p1", c, R, 0, "cd" * 32)}  # p1 acked another result
+    assert c.admit_commit(commit(other)).code == "uncertified_commit"
+    elsewhere = signed_core("p0")
+    elsewhere.cohort = "other"
+    replayed = {p: sig(p, elsewhere, R, 0, d) for p in ("p2", "p0", "p1")}  # another cohort's
+    assert c.admit_commit(commit(replayed)).code == "uncertified_commit"
+    assert c.committed_result(R) is None and (R, d) not in c.commits
+    three = {**two, "p1": sig("p1", c, R, 0, d)}
+    assert c.admit_commit(commit(three)) is None and (R, d) in c.commits
+
+
+def test_an_unsigned_ack_is_not_counted_and_a_late_ack_gets_the_commit_again():
+    c = signed_core("p2")
+    mine = result("p2", 0, 1.0)
+    d = c.accept(mine)
+    c.expect_acks(R, 0, d)
+    assert c.certificate(R, 0, d) == {"p2": sig("p2", c, R, 0, d)}
+    bad = Ack(sender="p0", incarnation=0, round=R, epoch=0, digest=d, sig="00" * 64)
+    assert c.note_ack(bad).code == "bad_signature" and c.acked(R, 0, d) == 1
+    for p in ("p0", "p1"):
+        assert c.note_ack(Ack(sender=p, incarnation=0, round=R, epoch=0, digest=d,
+                              sig=sig(p, c, R, 0, d))) is None
+    assert c.acked(R, 0, d) == 3 and set(c.certificate(R, 0, d)) == {"p0", "p1", "p2"}
+    again = Ack(sender="p0", incarnation=0, round=R, epoch=0, digest=d, sig=sig("p0", c, R, 0, d))
+    assert c.commit_of(again) is None  # not committed yet
+    c.commits.add((R, d))
+    assert c.note_ack(again) is None and c.commit_of(again) == (R, 0, d)
+
+
+def test_a_heartbeat_is_no_proof_of_a_commit_where_commits_are_certified():
+    from hfl.protocol import Heartbeat
+
+    c = signed_core("p0")
+    res = result("p2", 0, 1.0)
+    d = c.accept(res)
+    beat = Heartbeat(sender="p2", incarnation=0, round=R + 1, absorbed_round=R, absorbed_digest=d)
+    c.note_heartbeat(beat)
+    assert c.committed(R) is None
+    assert c.commit_missing(beat) == (R, 0, d)  # ack again: the commit comes back
+    plain = core("p0")
+    plain.accept(res)
+    plain.note_heartbeat(beat)
+    assert plain.committed(R) is res and plain.quorum() == 3  # (n // 2 + 1 without signatures)
+
+
+# ------------------------------------------------------------- equivocation
+
+
+def everywhere_core(me: str) -> PeerCore:
+    c = signed_core(me)
+    c.everywhere = True
+    return c
+
+
+def contribution(sender: str, value: float, c: PeerCore, r: int = R, **extra) -> Knowledge:
+    k = Knowledge(sender=sender, incarnation=0, round=r, kind="weights",
+                  tensors={"w": np.full(3, value, np.float32)}, **extra)
+    import dataclasses
+
+    return dataclasses.replace(k, sig=KEYS[sender].sign(
+        c.statement("knowledge", r, 0, payload_digest(k), 0)).hex())
+
+
+def report(c: PeerCore, sender: str, r: int = R + 1) -> Knowledge:
+    """``sender``'s next contribution, carrying what it heard in round R."""
+    heard_round, heard = c.heard_report()
+    assert heard_round == R
+    return contribution(sender, 1.0, c, r, heard_round=heard_round, heard=heard,
+                        equivocations=dict(c.equivocators))
+
+
+def test_two_signed_versions_of_one_round_prove_equivocation_and_the_proof_travels():
+    a, b, c = everywhere_core("p0"), everywhere_core("p1"), everywhere_core("p2")
+    to_a, to_b = contribution("p3", 1.0, a), contribution("p3", 0.0, b)  # p3 equivocates
+    for core_, k in ((a, to_a), (b, to_b), (c, to_a)):
+        assert core_.admit_knowledge(k) is None and core_.buffer.offer_knowledge(k) is None
+        core_.note_heard(R)
+    proven, lie = a.check_heard(report(b, "p1"))
+    assert proven == ["p3"] and lie is None
+    assert a.admit_knowledge(contribution("p3", 1.0, a, R + 1)).code == "equivocator"
+    assert "p3" not in a.buffer.received(R)  # what it sent for an open round is left out
+    # c was shown the same version as a: it learns of the lie from a's proof.
+    proven, _ = c.check_heard(report(a, "p0"))
+    assert proven == ["p3"]
+    # A peer that got the same version as the reporter finds nothing.
+    assert b.check_heard(contribution("p2", 1.0, b, R + 1, heard_round=R,
+                                      heard={"p3": ":".join(map(str, b.heard[R]["p3"]))})) == ([], None)
+
+
+def test_a_report_of_a_version_its_member_never_signed_names_the_reporter():
+    a, b = everywhere_core("p0"), everywhere_core("p1")
+    k = contribution("p3", 1.0, a)
+    assert a.admit_knowledge(k) is None and a.buffer.offer_knowledge(k) is None
+    a.note_heard(R)
+    forged = {"p3": f"0:0:{'ee' * 32}:{'00' * 64}"}  # p1 says p3 sent it another version
+    proven, lie = a.check_heard(contribution("p1", 1.0, a, R + 1, heard_round=R, heard=forged))
+    assert proven == [] and "p1 reports a contribution of p3" in lie
+    fake_proof = {"p3": f"{R}:0:0:{'aa' * 32}:{'00' * 64}:0:{'bb' * 32}:{'00' * 64}"}
+    assert a.check_heard(contribution("p1", 1.0, a, R + 1, equivocations=fake_proof)) == ([], None)
+    assert a.equivocators == {}
+
+
+def test_a_restarted_member_that_trains_a_round_again_is_no_equivocator():
+    a = everywhere_core("p0")
+    first = contribution("p3", 1.0, a)
+    assert a.admit_knowledge(first) is None
+    import dataclasses
+
+    again = Knowledge(sender="p3", incarnation=1, round=R, kind="weights",
+                      tensors={"w": np.full(3, 2.0, np.float32)})
+    again = dataclasses.replace(again, sig=KEYS["p3"].sign(
+        a.statement("knowledge", R, 0, payload_digest(again), 1)).hex())
+    assert a.admit_knowledge(again) is None and a.equivocators == {}
+    twice = contribution("p3", 5.0, a)  # but a second version of the same life, to us: proof
+    twice = dataclasses.replace(twice, incarnation=1, sig=KEYS["p3"].sign(
+        a.statement("knowledge", R, 0, payload_digest(twice), 1)).hex())
+    assert a.admit_knowledge(twice).code == "equivocator" and "p3" in a.equivocators
+    unsigned = dataclasses.replace(contribution("p2", 1.0, a), sig="")
+    assert a.admit_knowledge(unsigned).code == "bad_signature"

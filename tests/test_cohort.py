@@ -23,7 +23,7 @@ from hfl.peer.config import PeerConfig, config_from_dict
 from hfl.peer.factory import build_algorithm
 from hfl.peer.node import Node, NodeResult
 from hfl.peer.runner import run_peer
-from hfl.peer.security import cohort_keys
+from hfl.peer.security import cohort_keys, signing_of
 from hfl.peer.transport import (
     FaultPlan,
     FaultyTransport,
@@ -111,6 +111,7 @@ def build_node(
     identity = cfg.identity()
     if identity is not None:
         kw.setdefault("allowed_peers", frozenset(identity.allowed))
+        kw.setdefault("signing", signing_of(cfg.node.id, identity))
     transport = make_transport(cfg.node.id, cfg.node.listen, hub=hub, security=identity)
     if plan is not None:
         transport = FaultyTransport(transport, plan)

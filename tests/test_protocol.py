@@ -208,7 +208,8 @@ def test_header_layout() -> None:
     header = header_of(encode(msg))
     assert set(header) == {"v", "type", "sender", "incarnation", "body", "tensors"}
     assert header["body"] == {"round": 2, "kind": "k", "epoch": 0, "accepted_epoch": -1,
-                              "accepted_digest": "", "meta": {}}
+                              "accepted_digest": "", "meta": {}, "sig": "", "heard_round": 0,
+                              "heard": {}, "equivocations": {}}
     assert header["tensors"] == [
         {"name": "w", "dtype": "float16", "shape": [2, 3]},
         {"name": "b", "dtype": "int64", "shape": [3]},
@@ -797,18 +798,29 @@ def test_fuzzed_frames_decode_or_raise_protocol_error() -> None:
 
 
 def test_the_aggregate_digest_is_what_protocol_md_defines():
-    # PROTOCOL.md (heartbeat absorbed_digest): per tensor in name order, its name, its
-    # dtype's name and shape as Python writes them, then its bytes; 16 hex digits.
+    # PROTOCOL.md (heartbeat absorbed_digest), version 5: SHA-256 of "hfl-payload\0",
+    # msgpack [kind, meta with maps as sorted [key, value] pairs], then per tensor in
+    # name order msgpack [name, dtype name, shape] and its bytes; all 64 hex digits.
     import hashlib
+
+    import msgpack
 
     from hfl.peer.core import payload_digest
     from hfl.protocol import AggregateResult
 
     tensors = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.int64),
                "s": np.array(2.5, dtype=np.float64)}
+    meta = {"round": 1, "excluded": ["p3"], "z": {"b": 1, "a": 2.5}}
     msg = AggregateResult(sender="p0", incarnation=0, round=1, epoch=0, kind="weights",
-                          tensors=tensors)
-    h = hashlib.sha256()
-    for name, text in (("b", "int64(3,)"), ("s", "float64()"), ("w", "float32(2, 3)")):
-        h.update(name.encode() + text.encode() + tensors[name].tobytes())
-    assert payload_digest(msg) == h.hexdigest()[:16]
+                          meta=meta, tensors=tensors)
+    h = hashlib.sha256(b"hfl-payload\x00")
+    h.update(msgpack.packb(["weights", [["excluded", ["p3"]], ["round", 1],
+                                        ["z", [["a", 2.5], ["b", 1]]]]]))
+    for name, dtype, shape in (("b", "int64", [3]), ("s", "float64", []), ("w", "float32", [2, 3])):
+        h.update(msgpack.packb([name, dtype, shape]) + tensors[name].tobytes())
+    assert payload_digest(msg) == h.hexdigest()
+    # Every part counts: the kind, a meta value, a map's order does not.
+    assert payload_digest(dataclasses.replace(msg, kind="other")) != payload_digest(msg)
+    assert payload_digest(dataclasses.replace(msg, meta={**meta, "round": 2})) != payload_digest(msg)
+    reordered = {"z": {"a": 2.5, "b": 1}, "excluded": ["p3"], "round": 1}
+    assert payload_digest(dataclasses.replace(msg, meta=reordered)) == payload_digest(msg)

@@ -125,7 +125,9 @@ def slurm(tmp_path_factory):
 
 def experiment(tmp_path: Path, rounds: int, **slurm) -> Path:
     exp = {"name": "onslurm", "peers": 4, "run_dir": str(tmp_path / "run"), "slurm": slurm,
-           "defaults": {"cohort": {"algorithm": "fedavg", "rounds": rounds},
+           # An elected aggregator: its rounds wait round_timeout_s for peers being
+           # resubmitted, which the assertions on lonely rounds below count on.
+           "defaults": {"cohort": {"algorithm": "fedavg", "rounds": rounds, "aggregate_at": "aggregator"},
                         "data": {"dataset": "digits", "partition": "iid"},
                         "model": {"arch": "mlp", "options": {"hidden": [16]}},
                         "train": {"max_batches": 1},
