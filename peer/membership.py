@@ -239,6 +239,14 @@ class Membership:
         it is, only a new incarnation may move it. (A second connection that says
         it is the same process somewhere else is an impostor or a stale copy.)
         """
+        if address:
+            for other in self.members.values():
+                if (other.peer_id != peer_id and other.address == address and other.confirmed
+                        and other.status in (ALIVE, SUSPECT)):
+                    # Another live member's own address (issue 35): taken, the claim cost
+                    # that member its link (a goodbye from the claimer closed it).
+                    return (f"{peer_id} incarnation {incarnation} claims address {address!r}, "
+                            f"which is {other.peer_id}'s (alive)")
         m = self.members.get(peer_id)
         if m is None or not address or address == m.address or not m.confirmed:
             return None

@@ -449,7 +449,7 @@ class Node:
             change = mem.left(msg.sender, msg.incarnation)
             address = mem.address_of(msg.sender)
             if change and address:  # its socket is not needed any more (a new life reconnects)
-                self._spawn(self.transport.forget(address), "forget")
+                self._spawn(self.transport.forget(address, msg.sender), "forget")
         else:
             change = mem.heard_from(msg.sender, msg.incarnation, now, address=address, round=round_,
                                     epoch=epoch_,

@@ -94,8 +94,10 @@ class Transport(ABC):
         that cannot tell says None: the node then takes one message at a time)."""
         return None
 
-    async def forget(self, address: str) -> None:  # noqa: B027 - optional hook
-        """Drop any connection state kept for ``address`` (a peer that left)."""
+    async def forget(self, address: str, peer_id: str | None = None) -> None:  # noqa: B027
+        """Drop any connection state kept for ``address`` (a peer that left); with
+        ``peer_id``, only the link that authenticates that peer (another member's link
+        to the same address stays)."""
 
     def dial_failure(self, address: str) -> str | None:
         """Why our last attempt to connect to ``address`` was refused (the cause as
@@ -490,9 +492,10 @@ class ZmqTransport(Transport):
         self.stats.bytes_received += frames_nbytes(frames)
         return identity, frames
 
-    def _close_dealers(self, address: str | None = None) -> None:
-        """Close the links to ``address`` (every link when None)."""
-        for key in [k for k in self._dealers if address is None or k[0] == address]:
+    def _close_dealers(self, address: str | None = None, peer_id: str | None = None) -> None:
+        """Close the links to ``address`` (every link when None), only ``peer_id``'s if given."""
+        for key in [k for k in self._dealers if (address is None or k[0] == address)
+                    and (peer_id is None or k[1] == peer_id)]:
             self._close_dealer(key)
 
     def _close_dealer(self, key: tuple[str, str | None], watch: bool = True) -> None:
@@ -504,8 +507,8 @@ class ZmqTransport(Transport):
         self._senders.pop(key, None)
         self._dealers.pop(key).close(linger=0)
 
-    async def forget(self, address: str) -> None:
-        self._close_dealers(address)
+    async def forget(self, address: str, peer_id: str | None = None) -> None:
+        self._close_dealers(address, peer_id if self.security is not None else None)
 
     async def close(self) -> None:
         _on_sighup(self, stop=True)
@@ -760,8 +763,8 @@ class FaultyTransport(Transport):
     def recv_nowait(self) -> tuple[str, list[memoryview]] | None:
         return self.inner.recv_nowait()
 
-    async def forget(self, address: str) -> None:
-        await self.inner.forget(address)
+    async def forget(self, address: str, peer_id: str | None = None) -> None:
+        await self.inner.forget(address, peer_id)
 
     def housekeeping(self) -> None:
         self.inner.housekeeping()

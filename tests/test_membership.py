@@ -254,6 +254,18 @@ def test_an_address_change_needs_a_new_incarnation_from_the_peer_itself():
     assert m.address_conflict("b", 3, "mem://elsewhere") is None  # a new life may move
 
 
+def test_a_live_members_address_cannot_be_claimed_by_another_even_in_a_new_life():
+    # Issue 35, item 9: a member's hello at a new incarnation of its own claimed p1's
+    # address; a goodbye of it then closed p0's link to that address, p1's.
+    m = view()
+    m.heard_from("b", 0, 0.0, address="mem://b")
+    m.heard_from("c", 0, 0.0, address="mem://c")
+    why = m.address_conflict("c", 1, "mem://b")
+    assert why is not None and "b's (alive)" in why
+    m.left("b", 0)  # once b is gone, its address is free for anyone's new life
+    assert m.address_conflict("c", 1, "mem://b") is None
+
+
 def test_an_inflated_incarnation_in_gossip_cannot_lock_the_real_peer_out():
     m = view()
     assert m.merge([rec("c", 1000, address="mem://c")], now=0.0) == ["c"]

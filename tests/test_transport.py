@@ -100,6 +100,33 @@ def test_zmq_send_to_an_address_nobody_listens_on_fails_within_the_timeout(unuse
     asyncio.run(main())
 
 
+def test_zmq_forgetting_a_peer_closes_only_its_own_link_to_an_address(tmp_path):
+    # Issue 35, item 9: under CURVE each link authenticates one peer; a goodbye from a
+    # member that claimed another's address must not close that other member's link.
+    from hfl.peer.security import cohort_keys, load_identity
+
+    keys = cohort_keys(tmp_path / "keys", ["a", "b", "c"])
+
+    def identity(p):
+        return load_identity(p, keys[p]["key_file"], keys[p]["allow_list"])
+
+    async def main():
+        a, b = await started(ZmqTransport("a", "tcp://127.0.0.1:0", security=identity("a")),
+                             ZmqTransport("b", "tcp://127.0.0.1:0", security=identity("b")))
+        try:
+            assert await a.send(b.address, [b"x"], 2.0, peer_id="b")
+            await a.send(b.address, [b"y"], 0.05, peer_id="c")  # "c at b's address": its own link
+            assert {k[1] for k in a._dealers} == {"b", "c"}
+            await a.forget(b.address, "c")
+            assert {k[1] for k in a._dealers} == {"b"}
+            assert await a.send(b.address, [b"z"], 2.0, peer_id="b")
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(main())
+
+
 def test_zmq_a_send_waiting_on_a_socket_that_is_forgotten_fails_instead_of_raising(
     unused_tcp_address,
 ):
