@@ -490,10 +490,11 @@ def analyse(rows: dict[str, list[dict]], ids: list[str], touched: list[str], gon
         return out
     base = statistics.median(normal)
     worst = max(window, key=lambda r: dur[r])
-    # Agreement: no round where peers used results of different aggregators/epochs.
+    # Agreement: no round where peers used results of different aggregators/epochs (a
+    # peer that aggregated for itself, every peer aggregating, names itself: not a split).
     split = [r for r in rounds if len({(x.get("aggregator"), x.get("epoch")) for p in ids
                                        for x in rows[p] if int(x["round"]) == r
-                                       and x.get("aggregator") is not None}) > 1]
+                                       and x.get("aggregator") not in (None, p)}) > 1]
     no_aggregate = [r for r in rounds if r > k and any(
         x.get("aggregator") is None for p in measured for x in rows[p] if int(x["round"]) == r)]
     out.update(

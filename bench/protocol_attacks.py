@@ -70,7 +70,7 @@ def forged_result_and_claim(accepted_epoch, claim_epoch, names_forgery):
                           tensors=state)
         if nodes[3].core.signer is not None:
             claim = dataclasses.replace(claim, sig=nodes[3].core.sign(
-                "knowledge", ATTACK_ROUND, claim_epoch, payload_digest(claim), 0))
+                "knowledge", ATTACK_ROUND, claim_epoch, payload_digest(claim)))
         for msg in (forged, claim):
             await member.send(nodes[2].transport.address, encode(msg), 1.0)
         await asyncio.sleep(0.2)
@@ -140,7 +140,7 @@ def equivocating_contributions():
                                           meta={**msg.meta, "num_samples": 10 ** 12})
                 if liar.core.signer is not None:
                     bad = dataclasses.replace(bad, sig=liar.core.sign(
-                        "knowledge", msg.round, msg.epoch, payload_digest(bad), liar.incarnation))
+                        "knowledge", msg.round, msg.epoch, payload_digest(bad)))
                 await broadcast(["p0"], bad, timeout_s)
                 peer_ids = [p for p in peer_ids if p != "p0"]
             return await broadcast(peer_ids, msg, timeout_s)

@@ -87,6 +87,9 @@ class PeerCore:
         self.accepted: dict[int, tuple[AggregateResult, str]] = {}
         self.acks: dict[tuple[int, int, str], set[str]] = {}  # our (round, epoch, digest) -> ackers
         self.ack_sigs: dict[tuple[int, int, str], dict[str, str]] = {}  # ... -> acker -> signature
+        #: the last commit this peer sent as aggregator: sent again to an ack of it that
+        #: comes after (its commit was lost), also once this peer is in a later round
+        self.last_commit: Commit | None = None
         self.commits: set[tuple[int, str]] = set()  # (round, digest) its aggregator committed
         # Rounds up to this one were entered by an earlier life of this peer, which may
         # have acked a result there; restarted, it forgot what: it sits them out (no
@@ -98,11 +101,11 @@ class PeerCore:
         #: peer -> (incarnation, round) it said (heartbeat ``sitting_out``) it sits out
         self.sitting_out: dict[str, tuple[int, int]] = {}
         # Equivocation (every peer aggregating, signing keys): (round, sender) -> the
-        # (incarnation, epoch, digest, sig) of the first signed contribution it sent us;
+        # (epoch, digest, sig) of the first signed contribution it sent us;
         # round -> those this peer aggregated (told to the others with its next
         # contribution); peer -> the proof that it signed two versions of one round.
-        self.signed_knowledge: dict[tuple[int, str], tuple[int, int, str, str]] = {}
-        self.heard: dict[int, dict[str, tuple[int, int, str, str]]] = {}
+        self.signed_knowledge: dict[tuple[int, str], tuple[int, str, str]] = {}
+        self.heard: dict[int, dict[str, tuple[int, str, str]]] = {}
         self.equivocators: dict[str, str] = {}
 
     # ================================================================ admission
@@ -193,7 +196,9 @@ class PeerCore:
         by default 1 where commits are certified (a member's signature is its own, so
         one member cannot count twice); always 0 where they are not (crash faults only:
         without signatures the aggregator's word is all a commit is)."""
-        if not self.certifying:
+        if not self.certifying or self.everywhere:
+            # Every peer aggregating: no commits to certify, so a larger quorum would buy
+            # no safety, only rounds lost to one silent member (3 of 3).
             return 0
         return 1 if self.byzantine_config is None else self.byzantine_config
 
@@ -323,16 +328,16 @@ class PeerCore:
                                        "signed two versions of one round's contribution")
         if not self.certifying:
             return None
+        buffer = self.buffer
+        if not buffer.round <= msg.round <= buffer.round + buffer.lookahead:
+            return None  # late or far ahead: the buffer's own rules drop or keep it, unsigned-checked
         digest = payload_digest(msg)
-        if not self.signed_by(msg.sender, "knowledge", msg.round, msg.epoch, digest, msg.sig,
-                              msg.incarnation):
+        if not self.signed_by(msg.sender, "knowledge", msg.round, msg.epoch, digest, msg.sig):
             return Drop("bad_signature", f"knowledge for round {msg.round} from {msg.sender}: its "
                                          "signature does not check against its allow-listed key")
-        mine = (msg.incarnation, msg.epoch, digest, msg.sig)
+        mine = (msg.epoch, digest, msg.sig)
         held = self.signed_knowledge.setdefault((msg.round, msg.sender), mine)
-        if mine[0] > held[0]:  # a new life of the sender, which may train the round again
-            held = self.signed_knowledge[(msg.round, msg.sender)] = mine
-        if held[0] == mine[0] and held[2] != digest:  # two versions sent to this very peer
+        if held[1] != digest:  # two versions sent to this very peer
             self._convicted(msg.sender, msg.round, held, mine)
             return Drop("equivocator", f"{msg.sender} sent this peer two different signed "
                                        f"contributions for round {msg.round}")
@@ -349,7 +354,8 @@ class PeerCore:
     # on with each peer's contributions.
 
     def _convicted(self, peer: str, r: int, a: tuple, b: tuple) -> None:
-        self.equivocators.setdefault(peer, ":".join(map(str, (r, *a, *b[1:]))))
+        """``a`` and ``b``: (epoch, digest, sig) of two signed contributions of round r."""
+        self.equivocators.setdefault(peer, ":".join(map(str, (r, *a, *b))))
         for held in self.buffer.knowledge.values():
             held.pop(peer, None)  # what it sent for rounds still open is left out too
 
@@ -359,7 +365,7 @@ class PeerCore:
                          if (r, p) in self.signed_knowledge}
 
     def heard_report(self) -> tuple[int, dict[str, str]]:
-        """(round, peer -> "incarnation:epoch:digest:sig") of this peer's last aggregated round."""
+        """(round, peer -> "epoch:digest:sig") of this peer's last aggregated round."""
         if not self.heard:
             return 0, {}
         r = max(self.heard)
@@ -377,40 +383,38 @@ class PeerCore:
         lie = None
         for peer, text in sorted(msg.heard.items()):
             parts = text.split(":")
-            if peer in (self.id, msg.sender) or peer in self.equivocators or len(parts) != 4:
+            if peer in (self.id, msg.sender) or peer in self.equivocators or len(parts) != 3:
                 continue
-            try:
-                inc, epoch, digest, sig = int(parts[0]), int(parts[1]), parts[2], parts[3]
-            except ValueError:
-                continue
+            epoch, digest, sig = _small_int(parts[0]), parts[1], parts[2]
             mine = self.signed_knowledge.get((msg.heard_round, peer))
-            if mine is None or mine[0] != inc or mine[2] == digest:
+            if epoch is None or mine is None or mine[1] == digest:
                 continue
-            if not self.signed_by(peer, "knowledge", msg.heard_round, epoch, digest, sig, inc):
+            if not self.signed_by(peer, "knowledge", msg.heard_round, epoch, digest, sig):
                 lie = (f"{msg.sender} reports a contribution of {peer} for round {msg.heard_round} "
                        f"that {peer} never signed")
                 continue
-            self._convicted(peer, msg.heard_round, mine, (inc, epoch, digest, sig))
+            self._convicted(peer, msg.heard_round, mine, (epoch, digest, sig))
         for peer, proof in sorted(msg.equivocations.items()):
             if peer != self.id and peer not in self.equivocators and self._proves(peer, proof):
                 parts = proof.split(":")
-                self._convicted(peer, int(parts[0]), tuple(parts[1:5]), tuple(parts[4:8]))
+                self._convicted(peer, int(parts[0]), tuple(parts[1:4]), tuple(parts[4:7]))
                 self.equivocators[peer] = proof
         return sorted(set(self.equivocators) - before), lie
 
     def _proves(self, peer: str, proof: str) -> bool:
-        """``proof`` ("round:incarnation:epoch:digest:sig:epoch:digest:sig") holds two
-        signatures of ``peer`` over different contributions of one round and life."""
+        """``proof`` ("round:epoch:digest:sig:epoch:digest:sig") holds two signatures of
+        ``peer`` over different contributions of one round. A restarted peer never signs
+        a round its earlier life signed (it sits it out: ``sit_out_through``), so two
+        lives are no excuse (and no way to show two peers two versions)."""
         parts = proof.split(":")
-        if len(parts) != 8:
+        if len(parts) != 7:
             return False
-        try:
-            r, inc, e1, e2 = int(parts[0]), int(parts[1]), int(parts[2]), int(parts[5])
-        except ValueError:
+        r, e1, e2 = _small_int(parts[0]), _small_int(parts[1]), _small_int(parts[4])
+        if r is None or e1 is None or e2 is None:
             return False
-        d1, s1, d2, s2 = parts[3], parts[4], parts[6], parts[7]
-        return (d1 != d2 and self.signed_by(peer, "knowledge", r, e1, d1, s1, inc)
-                and self.signed_by(peer, "knowledge", r, e2, d2, s2, inc))
+        d1, s1, d2, s2 = parts[2], parts[3], parts[5], parts[6]
+        return (d1 != d2 and self.signed_by(peer, "knowledge", r, e1, d1, s1)
+                and self.signed_by(peer, "knowledge", r, e2, d2, s2))
 
     def promises(self, r: int) -> dict[str, Knowledge]:
         """Round-r contributions sent to this peer's epoch or a later one: each a
@@ -507,7 +511,7 @@ class PeerCore:
         try:
             Ed25519PublicKey.from_public_bytes(key).verify(
                 bytes.fromhex(sig), self.statement(what, r, epoch, digest, *extra))
-        except (InvalidSignature, ValueError):
+        except (InvalidSignature, ValueError, OverflowError):
             return False
         return True
 
@@ -601,11 +605,13 @@ class PeerCore:
             return None
         return r, held[0].epoch, held[1]
 
-    def commit_of(self, msg: Ack) -> tuple[int, int, str] | None:
-        """(round, epoch, digest) when ``msg`` acks a result this peer published and
-        committed: the acker lacks the commit (it is sent again)."""
-        key = (msg.round, msg.epoch, msg.digest)
-        return key if key in self.acks and (msg.round, msg.digest) in self.commits else None
+    def commit_of(self, msg: Ack) -> Commit | None:
+        """The commit to send again when ``msg`` acks the result this peer committed last
+        (the acker lacks the commit)."""
+        c = self.last_commit
+        if c is not None and (msg.round, msg.epoch, msg.digest) == (c.round, c.epoch, c.digest):
+            return c
+        return None
 
     def committed(self, r: int) -> AggregateResult | None:
         """The accepted result of round r, once its value is known committed."""
@@ -652,6 +658,8 @@ class PeerCore:
             if m.round < r - 1 and m.last_heard >= self.round_began:
                 continue
             if self.sits_out(p, r):  # restarted into r: it neither contributes nor acks
+                continue
+            if p in self.equivocators:  # its knowledge is dropped: waiting would cost the round
                 continue
             if (self.mode == "aggregator" and not self.everywhere and m.round == r
                     and self.served_elsewhere(r, p)):
@@ -783,13 +791,25 @@ class PeerCore:
         return catch_up_round(self.mode, self.round, self.membership.max_live_round(), last)
 
 
+def _small_int(text: str) -> int | None:
+    """A round or epoch read from a peer's text field: a non-negative int that fits a
+    msgpack integer, else None."""
+    if not text.isdigit() or len(text) > 18:
+        return None
+    return int(text)
+
+
 def _canonical(value: Any) -> Any:
-    """Plain data with every map as a list of [key, value] pairs in key order: the same
-    value encodes to the same bytes, whatever order its maps were built in."""
+    """Plain data as the wire carries it, with every map's keys in sorted order: the
+    same value encodes to the same bytes whatever order its maps were built in, and a
+    map never encodes as an array (msgpack marks each). numpy scalars become Python
+    values and tuples lists, as the codec sends them."""
     if isinstance(value, dict):
-        return [[k, _canonical(v)] for k, v in sorted(value.items())]
+        return {k: _canonical(value[k]) for k in sorted(value)}
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
     return value
 
 
@@ -805,8 +825,10 @@ def payload_digest(payload: Any) -> str:
     h = hashlib.sha256(b"hfl-payload\x00")
     h.update(msgpack.packb([payload.kind, _canonical(dict(payload.meta))], use_bin_type=True))
     for name in sorted(payload.tensors):
-        arr = payload.tensors[name]
-        h.update(msgpack.packb([name, str(arr.dtype), list(arr.shape)]))
+        arr = np.asarray(payload.tensors[name])
+        if arr.dtype.byteorder == ">":  # as the codec sends it: little-endian
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        h.update(msgpack.packb([name, arr.dtype.name, list(arr.shape)]))
         h.update(np.ascontiguousarray(arr))  # no copy for the usual contiguous array
     return h.hexdigest()
 

@@ -141,6 +141,12 @@ class Membership:
     #: whole interval late (:meth:`ran_late`), down by one for each answer within half
     #: of it (so one real death is forgotten within a few answers).
     health: int = 0
+    #: Crash hints (issue 36): how long a member whose link to us dropped may stay
+    #: silent, probes included, before it is dead (0: hints are ignored). The node
+    #: sets it to two heartbeat intervals; stretched by :meth:`patience` like the rest.
+    hint_dead_s: float = 0.0
+    #: peer -> when our link to it dropped, while nothing has come from it since
+    _hinted: dict[str, float] = field(default_factory=dict)
 
     def _touch(self) -> None:
         """A member joined, left, changed status or was vouched for: drop the caches."""
@@ -220,6 +226,7 @@ class Membership:
         if answer or not same_life:
             m.asked_at, m.probes = None, 0
         self._owing.discard(peer_id)
+        self._hinted.pop(peer_id, None)  # a message is the answer to any crash hint
         m.confirmed = True
         if round is not None:  # within one life a peer's round only goes forward
             if round > m.round:
@@ -303,6 +310,24 @@ class Membership:
             self._touch()
         return new
 
+    def hint(self, peer_id: str, now: float) -> bool:
+        """Our link to ``peer_id`` dropped (the transport saw its connection end, as
+        when its process dies): from now on, ``hint_dead_s`` of silence (probes sent
+        at once included) makes it dead, instead of ``dead_after_s``. A hint is our own
+        observation, never a member's word, and never a death by itself: a member that
+        lives answers a probe, or keeps talking over its own connection to us, and the
+        hint is gone. Returns True when the node should probe it now."""
+        m = self.members.get(peer_id)
+        if self.hint_dead_s <= 0 or m is None or not m.confirmed or m.status not in (ALIVE, SUSPECT):
+            return False
+        self._hinted.setdefault(peer_id, now)
+        return True
+
+    def link_back(self, peer_id: str) -> None:
+        """Our link to ``peer_id`` is up again: the hint is withdrawn (its silence goes
+        by ``dead_after_s`` again)."""
+        self._hinted.pop(peer_id, None)
+
     def paused(self, seconds: float) -> None:
         """This peer itself stood still for ``seconds`` (SIGSTOP, a swapped-out VM, a
         stalled event loop): nobody's silence over that time is evidence against
@@ -315,6 +340,8 @@ class Membership:
                 m.last_heard += seconds
                 if m.expect_since is not None:
                     m.expect_since += seconds
+        for peer in self._hinted:
+            self._hinted[peer] += seconds
 
     def _health_up(self) -> None:
         self.health = min(self.health + 1, int(PATIENCE_MAX) - 1)
@@ -365,6 +392,23 @@ class Membership:
                 m.status = SUSPECT
             else:
                 continue
+            if self.mode == "swim":
+                self._spread(m)
+        for peer, since in sorted(self._hinted.items()):
+            m = self.members.get(peer)
+            if m is None or m.status not in (ALIVE, SUSPECT):
+                del self._hinted[peer]
+                continue
+            silent = now - since
+            if silent < self.hint_dead_s * patience or m.last_heard > since:
+                continue
+            del self._hinted[peer]
+            changes.append(Change(peer, m.status, DEAD, f"its link dropped {silent:.1f}s ago and "
+                                  f"nothing came since, probes included{stretched}"))
+            m.status = DEAD
+            m.expect_since = None
+            m.probes = 0
+            self._owing.discard(peer)
             if self.mode == "swim":
                 self._spread(m)
         if changes:

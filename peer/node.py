@@ -165,7 +165,6 @@ class Node:
         self._to_greet = True  # swim: members may wait for our hello (scan the view)
         self._tasks: dict[asyncio.Task, None] = {}  # a dict: cancelled in a fixed order
         self._named: set[str] = set()  # equivocators this peer has said it leaves out
-        self._flooders: set[str] = set()  # senders whose flood was logged
         # No elected aggregator: every peer aggregates the round's knowledge itself.
         self.everywhere = aggregates_everywhere(getattr(cohort, "aggregate_at", "auto"), algorithm,
                                                min_peers)
@@ -237,6 +236,12 @@ class Node:
             self.timing.suspect_after_s, self.timing.dead_after_s,
             mode="swim" if self.swim else "full", rng=random.Random(f"{self.rng.random()}"),
         )
+        # Crash hints (issue 36): a link that drops makes its peer dead after two
+        # heartbeats of silence, probes included, rather than dead_after_s.
+        t = self.timing
+        self.membership.hint_dead_s = min(2 * t.heartbeat_interval_s,
+                                          (t.suspect_after_s + t.dead_after_s) / 2)
+        self.transport.on_link = self._on_link
         now = self.clock.now()
         for peer_id, address in self.known_members:  # from a checkpoint
             self.membership.heard_from(peer_id, -1, now, address=address)
@@ -354,28 +359,31 @@ class Node:
 
     # ================================================================ receiving
 
-    #: Messages taken from the transport at once, at most, before they are handled.
-    RECV_BATCH = 64
-    #: Messages held for one sender, at most: more is a flood, dropped and counted.
-    SENDER_QUEUE = 512
+    #: Messages read ahead of handling, at most (all senders together): beyond them the
+    #: transport's own buffers (ZeroMQ's high-water mark) hold the rest back.
+    READ_AHEAD = 64
 
     async def _receive_loop(self) -> None:
         """Handle what arrives, one message per sender in turn, and let the other tasks
         run between turns. A member's flood then costs the others one turn each, not
         its whole backlog, and never stops this peer's heartbeats: a message already
         waiting made every ``await recv()`` return at once, so the loop never gave way
-        and a flooded peer went silent until the others declared it dead (issue 35)."""
+        and a flooded peer went silent until the others declared it dead (issue 35).
+        Nothing is dropped here: what is not read ahead waits in the transport, which
+        takes from each connection in turn."""
         queues: dict[str, deque] = {}
+        held = 0
         while True:
             if not queues:
-                self._enqueue(queues, *await self.transport.recv())
-            for _ in range(self.RECV_BATCH):
-                got = self.transport.recv_nowait()
-                if got is None:
-                    break
-                self._enqueue(queues, *got)
+                identity, frames = await self.transport.recv()
+                queues[identity] = deque([frames])
+                held = 1
+            while held < self.READ_AHEAD and (got := self.transport.recv_nowait()) is not None:
+                queues.setdefault(got[0], deque()).append(got[1])
+                held += 1
             for identity in list(queues):
                 frames = queues[identity].popleft()
+                held -= 1
                 if not queues[identity]:
                     del queues[identity]
                 try:
@@ -384,18 +392,6 @@ class Node:
                     log.exception("%s: handler failed on a message from %s", self.id, identity)
                     self.dropped["handler_error"] += 1
             await asyncio.sleep(0)
-
-    def _enqueue(self, queues: dict[str, deque], identity: str, frames: list) -> None:
-        queue = queues.setdefault(identity, deque())
-        if len(queue) < self.SENDER_QUEUE:
-            queue.append(frames)
-            return
-        self.dropped["flood"] += 1
-        if identity not in self._flooders:
-            self._flooders.add(identity)
-            log.warning("%s: %s sends faster than this peer handles its messages (%d waiting): "
-                        "its further messages are dropped while that lasts (counted as 'flood')",
-                        self.id, clip(identity), self.SENDER_QUEUE)
 
     def _drop(self, code: str, reason: str) -> None:
         self.dropped[code] += 1
@@ -489,23 +485,25 @@ class Node:
             if reason and (digest := self.core.ack_again(msg)):
                 # Sent again by its aggregator: our ack was lost (or is slow). Once more.
                 self._reply_soon(mem.address_of(msg.sender), Ack(
-                    **self._envelope(), round=msg.round, epoch=msg.epoch, digest=digest),
-                    msg.sender)
+                    **self._envelope(), round=msg.round, epoch=msg.epoch, digest=digest,
+                    sig=self.core.sign_ack(msg.round, msg.epoch, digest)), msg.sender)
             elif reason:
                 self._drop("stale_result", reason)
             elif msg.round == self.round and (why := self.core.epoch_unjustified(msg.round, msg.epoch)):
                 log.info("%s: result for round %d epoch %d from %s held: %s", self.id, msg.round,
                          msg.epoch, msg.sender, why)
         elif isinstance(msg, (Ack, Commit)):
+            if isinstance(msg, Ack) and (done := self.core.commit_of(msg)) is not None:
+                # Acked again after we committed (maybe once in a later round): its commit
+                # was lost. Once more.
+                self._reply_soon(mem.address_of(msg.sender), dataclasses.replace(
+                    done, **self._envelope()), msg.sender)
+                self._wakeup.set()
+                return
             drop = self.core.note_ack(msg) if isinstance(msg, Ack) else self.core.admit_commit(msg)
             if drop is not None:
                 self._drop(drop.code, drop.reason)
                 return
-            if isinstance(msg, Ack) and (done := self.core.commit_of(msg)):
-                # Acked again after we committed: its commit was lost. Once more.
-                self._reply_soon(mem.address_of(msg.sender), Commit(
-                    **self._envelope(), round=done[0], epoch=done[1], digest=done[2],
-                    certificate=self.core.certificate(*done)), msg.sender)
         elif isinstance(msg, SeedRequest):
             self._serve_seeds(msg)
         elif isinstance(msg, SeedChunk):
@@ -773,6 +771,31 @@ class Node:
                                                             members=mem.records()), 0.05))
         await asyncio.gather(*sends)
 
+    def _on_link(self, address: str, peer_id: str | None, up: bool) -> None:
+        """The transport saw our link to ``address`` drop or come back (issue 36). A drop
+        is a hint: the peer is probed at once, directly and through ``gossip_fanout``
+        others (our link may be the problem), and is dead only if nothing answers
+        within ``Membership.hint_dead_s``. A SIGKILLed peer was dead only after
+        ``dead_after_s`` of silence (5 s by default)."""
+        mem = self.membership
+        if peer_id is None:  # no security: the link names an address, the view a peer
+            peer_id = next((m.peer_id for m in mem.members.values() if m.address == address), None)
+        if peer_id is None or peer_id == self.id:
+            return
+        if up:
+            mem.link_back(peer_id)
+            return
+        if not mem.hint(peer_id, self.clock.now()):
+            return
+        log.info("%s: link to %s dropped: probing it", self.id, peer_id)
+        self._spawn(self._send_to(peer_id, self._heartbeat(probe=1), 0.05), "hint-probe")
+        helpers = mem.random_members(
+            self.timing.gossip_fanout, self.rng,
+            lambda m: m.peer_id != peer_id and m.status == "alive" and m.greeted)
+        for h in helpers:
+            self._spawn(self._send_to(h, self._heartbeat(target=peer_id), 0.05), "hint-probe")
+        self._wakeup.set()
+
     #: swim: members owing an answer that are probed indirectly in one tick, at most.
     INDIRECT_PER_TICK = 8
 
@@ -1012,14 +1035,14 @@ class Node:
                         heard=heard, equivocations=dict(core.equivocators))
         if core.signer is None:
             return msg
-        return dataclasses.replace(msg, sig=core.sign("knowledge", r, epoch, payload_digest(msg),
-                                                      self.incarnation))
+        return dataclasses.replace(msg, sig=core.sign("knowledge", r, epoch, payload_digest(msg)))
 
     @staticmethod
     def _payload(msg: Knowledge | AggregateResult) -> Payload:
         return Payload(kind=msg.kind, tensors=dict(msg.tensors), meta=dict(msg.meta))
 
-    async def _exchange(self, r: int, payload: Payload | None, info: dict) -> dict[str, Payload]:
+    async def _exchange(self, r: int, payload: Payload | None, info: dict,
+                        send: bool = True) -> dict[str, Payload]:
         """Decentralized round: everyone's knowledge to everyone (with ``cohort.fanout``
         k: to the k peers a seeded rotation names, PeerCore.exchange_plan), until the
         deadline."""
@@ -1030,7 +1053,8 @@ class Node:
             scheduled, core.sources = core.exchange_plan(
                 r, fanout, f"{self.cohort.name}:{self.cohort.seed}")
             targets = [p for p in scheduled if mem.is_live(p)]
-        await self._broadcast(targets, self._knowledge(r, payload))
+        if send:
+            await self._broadcast(targets, self._knowledge(r, payload))
         self._maybe_crash(r, "wait")
         deadline = self.clock.now() + self.timing.round_timeout_s
         try:
@@ -1175,7 +1199,17 @@ class Node:
         mode), then this peer computes the method's aggregate itself. No other peer's
         word can set its model, only its contribution; what it takes needs the quorum,
         as an aggregator's result does."""
-        contributions = await self._exchange(r, payload, info)
+        if self.core.signer is not None:
+            # A signed contribution is a statement: an earlier life of this peer that
+            # signed round r's must not be followed by another version (it would prove
+            # this peer an equivocator). Rounds entered are recorded before signing.
+            if r <= self.core.sit_out_through:
+                log.warning("%s: round %d: an earlier life of this peer may have signed its "
+                            "knowledge for this round: sitting it out (no contribution)", self.id, r)
+                payload, info["sat_out"] = None, True
+            elif self._on_enter_round is not None:
+                await self._run_blocking(self._on_enter_round, r)
+        contributions = await self._exchange(r, payload, info, send=not info.get("sat_out"))
         self.core.note_heard(r)  # told to the others with our next contribution
         contributions = {p: c for p, c in contributions.items() if p not in self.core.equivocators}
         if payload is not None and payload.kind != "none":
@@ -1353,9 +1387,9 @@ class Node:
             return {}
         core.commits.add((r, digest))
         self._observe("committed", self, round=r, epoch=self.epoch, digest=digest)
-        await self._broadcast(mem.live_peers(), Commit(
-            **self._envelope(), round=r, epoch=self.epoch, digest=digest,
-            certificate=core.certificate(r, self.epoch, digest)))
+        commit = core.last_commit = Commit(**self._envelope(), round=r, epoch=self.epoch,
+                                           digest=digest, certificate=core.certificate(r, self.epoch, digest))
+        await self._broadcast(mem.live_peers(), commit)
         info.update(learned_from=len(set(used) - {self.id}))
         return {self.id: result}
 

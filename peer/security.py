@@ -331,8 +331,11 @@ def signing_of(peer_id: str, identity: CurveIdentity | None):
         return None
     unsigned = sorted(set(identity.allowed) - set(identity.sign_keys))
     if unsigned:
-        log.warning("%s: %s lists no signing key for %s: their acks cannot count toward a "
-                    "certified commit", peer_id, identity.allow_list_path, ", ".join(unsigned))
+        log.warning("%s: %s lists no signing key for %s: nothing is signed or checked in this "
+                    "cohort (commits are not certified; an elected aggregator alone decides what "
+                    "is committed); 'hfl-keys show <its .key>' prints the line with it",
+                    peer_id, identity.allow_list_path, ", ".join(unsigned))
+        return None
     return identity.signer(), dict(identity.sign_keys)
 
 

@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,12 @@ class Transport(ABC):
         """(the peers now allowed, the peers removed) when the allow-list was reloaded
         since the last call (see ZmqTransport), else None."""
         return None
+
+    #: Called as ``on_link(address, peer_id, up)`` when one of our outgoing links drops
+    #: (``up`` False: the connection to a peer we sent to ended, as when its process
+    #: dies: a hint, never proof) or is made again (True). ``peer_id`` is the peer the
+    #: link authenticates (None without security). Set by the node; None: not reported.
+    on_link: Callable[[str, str | None, bool], None] | None = None
 
     def housekeeping(self) -> None:  # noqa: B027 - optional hook
         """Periodic chores (the node calls it every heartbeat): e.g. report the
@@ -266,6 +272,13 @@ class ZmqTransport(Transport):
         try:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECTED):
+                    # The link dropped (its process died, or the connection broke) or was
+                    # made again: a hint for failure detection, never proof of a death.
+                    up = event["event"] == zmq.EVENT_CONNECTED
+                    if self.on_link is not None and self._dealers.get(key) is sock:
+                        self.on_link(address, key[1], up)
+                    continue
                 if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     # Watched on: a later reconnection (the other side restarted, or
                     # revoked our key) can be refused too, and libzmq then gives up.
@@ -395,7 +408,8 @@ class ZmqTransport(Transport):
             self._senders[key] = zmq.Socket.shadow(sock.underlying)
             monitor = sock.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)
             target = f"{peer_id}@{address}" if peer_id else address
             watcher = asyncio.get_running_loop().create_task(
                 self._watch_dial(key, sock, monitor, target), name=f"{self.peer_id}:dial:{target}")
@@ -692,6 +706,14 @@ class FaultyTransport(Transport):
     The random stream is seeded from the plan's seed and this transport's
     address, so a cohort with the same plan makes the same per-link decisions.
     """
+
+    @property
+    def on_link(self):
+        return self.inner.on_link
+
+    @on_link.setter
+    def on_link(self, hook) -> None:
+        self.inner.on_link = hook
 
     def __init__(self, inner: Transport, plan: FaultPlan):
         super().__init__(inner.peer_id, inner.address)

@@ -686,9 +686,9 @@ def test_a_peer_that_leaves_has_its_connection_state_dropped(tmp_path, monkeypat
     forgotten: list[tuple[str, str]] = []
     original = InMemoryTransport.forget
 
-    async def spy(self, address):
+    async def spy(self, address, peer_id=None):
         forgotten.append((self.peer_id, address))
-        await original(self, address)
+        await original(self, address, peer_id)
 
     monkeypatch.setattr(InMemoryTransport, "forget", spy)
     n, rounds = 3, 2

@@ -111,6 +111,25 @@ def test_aggregator_killed_mid_round_round_completes_under_the_next_one(tmp_path
     assert len(finals) == 1
 
 
+def test_a_crashed_peer_is_dead_on_its_dropped_link_long_before_dead_after_s(tmp_path):
+    # Issue 36: a peer killed without a goodbye was dead to the others only after
+    # dead_after_s of silence (here 8 s), and each round waited that long for it. Its
+    # connections drop at once (the kernel closes them): the others probe it at that
+    # hint and declare it dead when nothing answers within two heartbeats.
+    dead_after = 8.0
+    proc = launch(experiment(tmp_path, rounds=5, faults=[{"peer": "p3", "at_round": 3}],
+                             timing={"suspect_after_s": 4.0, "dead_after_s": dead_after,
+                                     "round_timeout_s": 30}))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "injected crash in round 3 (train)" in (tmp_path / "run" / "p3" / "peer.log").read_text()
+    for pid in ("p0", "p1", "p2"):
+        log_text = (tmp_path / "run" / pid / "peer.log").read_text()
+        assert "p3 alive -> dead (its link dropped" in log_text, log_text[-3000:]
+        rounds = {r["round"]: r for r in metrics(tmp_path, pid)}
+        assert sorted(rounds) == [1, 2, 3, 4, 5]
+        assert rounds[3]["round_time_s"] < dead_after / 2, rounds[3]  # not dead_after_s
+
+
 def test_chfl_aggregator_killed_mid_round_no_peer_applies_a_stale_head(tmp_path):
     # Completely heterogeneous: each peer holds its own slice of breast-cancer's
     # columns and rows and draws its own MLP; only E x C heads travel. Round 3's
@@ -155,13 +174,15 @@ def test_a_pair_that_loses_one_peer_for_good_fails_the_launch_instead_of_reporti
 
 
 def test_killed_peer_restarts_from_its_checkpoint_rejoins_and_finishes(tmp_path):
-    # The survivors never declare p1 dead (dead_after_s is long): it stays suspect,
-    # so each round waits for it until the round deadline. Whatever the machine's
-    # load, the cohort is still running when the restarted process is back.
-    rounds = 12
-    timing = {"dead_after_s": 300, "round_timeout_s": 20}
-    proc = launch(experiment(tmp_path, rounds=rounds, timing=timing,
-                             faults=[{"peer": "p1", "at_round": 3, "restart_at_round": 4}]))
+    # The survivors see p1's links drop and declare it dead within a second (issue 36),
+    # then go on without it: enough short rounds that the cohort is still running when
+    # the restarted process is back (a process start takes seconds on a loaded machine;
+    # the launcher restarts p1 once the cohort is in round 4).
+    rounds = 150
+    timing = {"round_timeout_s": 20}
+    proc = launch(experiment(tmp_path, rounds=rounds, timing=timing, train={"max_batches": 1},
+                             faults=[{"peer": "p1", "at_round": 3, "restart_at_round": 4}]),
+                  timeout=280)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = (tmp_path / "run" / "p1" / "peer.log").read_text()
     assert "injected crash in round 3 (train)" in log
@@ -170,8 +191,10 @@ def test_killed_peer_restarts_from_its_checkpoint_rejoins_and_finishes(tmp_path)
     first_life = [r["round"] for r in p1 if r["incarnation"] == 0]
     second_life = [r["round"] for r in p1 if r["incarnation"] == 1]
     assert first_life == [1, 2]
-    # It caught up with the cohort (round 3 went on without it) instead of replaying.
-    assert second_life[0] >= 4 and second_life == list(range(second_life[0], rounds + 1))
+    # It caught up with the cohort (round 3 went on without it) instead of replaying:
+    # rounds only forward (a jump when it found the cohort ahead), to the last one.
+    assert second_life[0] >= 4 and second_life == sorted(set(second_life))
+    assert second_life[-1] == rounds and len(second_life) >= (rounds - second_life[0]) // 2
     for pid in ("p0", "p2", "p3"):
         rounds_done = {r["round"]: r for r in metrics(tmp_path, pid)}
         assert sorted(rounds_done) == list(range(1, rounds + 1))

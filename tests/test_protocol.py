@@ -799,7 +799,7 @@ def test_fuzzed_frames_decode_or_raise_protocol_error() -> None:
 
 def test_the_aggregate_digest_is_what_protocol_md_defines():
     # PROTOCOL.md (heartbeat absorbed_digest), version 5: SHA-256 of "hfl-payload\0",
-    # msgpack [kind, meta with maps as sorted [key, value] pairs], then per tensor in
+    # msgpack [kind, meta with every map's keys in sorted order], then per tensor in
     # name order msgpack [name, dtype name, shape] and its bytes; all 64 hex digits.
     import hashlib
 
@@ -814,8 +814,7 @@ def test_the_aggregate_digest_is_what_protocol_md_defines():
     msg = AggregateResult(sender="p0", incarnation=0, round=1, epoch=0, kind="weights",
                           meta=meta, tensors=tensors)
     h = hashlib.sha256(b"hfl-payload\x00")
-    h.update(msgpack.packb(["weights", [["excluded", ["p3"]], ["round", 1],
-                                        ["z", [["a", 2.5], ["b", 1]]]]]))
+    h.update(msgpack.packb(["weights", {"excluded": ["p3"], "round": 1, "z": {"a": 2.5, "b": 1}}]))
     for name, dtype, shape in (("b", "int64", [3]), ("s", "float64", []), ("w", "float32", [2, 3])):
         h.update(msgpack.packb([name, dtype, shape]) + tensors[name].tobytes())
     assert payload_digest(msg) == h.hexdigest()

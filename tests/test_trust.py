@@ -544,7 +544,7 @@ def test_a_member_that_sends_peers_different_contributions_is_named_and_left_out
             zeros = dataclasses.replace(msg, tensors={k: np.zeros_like(v) for k, v in msg.tensors.items()},
                                         meta={**msg.meta, "num_samples": 10 ** 12})
             zeros = dataclasses.replace(zeros, sig=liar.core.sign(
-                "knowledge", msg.round, msg.epoch, payload_digest(zeros), liar.incarnation))
+                "knowledge", msg.round, msg.epoch, payload_digest(zeros)))
             await broadcast(["p0"], zeros, timeout_s)
             peer_ids = [p for p in peer_ids if p != "p0"]
         return await broadcast(peer_ids, msg, timeout_s)
