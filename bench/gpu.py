@@ -53,12 +53,10 @@ BatchNorm's running statistics catch up): its times and bytes are what it is for
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -145,48 +143,6 @@ def resnet_experiment(quick: bool, path: Path) -> Path:
     return path
 
 
-def become_subreaper() -> bool:
-    """Orphans of our descendants become our children (Linux PR_SET_CHILD_SUBREAPER).
-
-    hfl-launch never waits for its forkserver template, which reaps the peers: without
-    this their CPU time never reaches our RUSAGE_CHILDREN, and the others' CPU column
-    would count the benchmark's own peers (as in bench/scale.py)."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def reap_orphans(wait_s: float = 15.0) -> list[int]:
-    """Wait for the children left to us (the launch's template and peers, reparented here);
-    SIGKILL those still alive after ``wait_s``, by pid. Returns the pids killed."""
-    deadline = time.monotonic() + wait_s
-    killed: list[int] = []
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return killed
-        if pid:
-            continue
-        if time.monotonic() > deadline:
-            for entry in Path("/proc").iterdir():
-                if not entry.name.isdigit() or int(entry.name) in killed:
-                    continue
-                try:
-                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-                if ppid == os.getpid():
-                    try:
-                        os.kill(int(entry.name), signal.SIGKILL)
-                        killed.append(int(entry.name))
-                    except ProcessLookupError:
-                        pass
-            deadline = time.monotonic() + 5.0
-        time.sleep(0.1)
-
-
 class Budget:
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
@@ -214,7 +170,7 @@ def run_one(config: str, experiment: Path, device: str, quick: bool, budget: Bud
         overrides += ["devices=cpu", "defaults.node.device=cpu"]
     busy = c.Contention()
     rc, wall, out = c.launch(experiment, run_dir, overrides, timeout, f"gpu-{label}")
-    left = reap_orphans() if SUBREAPER else []
+    left = c.reap_orphans() if SUBREAPER else []
     result["contention"] = busy.stop()
     if left:
         print(f"  {label}: killed {len(left)} process(es) left running after hfl-launch ended")
@@ -317,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--configs: unknown {', '.join(unknown)}; allowed: {', '.join(RUN_TIMEOUT_S)}")
     budget = Budget(args.budget_s)
     global SUBREAPER
-    SUBREAPER = become_subreaper()
+    SUBREAPER = c.become_subreaper()
 
     cuda_overrides: list[str] = []
     cuda_info: dict = {}

@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import dataclasses
 import json
 import math
@@ -623,24 +622,6 @@ def last_error(output: str) -> str:
 # --------------------------------------------------------------------------- forked
 
 
-def _descendants(root: int) -> list[int]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            tree.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _status_kb(pid: int, field: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -733,7 +714,7 @@ class Cohort:
 
     def find_pids(self) -> None:
         known = set(self.pids.values())
-        for pid in _descendants(self.launcher):
+        for pid in c.descendants(self.launcher):
             if pid in known:
                 continue
             try:
@@ -746,42 +727,6 @@ class Cohort:
 
     def all_reached(self, r: int) -> bool:
         return all(v >= r for v in self.last_round.values())
-
-
-def _become_subreaper() -> bool:
-    """Orphans of our descendants become our children (Linux PR_SET_CHILD_SUBREAPER).
-
-    hfl-launch never waits for its forkserver template, so without this the peers'
-    CPU time (reaped by the template) never reaches our RUSAGE_CHILDREN and would be
-    counted as other processes' CPU."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _reap_orphans(wait_s: float) -> list[int]:
-    """Wait for (and so account) children left to us; SIGKILL what is still alive after
-    ``wait_s`` (processes of this benchmark's own launch). Returns the pids killed."""
-    deadline = time.monotonic() + wait_s
-    killed: list[int] = []
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return killed
-        if pid:
-            continue
-        if time.monotonic() > deadline:
-            for child in _descendants(os.getpid()):
-                if child not in killed:
-                    try:
-                        os.kill(child, signal.SIGKILL)
-                        killed.append(child)
-                    except ProcessLookupError:
-                        pass
-            deadline = time.monotonic() + 5.0
-        time.sleep(0.1)
 
 
 def run_forked(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
@@ -804,7 +749,7 @@ def run_forked(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[st
         f"\n[forked N={n}] $ {' '.join(c._short(x) for x in cmd[1:])} (log {_rel(log)})", flush=True
     )
     log.parent.mkdir(parents=True, exist_ok=True)
-    subreaper = _become_subreaper()
+    subreaper = c.become_subreaper()
     busy = c.Contention()
     t0 = time.monotonic()
     t_kill: float | None = None  # unix time of the SIGKILL
@@ -866,7 +811,7 @@ def run_forked(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[st
                         os.kill(pid, signal.SIGKILL)
             proc.wait()
             cohort.poll()
-            left = _reap_orphans(15.0) if subreaper else []
+            left = c.reap_orphans(15.0) if subreaper else []
     row["contention"] = busy.stop()
     if left:
         row["notes"].append(f"killed {len(left)} process(es) left running after hfl-launch ended")

@@ -20,7 +20,6 @@ default run, read from runs/bench/safe_defaults.json when present).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 
@@ -39,7 +38,6 @@ def best_of(fn, repeat: int, number: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import numpy as np
     import torch
     import torchvision
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

@@ -223,7 +223,7 @@ def test_two_signed_versions_of_one_round_prove_equivocation_and_the_proof_trave
 
 
 def test_a_report_of_a_version_its_member_never_signed_names_the_reporter():
-    a, b = everywhere_core("p0"), everywhere_core("p1")
+    a = everywhere_core("p0")
     k = contribution("p3", 1.0, a)
     assert a.admit_knowledge(k) is None and a.buffer.offer_knowledge(k) is None
     a.note_heard(R)
