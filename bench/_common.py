@@ -332,8 +332,8 @@ def table(
 # --------------------------------------------------------------------------- child processes
 
 
-def descendants(root: int) -> list[int]:
-    """Every process below ``root`` in the process tree (from /proc; Linux)."""
+def process_tree() -> dict[int, list[int]]:
+    """parent pid -> its children's pids, for every process (from /proc; Linux)."""
     tree: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -343,6 +343,12 @@ def descendants(root: int) -> list[int]:
             except (OSError, ValueError, IndexError):
                 continue
             tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` in the process tree."""
+    tree = process_tree()
     out, todo = [], [root]
     while todo:
         for child in tree.get(todo.pop(), []):

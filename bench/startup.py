@@ -25,7 +25,6 @@ Prints a table and ratios against the first method, measured in the same run.
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -35,29 +34,6 @@ from pathlib import Path
 import _common as c
 
 MiB = 1024 * 1024
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def _descendants(pid: int) -> list[int]:
-    tree, out, todo = _children(), [], [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def _cmdline(pid: int) -> str:
@@ -100,7 +76,7 @@ def run_one(n: int, method: str, rounds: int, run_dir: Path, extra: list[str] = 
                 best = {"total_pss": m[1], "uss": m[0] / n, "pss": m[1] / n, "seen": n}
             time.sleep(0.2)
             continue
-        tree = _children()
+        tree = c.process_tree()
         direct = tree.get(proc.pid, [])
         # The template is the launcher's forkserver child; forked peers are its children
         # (they keep its command line); plain peers run hfl.peer.cli.
