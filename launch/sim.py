@@ -219,12 +219,18 @@ class Checker:
     7. *resume*: a restarted peer resumes the round after its last checkpoint,
        with the model of that checkpoint;
     8. *exit*: every peer ends its run normally (no crash of the runtime itself,
-       no "cohort gone"), within the simulated time limit.
+       no "cohort gone"), within the simulated time limit;
+    9. *named*: with a Byzantine twin that equivocates (``--byzantine``), every honest
+       peer that ran to its end names it. Twins are left out of 1, 4 and 5: what they
+       absorb or learn is not the honest peers' guarantee.
     """
 
     mode: str
     everywhere: bool
     bound_s: float
+    #: Byzantine twins (peer -> kind): left out of the honest peers' invariants, and
+    #: an equivocating one must be named by every honest peer (9. *named*)
+    twins: dict[str, str] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     models: dict[tuple[str, int], str] = field(default_factory=dict)  # (peer, round) -> digest
@@ -262,10 +268,13 @@ class Checker:
               end_t: float) -> list[Violation]:
         self._agreement()
         self._resume()
-        self._liveness(outcomes, calm_at)
+        self._liveness({p: o for p, o in outcomes.items() if p not in self.twins}, calm_at)
+        self._named(outcomes)
         for peer, run_dir in sorted(run_dirs.items()):
             rows = _read_rows(run_dir / "metrics.jsonl")
             self._metrics(peer, rows)
+            if peer in self.twins:
+                continue
             if outcomes.get(peer) == "ok":
                 self._learning(peer, rows)
             else:
@@ -302,6 +311,8 @@ class Checker:
             # What an aggregator committed counts as well as what peers absorbed (it may be
             # killed between its commit and its own absorb); the same value published
             # again at a later epoch agrees.
+            if e["peer"] in self.twins:
+                continue  # a twin's own view is not the honest peers' guarantee
             if e["event"] == "committed":
                 who = f"{e['peer']} (committed, epoch {e['epoch']})"
                 by_round.setdefault(e["round"], {}).setdefault(e["digest"], []).append(who)
@@ -312,6 +323,17 @@ class Checker:
             if len(seen) > 1:
                 self.fail("agreement", f"round {r}: " + "; ".join(
                     f"{', '.join(sorted(set(p)))} took {d}" for d, p in sorted(seen.items())))
+
+    def _named(self, outcomes: dict[str, str]) -> None:
+        liars = {p for p, kind in self.twins.items() if kind == "equivocate"}
+        if not liars or not self.everywhere:
+            return
+        for peer in sorted(p for p, o in outcomes.items() if o == "ok" and p not in self.twins):
+            named = {e["peer_named"] for e in self.events
+                     if e["event"] == "equivocator" and e["peer"] == peer}
+            if not liars <= named:
+                self.fail("named", f"{peer} never named {', '.join(sorted(liars - named))}, which "
+                          "sent peers different signed contributions")
 
     def _resume(self) -> None:
         last_ckpt: dict[str, int] = {}
@@ -395,6 +417,79 @@ class SimOptions:
     #: process faults given by hand (``--fault``, :func:`parse_fault`): they replace the
     #: seed's drawn ones (the seed still draws the network's rates)
     faults: list[str] = field(default_factory=list)
+    #: Byzantine twins (``--byzantine PEER:KIND``, :data:`TWIN_KINDS`): members running
+    #: modified code. Any twin gives every peer signing keys (a signed cohort).
+    byzantine: list[str] = field(default_factory=list)
+
+
+#: What a Byzantine twin does (issue 35):
+#: - ``equivocate``: from round 2 on, sends one other peer a zero version of its
+#:   contribution, signed, and the others its real one (every peer aggregating);
+#: - ``commit``: whenever elected, shows one peer a zero-model result, signed acks
+#:   it cannot get being replaced by its own and that peer's, and commits it to it.
+TWIN_KINDS = ("equivocate", "commit")
+
+
+def parse_twins(texts: list[str], peers: list[str]) -> dict[str, str]:
+    """``PEER:KIND`` specs -> peer -> kind; ValueError naming the part and the choices."""
+    twins = {}
+    for text in texts:
+        peer, _, kind = text.partition(":")
+        if peer not in peers:
+            raise ValueError(f"{text!r}: peer {peer!r} is not one of {', '.join(peers)}")
+        if kind not in TWIN_KINDS:
+            raise ValueError(f"{text!r}: kind {kind!r} is not one of {', '.join(TWIN_KINDS)}")
+        twins[peer] = kind
+    if len(twins) >= len(peers) / 2:
+        raise ValueError(f"{len(twins)} twin(s) among {len(peers)} peers: the honest ones must "
+                         "be a majority")
+    return twins
+
+
+def sim_keys(seed: int, peers: list[str]):
+    """Deterministic Ed25519 keys per peer: peer -> (sign, verification keys)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    keys = {p: Ed25519PrivateKey.from_private_bytes(
+        hashlib.sha256(f"hfl-sim:{seed}:{p}".encode()).digest()) for p in peers}
+    verify = {p: k.public_key().public_bytes_raw() for p, k in keys.items()}
+    return {p: (k.sign, verify) for p, k in keys.items()}
+
+
+def install_twin(node, kind: str) -> None:
+    """Make ``node`` a Byzantine twin of ``kind`` (its code is otherwise the runtime's)."""
+    import dataclasses as dc
+
+    import numpy as np
+
+    from hfl.peer.core import payload_digest
+    from hfl.protocol import AggregateResult, Commit, Knowledge
+
+    broadcast = node._broadcast
+    victim = sorted(p for p in node.membership.members if p != node.id)[0] if node.membership else None
+
+    def zeros_of(msg):
+        return dc.replace(msg, tensors={k: np.zeros_like(v) for k, v in msg.tensors.items()})
+
+    async def twin(peer_ids, msg, timeout_s=None):
+        target = victim or next((p for p in sorted(peer_ids) if p != node.id), None)
+        if target in peer_ids and msg.round >= 2 and (
+                (kind == "equivocate" and isinstance(msg, Knowledge) and msg.tensors)
+                or (kind == "commit" and isinstance(msg, AggregateResult) and msg.tensors)):
+            bad = zeros_of(msg)
+            digest = payload_digest(bad)
+            if isinstance(bad, Knowledge):
+                bad = dc.replace(bad, sig=node.core.sign("knowledge", bad.round, bad.epoch, digest))
+            await broadcast([target], bad, timeout_s)
+            if isinstance(bad, AggregateResult):  # a commit it can only forge
+                cert = {node.id: node.core.sign_ack(bad.round, bad.epoch, digest)}
+                await broadcast([target], Commit(**node._envelope(), round=bad.round,
+                                                 epoch=bad.epoch, digest=digest, certificate=cert),
+                                timeout_s)
+            peer_ids = [p for p in peer_ids if p != target]
+        return await broadcast(peer_ids, msg, timeout_s)
+
+    node._broadcast = twin
 
 
 @dataclass
@@ -486,7 +581,13 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     # The liveness bound: see docs/simulation.md.
     bound = (2 * (timing.round_timeout_s + timing.aggregate_grace_s) + timing.dead_after_s
              + 4 * timing.heartbeat_interval_s + 8 * opts.compute_s)
-    checker = Checker(mode=mode, everywhere=False, bound_s=bound)
+    try:
+        twins = parse_twins(opts.byzantine, ids)
+    except ValueError as err:
+        shutil.rmtree(root, ignore_errors=True)
+        raise ConfigError("--byzantine", str(err)) from None
+    keys = sim_keys(seed, ids) if twins else {}
+    checker = Checker(mode=mode, everywhere=False, bound_s=bound, twins=twins)
     net = SimNetwork(seed, sc.network)
     transports: dict[str, SimTransport] = {}
     slow: dict[str, list[float]] = {}  # the factors of a peer's slowdowns under way
@@ -517,13 +618,15 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     def observer(event: str, node, **fields: Any) -> None:
         if event == "started" and node.everywhere:
             checker.everywhere = True
+        if event == "started" and node.id in twins:
+            install_twin(node, twins[node.id])
         if event == "round":
             last_round_at[node.id] = loop.time()
         checker.observe(event, node, **fields)
 
     def start(peer: str) -> None:
         coro = run_peer(cfgs[peer], transport=make_transport, clock=_LoopClock(),
-                        run_blocking=run_blocking, observer=observer)
+                        run_blocking=run_blocking, observer=observer, signing=keys.get(peer))
         tasks[peer] = run_as(peer, coro, name=peer)
         outcomes.pop(peer, None)
 
@@ -763,6 +866,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault", action="append", default=[], metavar="KIND:PEERS@T+SECONDS",
                     help="a process fault by hand, replacing the seed's drawn ones (repeatable): "
                          f"{FAULT_SYNTAX}; kinds: {', '.join(FAULT_KINDS)}")
+    ap.add_argument("--byzantine", action="append", default=[], metavar="PEER:KIND",
+                    help="a Byzantine twin: that member runs modified code (repeatable; fewer "
+                         f"than half the peers): kinds {', '.join(TWIN_KINDS)}; the cohort is "
+                         "then signed (PROTOCOL.md, Certified commits, Equivocation)")
     ap.add_argument("--quiet", action="store_true", help="only violations and the summary")
     args = ap.parse_args(argv)
     if args.peers < 2:
@@ -773,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
 
     opts = SimOptions(experiment=args.experiment, overrides=args.set, peers=args.peers,
                       rounds=args.rounds, buggify=args.buggify, keep=args.keep,
-                      faults=args.fault)
+                      faults=args.fault, byzantine=args.byzantine)
     seeds = [args.seed] if args.seed is not None else args.seeds
     t0 = time.perf_counter()
     ran = peer_rounds = 0

@@ -529,7 +529,7 @@ class Node:
                       "contributions are left out for the rest of the run", self.id, peer,
                       proof.split(":")[0], via if via != peer else "its own messages",
                       clip(proof.split(":")[3], 16), clip(proof.split(":")[6], 16))
-            self._observe("equivocator", self, peer=peer, round=int(proof.split(":")[0]))
+            self._observe("equivocator", self, peer_named=peer, round=int(proof.split(":")[0]))
 
     def allow_list_changed(self, allowed: frozenset[str], removed: frozenset[str]) -> None:
         """The transport reloaded the CURVE allow-list: only ``allowed`` may be members

@@ -265,6 +265,7 @@ async def run_peer(
     transport: Callable[[PeerConfig], Transport] | None = None,
     run_blocking: Callable[..., Any] | None = None,
     observer: Callable[..., None] | None = None,
+    signing: tuple[Callable[[bytes], bytes], dict[str, bytes]] | None = None,
 ) -> NodeResult:
     """Build this peer from ``cfg`` and run it to the cohort's last round.
 
@@ -276,7 +277,9 @@ async def run_peer(
     ``clock``, ``transport`` (builds the peer's transport from its config) and
     ``run_blocking`` (runs training off the loop; default a worker thread) let the
     deterministic simulator (:mod:`hfl.launch.sim`) own time, network and scheduling;
-    ``observer`` is told of the node's decisions (:class:`~hfl.peer.node.Node`)."""
+    ``observer`` is told of the node's decisions (:class:`~hfl.peer.node.Node`);
+    ``signing`` (sign, verification keys) stands in for the allow-list's signing keys
+    where there is no CURVE identity (the simulator's signed cohorts)."""
     run_dir = Path(cfg.run_dir)
     make_run_dir(run_dir)
     started = time.time()
@@ -289,11 +292,11 @@ async def run_peer(
         finally:
             detach(handler)
     return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started, transport, run_blocking,
-                           observer)
+                           observer, signing)
 
 
 async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, started: float,
-                    make, run_blocking, observer) -> NodeResult:
+                    make, run_blocking, observer, signing=None) -> NodeResult:
     import torch
 
     from hfl.algorithms.registry import get_algorithm
@@ -417,7 +420,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         known_members=members, on_round=recorder.round, on_checkpoint=recorder.checkpoint,
         clock=clock, seed=cfg.node.seed, fault=cfg.fault, advertise=cfg.node.advertise,
         seeds=seeds, shared=shared, allowed_peers=frozenset(identity.allowed) if identity else None,
-        signing=signing_of(cfg.node.id, identity), byzantine=cfg.node.byzantine,
+        signing=signing or signing_of(cfg.node.id, identity), byzantine=cfg.node.byzantine,
         quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
         stop_if_alone=stop_if_alone, run_blocking=run_blocking, hold_round=recorder.hold,
         observer=observer, on_enter_round=enter_round if cfg.node.checkpoint else None,

@@ -500,3 +500,46 @@ def test_bad_cli_input_is_named(capsys):
     # violation per peer and seed.
     assert sim.main(["--seeds", "0-1", "--set", "defaults.cohort.algorithm=fedh2l"]) == 2
     assert "public_fraction" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- Byzantine twins (issue 35)
+
+EQUIVOCATE = sim.SimOptions(byzantine=["p4:equivocate"],
+                            overrides=["defaults.cohort.aggregate_at=every_peer"])
+COMMIT = sim.SimOptions(byzantine=["p2:commit"])
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_an_equivocating_twin_is_named_by_every_honest_peer_under_faults(seed):
+    res = sim.run_seed(seed, EQUIVOCATE)
+    assert not res.violations, [str(v) for v in res.violations]
+    assert res.outcomes["p0"] == "ok"
+
+
+def test_a_twin_that_commits_a_result_to_one_peer_never_splits_the_honest_peers():
+    res = sim.run_seed(3, COMMIT)
+    assert not res.violations, [str(v) for v in res.violations]
+
+
+def test_the_twins_invariants_fail_without_the_defenses(monkeypatch):
+    # The same twins with the defenses switched off: no proof is ever formed (nobody
+    # names p4), and commits are the aggregator's word again (honest peers split).
+    from hfl.peer.core import PeerCore
+
+    monkeypatch.setattr(PeerCore, "_convicted", lambda self, peer, r, a, b: None)
+    res = sim.run_seed(0, EQUIVOCATE)
+    assert {v.invariant for v in res.violations} == {"named"}, [str(v) for v in res.violations]
+    monkeypatch.undo()
+    monkeypatch.setattr(PeerCore, "certifying", property(lambda self: False))
+    res = sim.run_seed(3, COMMIT)
+    assert "agreement" in {v.invariant for v in res.violations}, [str(v) for v in res.violations]
+
+
+def test_a_bad_twin_spec_is_named(capsys):
+    assert sim.main(["--seed", "0", "--byzantine", "p9:equivocate"]) == 2
+    assert "peer 'p9'" in capsys.readouterr().err
+    assert sim.main(["--seed", "0", "--byzantine", "p1:lie"]) == 2
+    assert "kind 'lie' is not one of equivocate, commit" in capsys.readouterr().err
+    assert sim.main(["--seed", "0", "--byzantine", "p1:commit", "--byzantine", "p2:commit",
+                     "--byzantine", "p3:commit"]) == 2
+    assert "must be a majority" in capsys.readouterr().err
