@@ -56,6 +56,7 @@ def forged_result_and_claim(accepted_epoch, claim_epoch, names_forgery):
         from hfl.peer.core import payload_digest
         from hfl.peer.transport import InMemoryTransport
         from hfl.protocol import AggregateResult, Knowledge, encode
+        from tests.test_cohort import until
 
         member = InMemoryTransport("p3", "mem://p3-second-socket", hub)
         await member.start()
@@ -71,9 +72,11 @@ def forged_result_and_claim(accepted_epoch, claim_epoch, names_forgery):
         if nodes[3].core.signer is not None:
             claim = dataclasses.replace(claim, sig=nodes[3].core.sign(
                 "knowledge", ATTACK_ROUND, claim_epoch, payload_digest(claim)))
+        p2 = nodes[2]
         for msg in (forged, claim):
-            await member.send(nodes[2].transport.address, encode(msg), 1.0)
-        await asyncio.sleep(0.2)
+            await member.send(p2.transport.address, encode(msg), 1.0)
+        await until(lambda: "p3" in p2.buffer.received(ATTACK_ROUND) or p2.dropped.get("lying_claim"),
+                    "p2 holding (or refusing) p3's claim")
         gate.release(ATTACK_ROUND)
         await member.close()
 
@@ -184,7 +187,7 @@ HONEST = ("p0", "p1")  # p2 is the attacker as round 2's aggregator, p3 otherwis
 
 
 def run_one(attack: str, setting: str, rounds: int) -> dict:
-    from tests.test_cohort import RoundWatch, TrainingGate, build_node, by_round, cohort_cfgs
+    from tests.test_cohort import by_round, cohort_cfgs, gated_cohort
 
     prepare, conduct = ATTACKS[attack]
     cohort, signed, alg = SETTINGS[setting]
@@ -192,16 +195,12 @@ def run_one(attack: str, setting: str, rounds: int) -> dict:
     keys, verify = keys_for(ids)
     with tempfile.TemporaryDirectory(dir=c.OUT_DIR) as tmp:
         cfgs = cohort_cfgs(Path(tmp), 4, rounds=rounds, cohort={"aggregate_at": "auto", **cohort})
-        from hfl.peer.transport import MemoryHub
 
-        hub, watch, gate = MemoryHub(), RoundWatch(ids), TrainingGate([ATTACK_ROUND])
-        nodes = [build_node(cfg, hub, on_round=watch,
-                            signing=(keys[cfg.node.id].sign, verify) if signed else None) for cfg in cfgs]
+        watch, hub, nodes, gate = gated_cohort(
+            cfgs, [ATTACK_ROUND], {p: (keys[p].sign, verify) for p in ids} if signed else None)
         if alg:
             for nd in nodes:
                 nd.alg.cfg = dataclasses.replace(nd.alg.cfg, **alg)
-        for nd in nodes:
-            gate.install(nd)
         if prepare:
             prepare(nodes)
 

@@ -239,14 +239,9 @@ def load_sign_key_hex(path: str | Path) -> str | None:
 
 def parse_allow_list(text: str, source: str = "allow-list") -> dict[str, bytes]:
     """``<peer id> <Z85 public key> [<signing key, hex>]`` per line; blank lines and
-    lines starting with ``#`` ignored. Returns the CURVE keys (:func:`parse_sign_keys`:
-    the signing keys)."""
+    lines starting with ``#`` ignored. Returns the CURVE keys (the signing keys come
+    with an identity: :func:`load_identity`)."""
     return _parse_allow_list(text, source)[0]
-
-
-def parse_sign_keys(text: str, source: str = "allow-list") -> dict[str, bytes]:
-    """The allow-list's signing keys: peer id -> raw Ed25519 verification key."""
-    return _parse_allow_list(text, source)[1]
 
 
 def _parse_allow_list(text: str, source: str) -> tuple[dict[str, bytes], dict[str, bytes]]:

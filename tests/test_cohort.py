@@ -180,6 +180,20 @@ class TrainingGate:
             gate.set()
 
 
+def gated_cohort(cfgs: list[PeerConfig], held_rounds, signing: dict | None = None):
+    """(watch, hub, nodes, gate): nodes of ``cfgs`` on one in-memory hub, each held at
+    the start of local training in ``held_rounds`` until the gate opens. ``signing``:
+    peer id -> (sign, verification keys), a signed cohort without CURVE."""
+    watch = RoundWatch(c.node.id for c in cfgs)
+    hub = MemoryHub()
+    nodes = [build_node(c, hub, on_round=watch,
+                        **({"signing": signing[c.node.id]} if signing else {})) for c in cfgs]
+    gate = TrainingGate(held_rounds)
+    for nd in nodes:
+        gate.install(nd)
+    return watch, hub, nodes, gate
+
+
 def run_conducted(nodes: list[Node], gate: TrainingGate, conduct) -> dict[str, NodeResult]:
     """Run ``nodes`` while ``conduct()`` drives the test's events; the gate always opens."""
 

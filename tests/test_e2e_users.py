@@ -203,11 +203,8 @@ def test_a_forked_peer_writes_its_log_and_returns_its_exit_status(tmp_path):
     assert "hfl-peer: invalid config: cohort.rounds" in (tmp_path / "peer.log").read_text()
 
 
-def test_a_pair_whose_partner_is_sigkilled_from_outside_does_not_exit_0_as_if_federated(tmp_path):
-    # Two hfl-peer processes; once p0 has recorded round 1, p1 is SIGKILLed and
-    # stays dead. p0 runs every round, but after the kill no aggregate reaches the
-    # quorum: most of its result is training alone, and it says so with status 3.
-    rounds = 40  # the kill lands within the first few rounds, whatever the machine's load
+def start_pair(tmp_path: Path, rounds: int) -> list[subprocess.Popen]:
+    """Two real hfl-peer processes, p0 and p1 (plaintext, loopback), FedAvg on digits."""
     ports = [free_tcp_port(), free_tcp_port()]
     paths = []
     for i in range(2):
@@ -223,9 +220,17 @@ def test_a_pair_whose_partner_is_sigkilled_from_outside_does_not_exit_0_as_if_fe
                "timing": TIMING}
         paths.append(tmp_path / f"p{i}.yaml")
         paths[-1].write_text(yaml.safe_dump(cfg))
-    procs = [subprocess.Popen([sys.executable, "-m", "hfl.peer.cli", "--config", str(p)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for p in paths]
+    return [subprocess.Popen([sys.executable, "-m", "hfl.peer.cli", "--config", str(p)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for p in paths]
+
+
+def test_a_pair_whose_partner_is_sigkilled_from_outside_does_not_exit_0_as_if_federated(tmp_path):
+    # Two hfl-peer processes; once p0 has recorded round 1, p1 is SIGKILLed and
+    # stays dead. p0 runs every round, but after the kill no aggregate reaches the
+    # quorum: most of its result is training alone, and it says so with status 3.
+    rounds = 40  # the kill lands within the first few rounds, whatever the machine's load
+    procs = start_pair(tmp_path, rounds)
     try:
         wait_for(tmp_path / "p0" / "metrics.jsonl")
         procs[1].send_signal(signal.SIGKILL)
@@ -237,6 +242,9 @@ def test_a_pair_whose_partner_is_sigkilled_from_outside_does_not_exit_0_as_if_fe
     assert procs[1].returncode == -signal.SIGKILL
     assert procs[0].returncode == 3, err
     assert "learned from no other peer in" in err and "allow_solo" in err
+    # Issue 36: the kill dropped p1's connection, and p0 declared it dead on that hint
+    # (two heartbeats of silence), not after dead_after_s.
+    assert any(f"p1 {was} -> dead (its link dropped" in err for was in ("alive", "suspect")), err
     p0 = metrics(tmp_path, "p0")
     assert [r["round"] for r in p0] == list(range(1, rounds + 1))  # it kept working
     assert p0[0]["learned_from"] == 1 and p0[-1]["learned_from"] == 0
@@ -253,24 +261,7 @@ def test_a_stopped_peer_says_goodbye_and_exits_with_its_signals_status(tmp_path,
     # holds the last round it recorded (what a restart resumes after).
     from hfl.peer.checkpoint import load_checkpoint
 
-    ports = [free_tcp_port(), free_tcp_port()]
-    paths = []
-    for i in range(2):
-        cfg = {"node": {"id": f"p{i}", "listen": f"tcp://127.0.0.1:{ports[i]}",
-                        "bootstrap": [f"tcp://127.0.0.1:{ports[0]}"] if i else [],
-                        "run_dir": str(tmp_path / f"p{i}"), "min_peers": 2},
-               "security": {"mode": "none"},
-               "cohort": {"algorithm": "fedavg", "rounds": 400},
-               "data": {"dataset": "digits", "partition": "iid", "num_partitions": 2,
-                        "partition_index": i},
-               "model": {"arch": "mlp", "options": {"hidden": [16]}},
-               "train": {"max_batches": 1},
-               "timing": TIMING}
-        paths.append(tmp_path / f"p{i}.yaml")
-        paths[-1].write_text(yaml.safe_dump(cfg))
-    procs = [subprocess.Popen([sys.executable, "-m", "hfl.peer.cli", "--config", str(p)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for p in paths]
+    procs = start_pair(tmp_path, 400)
     try:
         wait_for(tmp_path / "p1" / "metrics.jsonl")
         procs[1].send_signal(sig)

@@ -43,6 +43,7 @@ from tests.test_cohort import (
     build_node,
     by_round,
     cohort_cfgs,
+    gated_cohort,
     peer_cfg,
     run_conducted,
     until,
@@ -267,13 +268,7 @@ def test_a_suspected_aggregator_has_not_failed_so_a_held_result_stays_held(tmp_p
     order = [f"p{i}" for i in range(n)]
     epoch = (order.index("p3") - r) % n
     assert epoch == 1 and order[r % n] == "p2"
-    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds)
-    watch = RoundWatch(order)
-    hub = MemoryHub()
-    nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
-    gate = TrainingGate([r])
-    for nd in nodes:
-        gate.install(nd)
+    watch, hub, nodes, gate = gated_cohort(cohort_cfgs(tmp_path, n, rounds=rounds), [r])
     seen = {}
 
     async def conduct():
@@ -410,13 +405,8 @@ def test_a_member_cannot_take_the_model_or_the_round_by_claiming_it_accepted_a_r
     order = [f"p{i}" for i in range(n)]
     epoch = (order.index("p3") - r) % n
     assert epoch == 1 and order[r % n] == "p2"
-    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "aggregator"})
-    watch = RoundWatch(order)
-    hub = MemoryHub()
-    nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
-    gate = TrainingGate([r])
-    for nd in nodes:
-        gate.install(nd)
+    watch, hub, nodes, gate = gated_cohort(
+        cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "aggregator"}), [r])
     k_epoch, accepted_epoch, names = CLAIMS[claim]
 
     async def conduct():
@@ -474,14 +464,9 @@ def test_an_aggregator_cannot_commit_a_result_it_showed_one_peer_only(tmp_path, 
     order = [f"p{i}" for i in range(n)]
     keys = {p: Ed25519PrivateKey.generate() for p in order}
     verify = {p: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for p, k in keys.items()}
-    cfgs = cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "aggregator"})
-    watch = RoundWatch(order)
-    hub = MemoryHub()
-    nodes = [build_node(c, hub, on_round=watch, signing=(keys[c.node.id].sign, verify) if signed else None)
-             for c in cfgs]
-    gate = TrainingGate([r])
-    for nd in nodes:
-        gate.install(nd)
+    watch, hub, nodes, gate = gated_cohort(
+        cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "aggregator"}), [r],
+        {p: (keys[p].sign, verify) for p in order} if signed else None)
     p0 = nodes[0]
 
     async def conduct():
