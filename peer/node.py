@@ -469,10 +469,10 @@ class Node:
                 self._drop(drop.code, drop.reason)
                 self._name_equivocators(msg.sender)
                 return
-            proven, lie = self.core.check_heard(msg)
+            _, lie = self.core.check_heard(msg)
             if lie:
                 self._drop("lying_claim", lie)
-            self._name_equivocators(msg.sender, proven)
+            self._name_equivocators(msg.sender)
             reason = self.buffer.offer_knowledge(msg)
             if reason:
                 self._drop("stale_knowledge" if "late" in reason else "rejected_knowledge", reason)
@@ -515,21 +515,20 @@ class Node:
                         clip(msg.reason, 300))
         self._wakeup.set()
 
-    def _name_equivocators(self, via: str, proven: list[str] | None = None) -> None:
+    def _name_equivocators(self, via: str) -> None:
         """Say, once per member, that it is proven to have signed two versions of one
-        round's contribution, and that it is left out from now on."""
-        for peer in proven if proven is not None else [p for p in self.core.equivocators
-                                                         if p not in self._named]:
+        round's contribution (the proof came with ``via``'s message), and that it is
+        left out from now on."""
+        for peer, proof in sorted(self.core.equivocators.items()):
             if peer in self._named:
                 continue
             self._named.add(peer)
-            proof = self.core.equivocators[peer]
+            r, _, first, _, _, second, _ = proof.split(":")
             log.error("%s: %s signed two different contributions for round %s (proof from %s: "
                       "digests %s and %s): it sent different knowledge to different peers; its "
-                      "contributions are left out for the rest of the run", self.id, peer,
-                      proof.split(":")[0], via if via != peer else "its own messages",
-                      clip(proof.split(":")[3], 16), clip(proof.split(":")[6], 16))
-            self._observe("equivocator", self, peer_named=peer, round=int(proof.split(":")[0]))
+                      "contributions are left out for the rest of the run", self.id, peer, r,
+                      via if via != peer else "its own messages", clip(first, 16), clip(second, 16))
+            self._observe("equivocator", self, peer_named=peer, round=int(r))
 
     def allow_list_changed(self, allowed: frozenset[str], removed: frozenset[str]) -> None:
         """The transport reloaded the CURVE allow-list: only ``allowed`` may be members
