@@ -301,6 +301,8 @@ class PeerCore:
     def accept(self, res: AggregateResult) -> str:
         """This peer accepted ``res`` (it acks it next): the highest epoch wins.
         Returns the result's digest."""
+        for p in res.contributors:  # each was in res.round: no longer "behind" (awaited)
+            self.membership.reached(p, res.round)
         held = self.accepted.get(res.round)
         if held is None or res.epoch >= held[0].epoch:
             self.accepted[res.round] = (res, payload_digest(res))
@@ -653,9 +655,10 @@ class PeerCore:
             m = mem.members[p]
             if p in got or m.round > r or (self.sources is not None and p not in self.sources):
                 continue
-            # Behind only on fresh evidence: a heartbeat that arrived after this round
-            # began (a busy peer's last word may simply be old).
-            if m.round < r - 1 and m.last_heard >= self.round_began:
+            # Behind only on fresh evidence: its own word on its round (a heartbeat, not
+            # gossip) that arrived after this round began (a busy peer's last word may
+            # simply be old), and no result of r - 1 that it contributed to.
+            if m.round < r - 1 and m.round_heard >= self.round_began:
                 continue
             if self.sits_out(p, r):  # restarted into r: it neither contributes nor acks
                 continue

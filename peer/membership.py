@@ -75,6 +75,9 @@ class Member:
     round: int = 0  # last round the peer told us it was in
     epoch: int = 0  # the aggregator epoch it said it was at in that round
     epoch_heard: float = 0.0  # when it said so (a stale epoch must not move anyone)
+    # When a message of its own that names its round (a heartbeat, a welcome, its
+    # knowledge) last said it is in ``round``: gossip or an ack says it lives, not where.
+    round_heard: float = 0.0
     greeted: bool = False  # have we sent it our hello?
     confirmed: bool = False  # heard from the peer itself (not only suggested by gossip)
     remembered: bool = False  # in our own checkpoint: heard from itself in an earlier life of ours
@@ -183,6 +186,7 @@ class Membership:
                 self.members[peer_id].round = round
                 self.members[peer_id].epoch = epoch or 0
                 self.members[peer_id].epoch_heard = now
+                self.members[peer_id].round_heard = now
             self._ids.append(peer_id)
             self._touch()
             return Change(peer_id, "unknown", ALIVE, "joined")
@@ -233,8 +237,10 @@ class Membership:
                 m.round, m.epoch = round, 0
                 if self._max_round is not None:
                     self._max_round = max(self._max_round, round)
-            if epoch is not None and round == m.round:
-                m.epoch, m.epoch_heard = epoch, now
+            if round == m.round:
+                m.round_heard = now
+                if epoch is not None:
+                    m.epoch, m.epoch_heard = epoch, now
         if change is not None or not was_vouched:
             self._touch()
         return change
@@ -267,6 +273,16 @@ class Membership:
         (an incarnation only suggested by gossip proves nothing either way)."""
         m = self.members.get(peer_id)
         return m is not None and (incarnation >= m.incarnation or not m.confirmed)
+
+    def reached(self, peer_id: str, round: int) -> None:
+        """``peer_id`` is known to have been in ``round``: it contributed to a result of
+        that round (the result's aggregator says so). Moves its round forward only, like
+        a heartbeat would; never its liveness (the word is not its own)."""
+        m = self.members.get(peer_id)
+        if m is not None and round > m.round:
+            m.round, m.epoch = round, 0
+            if self._max_round is not None and m.status in (ALIVE, SUSPECT):
+                self._max_round = max(self._max_round, round)
 
     def left(self, peer_id: str, incarnation: int) -> Change | None:
         m = self.members.get(peer_id)

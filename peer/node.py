@@ -1097,7 +1097,7 @@ class Node:
             # predate this round: only fresh word that it is behind counts (else a
             # thousand members would all send twice).
             resend = core.behind(aggregator, r) and (
-                not self.swim or mem.members[aggregator].last_heard >= core.round_began)
+                not self.swim or mem.members[aggregator].round_heard >= core.round_began)
             self._maybe_crash(r, "wait", "serve")
             deadline = (self.clock.now() + self.timing.round_timeout_s
                         + self.timing.aggregate_grace_s)

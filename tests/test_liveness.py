@@ -124,6 +124,32 @@ def test_an_aggregator_does_not_wait_for_a_peer_visibly_behind(tmp_path):
     assert node.core.cohort_past(5) and not node.core.cohort_past(6)  # p1 is in round 6
 
 
+def test_an_aggregator_waits_for_a_peer_whose_fresh_news_is_not_about_its_round(tmp_path):
+    # Found as a CI flake of test_fedavg_cohort_survives_faults_on_heartbeats_and_gossip
+    # (about 1 run in 100 under load; 20 ms rounds, 50 ms heartbeats, 20% dropped):
+    # round 3's aggregator p3 last heard p1's round in round 1; gossip from p1 (which
+    # says it lives, not where) arrived after round 3 began, and the "fresh evidence"
+    # rule took p1 for two rounds behind: round 3 was published without p1.
+    from hfl.peer.membership import Membership
+    from hfl.protocol import AggregateResult
+
+    node = build_node(cohort_cfgs(tmp_path, 4, rounds=1)[3], MemoryHub())  # never run
+    node.membership = Membership("p3", "mem://p3", 0, 1.0, 2.0)
+    for p in ("p0", "p1", "p2"):
+        node.membership.heard_from(p, 0, now=1.0, address=f"mem://{p}", round=1)
+    node.core.round_began = 5.0
+    node.membership.heard_from("p1", 0, now=6.0)  # gossip: alive, round not said
+    assert node.core.awaited(3) == ["p0", "p1", "p2"]
+    # Its own heartbeat saying round 1 after round 3 began is fresh word that it is
+    # behind (a restarted or paused peer)...
+    node.membership.heard_from("p1", 0, now=6.0, round=1)
+    assert node.core.awaited(3) == ["p0", "p2"]
+    # ... unless a result of round 2 counted p1 among its contributors: it was in round 2.
+    node.core.accept(AggregateResult(sender="p2", incarnation=0, round=2, epoch=0,
+                                     kind="weights", contributors=["p0", "p1", "p2", "p3"]))
+    assert node.core.awaited(3) == ["p0", "p1", "p2"]
+
+
 def viewer(tmp_path, index: int, heard: dict[str, tuple[int, int]], incarnation: int = 0):
     """Peer p{index} of a 4-peer cohort, never run, with a membership view in which each
     peer of ``heard`` last said (round, epoch) at time 10."""
