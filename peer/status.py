@@ -192,7 +192,10 @@ def cohort_shortfall(mode: str, min_peers: int, metrics: list[dict[str, Any]]) -
     if mode == "local" or not metrics:
         return None
     expected = max(2, min_peers)
-    seen = max(int(r.get("live_peers", 1)) for r in metrics)
+    # The cohort a round shared with: the peers live when it was recorded, or more: a
+    # peer it learned from may have finished and left before (a cohort's last round).
+    seen = max(max(int(r.get("live_peers", 1)), int(r.get("learned_from", 0)) + 1)
+               for r in metrics)
     if seen >= expected:
         # A line may cover several rounds (node.evaluate_every): count rounds, not lines.
         isolated = sum(int(r.get("isolated_rounds", r.get("learned_from", 1) == 0)) for r in metrics)
