@@ -220,8 +220,10 @@ def launch(
     overrides: Sequence[str],
     timeout_s: float,
     log_name: str,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, float, str]:
-    """``hfl-launch EXPERIMENT --run-dir RUN_DIR --fresh --quiet --set ...`` as a subprocess."""
+    """``hfl-launch EXPERIMENT --run-dir RUN_DIR --fresh --quiet --set ...`` as a subprocess
+    (``env``: added to its environment, which its peers inherit)."""
     cmd = [
         sys.executable,
         "-m",
@@ -235,7 +237,7 @@ def launch(
     for o in overrides:
         cmd += ["--set", o]
     print("$ " + " ".join(_short(c) for c in cmd), flush=True)
-    rc, wall, out = run_cmd(cmd, timeout_s, log_path=OUT_DIR / "logs" / f"{log_name}.log")
+    rc, wall, out = run_cmd(cmd, timeout_s, log_path=OUT_DIR / "logs" / f"{log_name}.log", env=env)
     if rc != 0:
         print(
             f"  hfl-launch exited with status {rc}; last lines:\n"

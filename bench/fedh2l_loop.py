@@ -65,7 +65,7 @@ def run_loop(experiment: Path, overrides: list[str], threads: int) -> dict:
                 other.add_peer_seeds(owner, alg.ctx.public.x, alg.ctx.public.y)
     rounds = cfgs[0].cohort.rounds
     every = cfgs[0].node.evaluate_every
-    t_rounds = time.perf_counter()
+    t_rounds, cpu_rounds = time.perf_counter(), time.process_time()
     last: dict[str, dict] = {}
     for r in range(1, rounds + 1):
         for alg in algs.values():
@@ -80,12 +80,17 @@ def run_loop(experiment: Path, overrides: list[str], threads: int) -> dict:
         "rounds": rounds,
         "rounds_s": t_end - t_rounds,
         "total_s": t_end - t_start,
+        # every thread's CPU over the rounds, per peer-round: all of it is the method's
+        "cpu_per_peer_round_s": (time.process_time() - cpu_rounds) / (rounds * len(algs)),
         **{k: statistics.fmean(m[k] for m in last.values()) for k in SELECTED},
     }
 
 
-def run_hfl(experiment: Path, overrides: list[str], run_dir: Path, label: str) -> dict | None:
-    rc, wall, _ = launch(experiment, run_dir, overrides, timeout_s=7200, log_name=label)
+def run_hfl(experiment: Path, overrides: list[str], run_dir: Path, label: str,
+            profile: bool = False) -> dict | None:
+    profiles = run_dir.parent / f"{run_dir.name}-profile"  # not in the run dir: --fresh
+    env = {"HFL_PROFILE": str(profiles / "{id}.pstats")} if profile else None
+    rc, wall, _ = launch(experiment, run_dir, overrides, timeout_s=7200, log_name=label, env=env)
     if rc != 0:
         return None
     results = json.loads((run_dir / "results.json").read_text())
@@ -93,7 +98,22 @@ def run_hfl(experiment: Path, overrides: list[str], run_dir: Path, label: str) -
     lines = {p: read_jsonl(run_dir / p / "metrics.jsonl") for p in peers}
     start = min(ls[0]["time"] for ls in lines.values())
     end = max(ls[-1]["time"] + ls[-1]["round_time_s"] for ls in lines.values())
+    peer_rounds = sum(x.get("span", 1) for ls in lines.values() for x in ls)
+    cpu = {key: sum(x.get(key, 0.0) for ls in lines.values() for x in ls) / peer_rounds
+           for key in ("cpu_s", "compute_cpu_s")}
+    extra = {}
+    if profile:
+        from hfl.launch.profile import split
+
+        extra["loop_thread_per_peer_round_s"] = {
+            kind: s / peer_rounds
+            for kind, s in split(sorted(str(p) for p in profiles.glob("*.pstats"))).items()}
     return {
+        # each peer process's CPU per peer-round (rounds and what happens between them),
+        # and its part in the method's calls; the rest is the runtime's
+        "cpu_per_peer_round_s": cpu["cpu_s"],
+        "compute_cpu_per_peer_round_s": cpu["compute_cpu_s"],
+        **extra,
         "rounds": results["peers"][0]["rounds"],
         "rounds_s": end - start,
         "total_s": wall,
@@ -113,6 +133,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads of the loop (default: every core)")
     ap.add_argument("--loop-only", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile each peer's event loop thread (hfl-peer --profile) and split "
+                         "the runtime's CPU per peer-round by kind of cost")
     args = ap.parse_args()
     if args.quick:
         args.rounds = args.rounds or 300
@@ -128,7 +151,7 @@ def main() -> None:
         if not args.loop_only:
             print(f"seed {seed}: hfl-launch", flush=True)
             fed = run_hfl(args.experiment, sets, OUT_DIR / "fedh2l_loop" / f"s{seed}",
-                          f"fedh2l_loop_s{seed}")
+                          f"fedh2l_loop_s{seed}", profile=args.profile)
             if fed is None:
                 sys.exit(f"hfl-launch failed for seed {seed}: see {OUT_DIR / 'logs'}")
         rows.append({"seed": seed, "loop": loop, "hfl": fed})
@@ -150,6 +173,18 @@ def _print_row(row: dict) -> None:
               + f", {fed['sent_per_round_per_peer_b'] / 1e3:.1f} kB sent per round per peer")
         print(f"  loop / hfl: rounds {loop['rounds_s'] / fed['rounds_s']:.2f}x, "
               f"command {loop['total_s'] / fed['total_s']:.2f}x", flush=True)
+        cpu, compute = fed["cpu_per_peer_round_s"], fed["compute_cpu_per_peer_round_s"]
+        print(f"  CPU per peer-round: loop {1e3 * loop['cpu_per_peer_round_s']:.2f} ms, hfl "
+              f"{1e3 * cpu:.2f} ms = method {1e3 * compute:.2f} + runtime "
+              f"{1e3 * (cpu - compute):.2f} (hfl / loop {cpu / loop['cpu_per_peer_round_s']:.2f}x)")
+        if "loop_thread_per_peer_round_s" in fed:
+            from hfl.launch.profile import describe
+
+            by_kind = fed["loop_thread_per_peer_round_s"]
+            print(f"  the runtime's event loop thread, per peer-round (profile; "
+                  f"{1e3 * sum(by_kind.values()):.2f} ms):")
+            for line in describe(by_kind, unit="ms"):
+                print("    " + line)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import inspect
 import json
 import logging
 import random
@@ -605,7 +606,8 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         # at 1/factor of it while its slowdown lasts (in tenths, so a slowdown that
         # ends mid-step ends for that step too). Then it runs, inline.
         peer = current_peer()
-        is_training = isinstance(getattr(fn, "__self__", None), Algorithm)  # not file writes
+        # not file writes (the node wraps a method's call to time its CPU: look inside)
+        is_training = isinstance(getattr(inspect.unwrap(fn), "__self__", None), Algorithm)
         left = opts.compute_s if is_training else 0.0
         while left > 1e-12:
             piece = min(left, opts.compute_s / 10)

@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,9 +38,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--allow-solo", action="store_true",
                    help="exit 0 even if this peer ends up sharing with fewer peers than expected "
                         "(same as --set node.allow_solo=true)")
+    p.add_argument("--profile", metavar="FILE", default=os.environ.get("HFL_PROFILE") or None,
+                   help="write a cProfile of the event loop's thread (the runtime's own CPU: "
+                        "messages, encoding, signing, scheduling; the method's calls run in "
+                        "worker threads and are not in it) to FILE when the peer ends; "
+                        "{id} expands to the peer's id (env HFL_PROFILE, e.g. for hfl-launch's "
+                        "peers: HFL_PROFILE=prof/{id}.pstats); bench/overhead.py --profile "
+                        "reads it")
     p.add_argument("--no-plot", action="store_true",
                    help="write no plots at the end (hfl-launch plots the whole run itself)")
     return p.parse_args(argv)
+
+
+def _write_profile(profiler, path: str, peer_id: str) -> None:
+    """--profile: the event loop thread's profile, as pstats reads it."""
+    out = path.replace("{id}", peer_id)
+    if not profiler.getstats():
+        print(f"hfl-peer: {peer_id}: no profile written to {out}: no round ran", file=sys.stderr)
+        return
+    try:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        profiler.dump_stats(out)
+    except OSError as err:
+        print(f"hfl-peer: --profile {out}: {err.strerror or err}", file=sys.stderr)
+        return
+    print(f"hfl-peer: {peer_id}: profile of the event loop's thread in {out}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,8 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     from hfl.peer.checkpoint import RunFileError, os_error_text
     from hfl.peer.status import CohortGone, CohortTooSmall, StartError, address_in_use
 
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile(time.thread_time)  # CPU, not time spent waiting
     try:
-        result = runner(_main(cfg))
+        result = runner(_main(cfg, profiler))
     except ConfigError as err:
         print(f"hfl-peer: invalid config: {err}", file=sys.stderr)
         return 2
@@ -106,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hfl-peer: {err.filename}: {os_error_text(err)}", file=sys.stderr)
             return 1
         raise
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            _write_profile(profiler, args.profile, cfg.node.id)
     if isinstance(result, _Stopped):
         # No plots here: a stopped peer exits within about a second (drawing took 2-3 s
         # more on a loaded machine, past what a scheduler's SIGTERM allows).
@@ -178,8 +210,12 @@ class _NoWaitExecutor(concurrent.futures.ThreadPoolExecutor):
         super().shutdown(wait=False, cancel_futures=True)
 
 
-async def _main(cfg):
+async def _main(cfg, profiler=None):
     from hfl.peer.runner import run_peer
+
+    def observer(event: str, node, **fields) -> None:
+        if event == "started" and profiler is not None:  # the rounds, not the start-up
+            profiler.enable()
 
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -194,7 +230,7 @@ async def _main(cfg):
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop, sig)
     try:
-        return await run_peer(cfg)
+        return await run_peer(cfg, observer=observer if profiler is not None else None)
     except asyncio.CancelledError:
         signum = stopped_by[0] if stopped_by else signal.SIGTERM
         logging.getLogger("hfl.peer").info("%s: stopped by %s", cfg.node.id,

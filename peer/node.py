@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import random
@@ -193,6 +194,7 @@ class Node:
         self._rounds_run = 0
         self._stopping = False
         self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
+        self._cpu_mark: float | None = None  # process CPU at the last round's record
         self._essential: set[asyncio.Task] = set()  # the receive and tick loops
         self._runner: asyncio.Task | None = None  # the task in run(), cancelled if one dies
         self._fatal: tuple[str, BaseException] | None = None  # (loop, what killed it)
@@ -946,16 +948,27 @@ class Node:
 
     async def _one_round(self, r: int) -> None:
         t_start, wall_start = self.clock.now(), time.time()
+        if self._cpu_mark is None:
+            self._cpu_mark = time.process_time()
         self.core.round_began = t_start
         self.epoch = 0  # heartbeats say epoch 0 until this round fails over
         sent0, recv0 = self.transport.stats.bytes_sent, self.transport.stats.bytes_received
         membership0 = sum(self.sent[t] for t in MEMBERSHIP_TYPES)
-        compute = 0.0
+        compute, compute_cpu = 0.0, [0.0]
 
         async def work(fn, *args):
             nonlocal compute
+
+            @functools.wraps(fn)  # a run_blocking may look at what it runs (hfl-sim)
+            def cpu_timed(*args):  # in the worker thread: that thread's CPU is the method's
+                c = time.thread_time()
+                try:
+                    return fn(*args)
+                finally:
+                    compute_cpu[0] += time.thread_time() - c
+
             t = time.perf_counter()
-            out = await self._run_blocking(fn, *args)
+            out = await self._run_blocking(cpu_timed, *args)
             compute += time.perf_counter() - t
             return out
 
@@ -996,6 +1009,11 @@ class Node:
         record = {
             "peer": self.id, "round": r, "time": wall_start,
             "round_time_s": self.clock.now() - t_start, "compute_s": compute,
+            # CPU: the method's calls (training, sharing, absorbing, evaluating) and the
+            # whole process's since the last record (the runtime's part is the difference:
+            # messages, event loop, checkpoints; with several peers in one process,
+            # hfl-launch --in-process, cpu_s is all of theirs)
+            "compute_cpu_s": compute_cpu[0], "cpu_s": self._cpu_since_record(),
             **metrics, **info,
             "live_peers": len(self.membership.live_view()),
             "bytes_sent": stats.bytes_sent - sent0, "bytes_received": stats.bytes_received - recv0,
@@ -1022,6 +1040,14 @@ class Node:
             self._observe("checkpointed", self, round=r)
         if self.on_round is not None:
             self.on_round(record)
+
+    def _cpu_since_record(self) -> float:
+        """The process's CPU seconds since the last round's record (the first: since
+        this peer's rounds began), so that between-round work (a checkpoint) counts."""
+        now = time.process_time()
+        since = now - (self._cpu_mark if self._cpu_mark is not None else now)
+        self._cpu_mark = now
+        return since
 
     def _knowledge(self, r: int, payload: Payload | None, epoch: int = 0) -> Knowledge:
         payload = payload or Payload(kind="none")

@@ -103,7 +103,8 @@ class RoundBuffer:
 
 
 # Per-round quantities a metrics line adds up over the rounds it covers.
-SUMMED_FIELDS = ("round_time_s", "compute_s", "bytes_sent", "bytes_received", "membership_sent")
+SUMMED_FIELDS = ("round_time_s", "compute_s", "compute_cpu_s", "cpu_s", "bytes_sent", "bytes_received",
+                 "membership_sent")
 
 
 def fold_rounds(rows: list[dict], averaged: set[str]) -> dict:

@@ -274,6 +274,9 @@ def test_fedavg_cohort_learns_the_cohort_by_gossip_and_rotates_the_aggregator(tm
     assert_healthy_fedavg_cohort(results, n, rounds)
     for peer, res in results.items():
         assert res.dropped == {}, peer
+        # The CPU a round cost: the method's calls are part of the process's (here all
+        # four peers' process) since the last record.
+        assert all(0 < m["compute_cpu_s"] <= m["cpu_s"] for m in res.metrics), res.metrics
         assert (tmp_path / peer / "metrics.jsonl").read_text().count("\n") == rounds
         assert (tmp_path / peer / "summary.json").exists()
 

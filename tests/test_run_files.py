@@ -482,15 +482,19 @@ def test_fold_rounds_sums_costs_averages_training_and_keeps_the_evaluated_round(
 
     rows = [
         {"round": 4, "time": 10.0, "round_time_s": 0.5, "compute_s": 0.25, "bytes_sent": 100,
+         "compute_cpu_s": 0.25, "cpu_s": 0.5,
          "bytes_received": 7, "train_loss": 2.0, "live_peers": 3, "learned_from": 0},
         {"round": 5, "time": 11.0, "round_time_s": 0.75, "compute_s": 0.5, "bytes_sent": 50,
+         "compute_cpu_s": 0.5, "cpu_s": 1.0,
          "bytes_received": 3, "train_loss": 1.0, "live_peers": 2, "learned_from": 2},
         {"round": 6, "time": 12.0, "round_time_s": 1.0, "compute_s": 0.75, "bytes_sent": 25,
+         "compute_cpu_s": 0.75, "cpu_s": 1.5,
          "bytes_received": 1, "train_loss": 0.0, "live_peers": 2, "learned_from": 0,
          "test_acc": 0.9, "total_bytes_sent": 999},
     ]
     line = fold_rounds(rows, {"train_loss"})
     assert line == {"round": 6, "span": 3, "time": 10.0, "round_time_s": 2.25, "compute_s": 1.5,
+                    "compute_cpu_s": 1.5, "cpu_s": 3.0,
                     "bytes_sent": 175, "bytes_received": 11, "train_loss": 1.0, "live_peers": 3,
                     "learned_from": 0, "isolated_rounds": 2, "test_acc": 0.9,
                     "total_bytes_sent": 999}

@@ -1,0 +1,75 @@
+"""Where a peer's CPU goes: the CPU fields of a metrics line (tested with the cohort,
+tests/test_cohort.py), ``hfl-peer --profile`` and its split by kind of cost
+(:mod:`hfl.launch.profile`)."""
+
+from __future__ import annotations
+
+import cProfile
+import itertools
+import pstats
+
+import pytest
+import yaml
+
+from hfl.launch.profile import OTHER, cost_of, split
+from tests.conftest import free_tcp_port
+
+
+def test_hfl_peer_profiles_the_rounds_of_its_event_loop_thread(tmp_path, capsys):
+    from hfl.peer.cli import main
+
+    cfg = tmp_path / "p0.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "node": {"id": "p0", "listen": f"tcp://127.0.0.1:{free_tcp_port()}",
+                 "run_dir": str(tmp_path / "run"), "min_peers": 1, "allow_solo": True},
+        "cohort": {"algorithm": "fedavg", "rounds": 3}, "data": {"dataset": "digits"},
+        "model": {"arch": "mlp"}, "security": {"mode": "none"}, "train": {"max_batches": 1}}))
+    assert main(["--config", str(cfg), "--no-plot", "--profile",
+                 str(tmp_path / "prof" / "{id}.pstats")]) == 0
+    out = tmp_path / "prof" / "p0.pstats"
+    assert f"profile of the event loop's thread in {out}" in capsys.readouterr().err
+    functions = {f[2] for f in pstats.Stats(str(out)).stats}
+    # The rounds only: not the start-up (building data and model, importing torch) ...
+    assert "_one_round" in functions and "build_algorithm" not in functions
+    # ... and not the method's calls, which run in a worker thread.
+    assert "local_update" not in functions
+    costs = split([out])
+    assert sum(costs.values()) > 0 and costs.get("round engine (node)", 0) > 0
+
+
+def test_a_profile_is_split_by_the_code_its_time_was_spent_in():
+    # Functions "of" hfl's files (compiled under their paths), and a built-in called
+    # from two kinds of code. With a clock that ticks once per profiler event, every
+    # kind's share is deterministic; every tick is counted once.
+    source = (
+        "def payload_digest(xs):\n    return sorted(xs)\n"          # signing, by name
+        "def merge(xs):\n    return sorted(xs) + sorted(xs)\n"      # protocol state
+        "def step(xs):\n    for _ in range(3):\n        merge(xs)\n    payload_digest(xs)\n")
+    code = {}
+    exec(compile(source, "/site/hfl/peer/core.py", "exec"), code)
+    ticks = itertools.count()
+    prof = cProfile.Profile(lambda: next(ticks))
+    prof.runcall(code["step"], [3, 1, 2])
+    stats = pstats.Stats(prof)
+    costs = split_stats(stats)
+    assert sum(costs.values()) == pytest.approx(sum(v[2] for v in stats.stats.values()))
+    assert set(costs) <= {"signing and digests", "protocol state (core, membership, rounds)",
+                          OTHER}
+    # sorted() called 6 times from merge, once from payload_digest: the protocol's
+    # share of sorted() is six times the signing share.
+    sorted_s = next(v[2] for k, v in stats.stats.items() if k[2] == "<built-in method builtins.sorted>")
+    own = {k[2]: v[2] for k, v in stats.stats.items() if k[0].endswith("core.py")}
+    assert costs["signing and digests"] == pytest.approx(own["payload_digest"] + sorted_s / 7)
+    assert cost_of("/x/zmq/sugar/socket.py", "send") == "transport (ZeroMQ, CURVE)"
+    assert cost_of("/x/peer/membership.py", "sign") == "signing and digests"
+    assert cost_of("/x/numpy/core.py", "f") == OTHER
+
+
+def split_stats(stats: pstats.Stats) -> dict[str, float]:
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.pstats"
+        stats.dump_stats(str(path))
+        return split([path])
