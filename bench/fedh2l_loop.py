@@ -102,6 +102,14 @@ def run_hfl(experiment: Path, overrides: list[str], run_dir: Path, label: str,
     cpu = {key: sum(x.get(key, 0.0) for ls in lines.values() for x in ls) / peer_rounds
            for key in ("cpu_s", "compute_cpu_s")}
     extra = {}
+    threads: dict[str, float] = {}  # each thread's CPU over the rounds, all peers
+    for p in peers:
+        summary = json.loads((run_dir / p / "summary.json").read_text())
+        for name, cpu_s in summary.get("rounds_cpu_by_thread_s", {}).items():
+            threads[name] = threads.get(name, 0.0) + cpu_s
+    if threads:
+        extra["thread_per_peer_round_s"] = {
+            name: s / peer_rounds for name, s in sorted(threads.items(), key=lambda kv: -kv[1])}
     if profile:
         from hfl.launch.profile import split
 
@@ -177,6 +185,9 @@ def _print_row(row: dict) -> None:
         print(f"  CPU per peer-round: loop {1e3 * loop['cpu_per_peer_round_s']:.2f} ms, hfl "
               f"{1e3 * cpu:.2f} ms = method {1e3 * compute:.2f} + runtime "
               f"{1e3 * (cpu - compute):.2f} (hfl / loop {cpu / loop['cpu_per_peer_round_s']:.2f}x)")
+        if "thread_per_peer_round_s" in fed:
+            print("  hfl's CPU per peer-round by thread: " + ", ".join(
+                f"{name} {1e3 * s:.2f} ms" for name, s in fed["thread_per_peer_round_s"].items()))
         if "loop_thread_per_peer_round_s" in fed:
             from hfl.launch.profile import describe
 

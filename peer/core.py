@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from hfl.peer.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, elect
@@ -38,6 +39,7 @@ from hfl.protocol import (
     Message,
     Welcome,
 )
+from hfl.protocol.codec import dtype_name
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class PeerCore:
         #: peer -> raw Ed25519 verification key; None: commits carry no certificate and
         #: one member's word (the aggregator's) commits a result
         self.verify_keys = verify_keys
+        self._verifiers: dict[bytes, Any] = {}  # verification key -> its parsed key object
         self.byzantine_config = byzantine  # node.byzantine (None: 1 where certifying)
         self.mode = mode  # the algorithm's: "broadcast", "aggregator" or "local"
         self.everywhere = everywhere  # aggregator mode with every peer aggregating itself
@@ -485,8 +488,6 @@ class PeerCore:
         round, epoch, digest, *extra] (``what``: ``ack``, a result accepted;
         ``knowledge``, a contribution sent, with the sender's incarnation as ``extra``:
         a restarted peer that trains a round again is another life, not a liar)."""
-        import msgpack
-
         return (b"hfl-" + what.encode() + b"\x00"
                 + msgpack.packb([self.cohort, r, epoch, digest, *extra]))
 
@@ -504,16 +505,16 @@ class PeerCore:
     def signed_by(self, peer: str, what: str, r: int, epoch: int, digest: str, sig: str,
                   *extra: int) -> bool:
         """``sig`` is ``peer``'s signature of the statement (:meth:`statement`)."""
-        from cryptography.exceptions import InvalidSignature
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
+        invalid_signature, public_key = _ed25519()
         key = (self.verify_keys or {}).get(peer)
         if key is None or len(sig) != 128:
             return False
         try:
-            Ed25519PublicKey.from_public_bytes(key).verify(
-                bytes.fromhex(sig), self.statement(what, r, epoch, digest, *extra))
-        except (InvalidSignature, ValueError, OverflowError):
+            verifier = self._verifiers.get(key)
+            if verifier is None:  # by the key itself: an allow-list reload may change it
+                verifier = self._verifiers[key] = public_key.from_public_bytes(key)
+            verifier.verify(bytes.fromhex(sig), self.statement(what, r, epoch, digest, *extra))
+        except (invalid_signature, ValueError, OverflowError):
             return False
         return True
 
@@ -816,6 +817,21 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+_ED25519: tuple[type, type] | None = None
+
+
+def _ed25519() -> tuple[type, type]:
+    """(InvalidSignature, Ed25519PublicKey), imported once, on first use (an unsigned
+    cohort never loads the library; a signed one checks several signatures a round)."""
+    global _ED25519
+    if _ED25519 is None:
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        _ED25519 = (InvalidSignature, Ed25519PublicKey)
+    return _ED25519
+
+
 def payload_digest(payload: Any) -> str:
     """The SHA-256 (64 hex digits) of a payload (or a message): its kind and meta, then
     each array by name: a msgpack header [name, dtype, shape], then its bytes in C
@@ -823,15 +839,13 @@ def payload_digest(payload: Any) -> str:
     is covered, and every part is self-delimiting: what is signed or acked by this
     digest is one payload (a 64-bit prefix let an aggregator find two results with
     one digest in about 2^32 tries)."""
-    import msgpack
-
     h = hashlib.sha256(b"hfl-payload\x00")
     h.update(msgpack.packb([payload.kind, _canonical(dict(payload.meta))], use_bin_type=True))
     for name in sorted(payload.tensors):
         arr = np.asarray(payload.tensors[name])
         if arr.dtype.byteorder == ">":  # as the codec sends it: little-endian
             arr = arr.astype(arr.dtype.newbyteorder("<"))
-        h.update(msgpack.packb([name, arr.dtype.name, list(arr.shape)]))
+        h.update(msgpack.packb([name, dtype_name(arr.dtype), list(arr.shape)]))
         h.update(np.ascontiguousarray(arr))  # no copy for the usual contiguous array
     return h.hexdigest()
 

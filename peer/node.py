@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import math
 import random
@@ -959,7 +958,6 @@ class Node:
         async def work(fn, *args):
             nonlocal compute
 
-            @functools.wraps(fn)  # a run_blocking may look at what it runs (hfl-sim)
             def cpu_timed(*args):  # in the worker thread: that thread's CPU is the method's
                 c = time.thread_time()
                 try:
@@ -967,6 +965,7 @@ class Node:
                 finally:
                     compute_cpu[0] += time.thread_time() - c
 
+            cpu_timed.__wrapped__ = fn  # a run_blocking may look at what it runs (hfl-sim)
             t = time.perf_counter()
             out = await self._run_blocking(cpu_timed, *args)
             compute += time.perf_counter() - t

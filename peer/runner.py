@@ -40,6 +40,7 @@ from hfl.peer.status import (
     attach,
     check_listen,
     cohort_shortfall,
+    cpu_by_thread,
     data_split_fingerprint,
     detach,
     watch_join,
@@ -413,6 +414,17 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     # cohort (no bootstrap: the others dial it) and a resumed one (RoundRecorder) do not.
     stop_if_alone = (algorithm.mode != "local" and not cfg.node.allow_solo
                      and bool(cfg.node.bootstrap) and resumed_after is None)
+    # The process's CPU by thread when the rounds begin (one peer per process only):
+    # the summary's split is then the rounds', not the start-up's (importing torch).
+    own_process = hub is None and make is None
+    threads_at_start: dict[str, float] = {}
+
+    def observe(event: str, node, **fields) -> None:
+        if event == "started" and own_process and not threads_at_start:
+            threads_at_start.update(cpu_by_thread() or {"": 0.0})
+        if observer is not None:
+            observer(event, node, **fields)
+
     node = Node(
         peer_id=cfg.node.id, transport=transport, algorithm=algorithm, cohort=cfg.cohort,
         num_classes=num_classes, timing=cfg.timing, bootstrap=cfg.node.bootstrap,
@@ -423,7 +435,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         signing=signing or signing_of(cfg.node.id, identity), byzantine=cfg.node.byzantine,
         quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
         stop_if_alone=stop_if_alone, run_blocking=run_blocking, hold_round=recorder.hold,
-        observer=observer, on_enter_round=enter_round if cfg.node.checkpoint else None,
+        observer=observe, on_enter_round=enter_round if cfg.node.checkpoint else None,
         sit_out_through=sit_out_through,
     )
     recorder.node = node
@@ -452,6 +464,11 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         "incarnation": incarnation, "rounds": cfg.cohort.rounds,
         "last_round": result.last_round, "rounds_completed_this_run": result.rounds_completed,
         "wall_time_s": time.time() - started, "cpu_time_s": time.process_time(),
+        # each thread's CPU over this run's rounds (Linux, one peer per process): the
+        # event loop (MainThread), the method (hfl-work), libzmq (ZMQbg/*), ...
+        "rounds_cpu_by_thread_s": {
+            name: round(cpu - threads_at_start.get(name, 0.0), 3)
+            for name, cpu in cpu_by_thread().items()} if threads_at_start else {},
         "finished_at": wall(),  # compared with a checkpoint's saved_at (finished_siblings)
         "dropped": result.dropped,
         "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},

@@ -100,6 +100,43 @@ def data_split_fingerprint(data) -> dict[str, int]:
     return {"data_split": zlib.crc32(key.encode())}
 
 
+def cpu_by_thread() -> dict[str, float]:
+    """This process's CPU seconds so far by thread name, from /proc (Linux; {} where
+    there is none): the event loop (``MainThread``), the method's worker (``hfl-work``),
+    libzmq's I/O thread (``ZMQbg/IO/0``: the sockets, and CURVE's encryption), its
+    reaper, the CURVE authenticator, and ``native`` (unnamed library threads: torch's,
+    OpenMP's). Threads of one name are summed; threads that
+    ended are not in it (an ended worker's CPU is in ``cpu_time_s`` only)."""
+    import os
+    import threading
+
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+        with open("/proc/self/comm") as f:
+            process = f.read().strip()
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        name = names.get(int(tid), comm)
+        if name.startswith("hfl-work"):
+            name = "hfl-work"  # the worker pool: one name
+        elif int(tid) not in names and comm == process:
+            name = "native"  # unnamed threads of a library (torch's, OpenMP's)
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def append_event(path: Path, **record: Any) -> None:
     with path.open("a") as f:
         f.write(json.dumps({"t": time.time(), **record}, default=str) + "\n")

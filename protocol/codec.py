@@ -66,6 +66,20 @@ _NUMERIC_KINDS = "biufc"
 _ENVELOPE_FIELDS = ("sender", "incarnation", "tensors")
 
 
+_DTYPE_NAMES: dict[np.dtype, str] = {}  # numpy computes dtype.name in Python, each time
+_LE_DTYPES: dict[str, np.dtype] = {}  # allowed dtype name -> its little-endian dtype
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, remembered (it cost a round's messages more than their hashing)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = dtype.name
+        if len(_DTYPE_NAMES) < 256:  # the numeric dtypes number a few dozen
+            _DTYPE_NAMES[dtype] = name
+    return name
+
+
 def _fail(code: str, reason: str) -> typing.NoReturn:
     raise ProtocolError(code, reason)
 
@@ -317,7 +331,10 @@ def _tensor_dtype(name: Any, shape: Any, limits: Limits, path: str) -> np.dtype:
         _fail(ErrorCode.BAD_TENSOR, f"{path}: {len(shape)} dims > {limits.max_tensor_ndim}")
     if math.prod(shape) > limits.max_tensor_elements:
         _fail(ErrorCode.TOO_LARGE, f"{path}: more than {limits.max_tensor_elements} elements")
-    return np.dtype(name).newbyteorder("<")
+    dtype = _LE_DTYPES.get(name)
+    if dtype is None:  # name is one of limits.allowed_dtypes: a few canonical names
+        dtype = _LE_DTYPES[name] = np.dtype(name).newbyteorder("<")
+    return dtype
 
 
 def _check_totals(views: list[memoryview], limits: Limits) -> None:
@@ -423,8 +440,9 @@ def encode(msg: Message, limits: Limits = DEFAULT_LIMITS) -> list[bytes | memory
         if not isinstance(name, str):
             _fail(ErrorCode.BAD_TENSOR, f"tensor name {name!r} is not a str")
         arr = _wire_array(value, f"tensors.{name}")
-        _tensor_dtype(arr.dtype.name, list(arr.shape), limits, f"tensors.{name}")
-        specs.append({"name": name, "dtype": arr.dtype.name, "shape": list(arr.shape)})
+        dtype, shape = dtype_name(arr.dtype), list(arr.shape)
+        _tensor_dtype(dtype, shape, limits, f"tensors.{name}")
+        specs.append({"name": name, "dtype": dtype, "shape": shape})
         payload.append(memoryview(arr.reshape(-1).view(np.uint8)))
     header = {
         "v": PROTOCOL_VERSION,

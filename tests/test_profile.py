@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import cProfile
 import itertools
+import json
 import pstats
+import threading
+import time
 
 import pytest
 import yaml
@@ -35,6 +38,36 @@ def test_hfl_peer_profiles_the_rounds_of_its_event_loop_thread(tmp_path, capsys)
     assert "local_update" not in functions
     costs = split([out])
     assert sum(costs.values()) > 0 and costs.get("round engine (node)", 0) > 0
+    threads = json.loads((tmp_path / "run" / "summary.json").read_text())["rounds_cpu_by_thread_s"]
+    assert {"MainThread", "hfl-work"} <= set(threads) and min(threads.values()) >= 0, threads
+
+
+def test_cpu_by_thread_names_each_threads_own_cpu():
+    from hfl.peer.status import cpu_by_thread
+
+    own: list[float] = []
+
+    def burn() -> None:  # its CPU as the thread itself measures it: the oracle
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.3:
+            pass
+        own.append(time.thread_time() - t0)
+        done.wait()
+
+    done = threading.Event()
+    worker = threading.Thread(target=burn, name="burner")
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not own and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen = cpu_by_thread()
+    finally:
+        done.set()
+        worker.join()
+    # /proc counts in clock ticks (10 ms): within two ticks of the thread's own clock
+    assert seen["burner"] == pytest.approx(own[0], abs=0.021), seen
+    assert "MainThread" in seen
 
 
 def test_a_profile_is_split_by_the_code_its_time_was_spent_in():
