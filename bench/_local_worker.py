@@ -1,6 +1,13 @@
 """One peer's training with no runtime at all: the baseline of bench/overhead.py.
 
     python bench/_local_worker.py --config PEER.yaml --rounds R --out RESULT.json
+    python bench/_local_worker.py --experiment EXP.yaml [--set K=V ...] --rounds R --out RESULT.json
+
+With --experiment: the floor of bench/startup.py, a whole FedAvg cohort in this one
+process with no runtime (each peer's algorithm built as hfl-peer builds it, from the
+experiment expanded as hfl-launch expands it; every round each peer trains, the
+first aggregates everyone's weights and every peer absorbs that average; every peer
+evaluates after the last round). Its timestamps: process start, round 1's start, end.
 
 Builds the peer's algorithm exactly as hfl-peer does (``build_algorithm(cfg)``:
 same data partition, model, seed and torch thread count) and loops
@@ -20,15 +27,48 @@ from pathlib import Path
 T_START = time.time()  # before the heavy imports, like a peer process's start
 
 
+def cohort(experiment: str, sets: list[str], rounds: int, out: str) -> None:
+    """The floor: every peer of ``experiment`` trained with FedAvg in this process."""
+    import tempfile
+
+    from hfl.launch.experiment import expand, load_experiment
+    from hfl.peer.factory import build_algorithm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exp = load_experiment(experiment, [*sets, f"run_dir={tmp}", "defaults.security.mode=none"])
+        plans = expand(exp, gpus=[], ports=list(range(21000, 21000 + exp.peers)))
+    algs = [build_algorithm(p.config)[0] for p in plans]
+    t_round1 = time.time()
+    for r in range(1, rounds + 1):
+        shared = {}
+        for plan, alg in zip(plans, algs, strict=True):
+            alg.local_update(r)
+            shared[plan.id] = alg.share(r)
+        result = algs[0].aggregate(r, shared)
+        for alg in algs:
+            alg.absorb(r, {plans[0].id: result})
+    accs = [alg.evaluate().get("global_acc") for alg in algs]
+    with open(out, "w") as f:
+        json.dump({"process_start": T_START, "round1_start": t_round1, "end": time.time(),
+                   "peers": len(algs), "rounds": rounds, "global_acc": accs}, f, indent=1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--config", required=True)
+    p.add_argument("--experiment", help="the floor: a whole FedAvg cohort in this process")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--config")
     p.add_argument("--rounds", type=int, required=True)
     p.add_argument("--out", required=True)
     p.add_argument(
         "--barrier", help="touch BARRIER.<id>.ready when built, then wait for BARRIER.go"
     )
     args = p.parse_args()
+    if args.experiment:
+        cohort(args.experiment, args.sets, args.rounds, args.out)
+        return
+    if not args.config:
+        p.error("--config or --experiment")
 
     from hfl.peer.config import load_config
     from hfl.peer.factory import build_algorithm

@@ -3,6 +3,7 @@ template that imported torch once (hfl-launch --start process | forkserver), and
 all peers in one process (hfl-launch --in-process).
 
     python bench/startup.py [--peers 4 16] [--repeats 1] [--rounds 5]
+    python bench/startup.py --peers 4 --methods floor forkserver --rounds 10 --repeats 3
     python bench/startup.py --peers 100 --methods forkserver in-process --rounds 3 \
         --set defaults.data.partition=iid          # many peers (dirichlet needs >= 10 rows each)
 
@@ -25,6 +26,7 @@ Prints a table and ratios against the first method, measured in the same run.
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -56,12 +58,21 @@ def _memory(pid: int) -> tuple[int, int] | None:
 
 
 def run_one(n: int, method: str, rounds: int, run_dir: Path, extra: list[str] = ()) -> dict:
-    how = ["--in-process"] if method == "in-process" else ["--start", method]
-    cmd = [sys.executable, "-m", "hfl.launch.cli", str(c.QUICKSTART), "--run-dir", str(run_dir),
-           "--fresh", "--quiet", *how, "--set", f"peers={n}",
-           "--set", f"defaults.cohort.rounds={rounds}", "--set", f"name=startup-{method}-{n}"]
-    for o in extra:
-        cmd += ["--set", o]
+    sets = [f"peers={n}", f"defaults.cohort.rounds={rounds}", f"name=startup-{method}-{n}", *extra]
+    if method == "floor":  # the same training in one process, no runtime: bench/_local_worker.py
+        run_dir.mkdir(parents=True, exist_ok=True)
+        floor_out = run_dir / "floor.json"
+        floor_out.unlink(missing_ok=True)
+        cmd = [sys.executable, str(Path(__file__).parent / "_local_worker.py"), "--experiment",
+               str(c.QUICKSTART), "--rounds", str(rounds), "--out", str(floor_out)]
+        for o in sets:
+            cmd += ["--set", o]
+    else:
+        how = ["--in-process"] if method == "in-process" else ["--start", method]
+        cmd = [sys.executable, "-m", "hfl.launch.cli", str(c.QUICKSTART), "--run-dir", str(run_dir),
+               "--fresh", "--quiet", *how]
+        for o in sets:
+            cmd += ["--set", o]
     print("$ " + " ".join(cmd[1:]), flush=True)
     t0 = time.time()
     log_path = run_dir.parent / f"{run_dir.name}.log"  # a file, not a pipe: it never fills up
@@ -70,7 +81,7 @@ def run_one(n: int, method: str, rounds: int, run_dir: Path, extra: list[str] = 
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True)
     best: dict = {}
     while proc.poll() is None:
-        if method == "in-process":
+        if method in ("in-process", "floor"):
             m = _memory(proc.pid)
             if m is not None and m[1] > best.get("total_pss", 0):
                 best = {"total_pss": m[1], "uss": m[0] / n, "pss": m[1] / n, "seen": n}
@@ -97,6 +108,9 @@ def run_one(n: int, method: str, rounds: int, run_dir: Path, extra: list[str] = 
     log_file.close()
     out = log_path.read_text(errors="replace")
     firsts = []
+    if method == "floor":
+        if floor_out.exists():
+            firsts = [json.loads(floor_out.read_text())["round1_start"]] * n
     for p in sorted(run_dir.glob("p*/metrics.jsonl")):
         recs = c.read_jsonl(p)
         if recs:
@@ -121,7 +135,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--methods", nargs="+", default=["process", "forkserver"],
-                    choices=["process", "forkserver", "in-process"])
+                    choices=["process", "forkserver", "in-process", "floor"],
+                    help="floor: the same FedAvg training in one process with no runtime "
+                         "(bench/_local_worker.py --experiment): what start-up is measured against")
     ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to hfl-launch --set")
     args = ap.parse_args()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -169,6 +170,7 @@ def launch_seeds(args: argparse.Namespace) -> int:
 
 
 def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
+    args.started_at = time.time()  # each launch reports how long until its round 1
     from hfl.launch.experiment import expand, load_experiment
     from hfl.launch.rundir import (
         Decision,
@@ -271,7 +273,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
             _out(f"  {described[p.id]}\n      {env} hfl-peer --config {p.config_path}")
         return 0
 
-    from hfl.launch.results import best_mean, mean_row, peer_row, write_results
+    from hfl.launch.results import best_mean, mean_row, peer_row, round_one_after, write_results
     from hfl.launch.supervisor import Supervisor
 
     if not slurm and (busy := busy_machine_warning(len(plans), _load_average(), os.cpu_count())):
@@ -321,8 +323,10 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     rows = [peer_row(p.id, p.config.model.arch, Path(p.config.run_dir)) for p in plans]
     rows.append(mean_row(rows))
     best = best_mean([Path(p.config.run_dir) for p in plans])
+    round_one = round_one_after([Path(p.config.run_dir) for p in plans], args.started_at)
     table = write_results(run_dir, rows, {
         "experiment": exp.name, "wall_time_s": outcome.wall_time_s, "ok": outcome.ok,
+        "command_s": time.time() - args.started_at, "round_1_after_s": round_one,
         "best_mean_test_acc": best, "failures": outcome.failures, "events": outcome.events,
     })
     try:
@@ -337,7 +341,9 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         _out(f"\nbest mean test acc over rounds (the peers' mean in one round, best round): {best:.4f}")
     else:
         _out("\nno peer finished a round: no results table (see the errors above and each peer.log)")
-    _out(f"\nwall time {outcome.wall_time_s:.1f}s; results in {run_dir}/results.md")
+    started = (f" (the command's {time.time() - args.started_at:.1f}s; every peer in round 1 "
+               f"after {round_one:.1f}s)" if round_one is not None else "")
+    _out(f"\nwall time {outcome.wall_time_s:.1f}s{started}; results in {run_dir}/results.md")
     if outcome.failures:
         _out("FAILED: " + "; ".join(outcome.failures), err=True)
         return 130 if "interrupted" in outcome.failures else 1

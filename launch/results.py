@@ -163,6 +163,20 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     return table + (f"\n{SHORT_NOTE}" if any(r.get("short") for r in rows) else "")
 
 
+def round_one_after(peer_dirs: list[Path], since: float) -> float | None:
+    """Seconds from ``since`` (the command's start, wall clock) until every peer had
+    begun its first round of this launch (its first metrics line written after
+    ``since``; its ``time`` is when that round began), or None when a peer has none."""
+    starts = []
+    for d in peer_dirs:
+        first = next((r["time"] for r in read_jsonl(d / "metrics.jsonl")
+                      if isinstance(r.get("time"), (int, float)) and r["time"] >= since), None)
+        if first is None:
+            return None
+        starts.append(first)
+    return max(starts) - since if starts else None
+
+
 def write_results(run_dir: Path, rows: list[dict[str, Any]], extra: dict[str, Any]) -> str:
     table = render_table(rows)
     (run_dir / "results.md").write_text(table + "\n")

@@ -652,7 +652,11 @@ def test_many_peers_in_one_process_run_the_same_rounds_and_write_the_same_table(
 
     exp, path = small_fedavg_experiment(tmp_path, "many", peers=12, max_batches=1)
     assert main([str(path), "--in-process", "--quiet"]) == 0, capsys.readouterr()
-    rows = {r["peer"]: r for r in json.loads((tmp_path / "run" / "results.json").read_text())["peers"]}
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    rows = {r["peer"]: r for r in results["peers"]}
+    # Start-up is reported: from the command until the last peer began round 1.
+    assert 0 < results["round_1_after_s"] < results["command_s"]
+    assert f"every peer in round 1 after {results['round_1_after_s']:.1f}s" in capsys.readouterr().out
     peers = [f"p{i:02d}" for i in range(12)]
     assert all(rows[p]["rounds"] == 2 and rows[p]["cohort"] == "12" for p in peers)
     # FedAvg through the real rounds: every peer loaded the same average.
