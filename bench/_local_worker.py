@@ -7,7 +7,8 @@ With --experiment: the floor of bench/startup.py, a whole FedAvg cohort in this 
 process with no runtime (each peer's algorithm built as hfl-peer builds it, from the
 experiment expanded as hfl-launch expands it; every round each peer trains, the
 first aggregates everyone's weights and every peer absorbs that average; every peer
-evaluates after the last round). Its timestamps: process start, round 1's start, end.
+evaluates as often as a peer would, ``node.evaluate_every``). Its timestamps: process
+start, round 1's start, end; and seconds per round (bench/scale.py's compute floor).
 
 Builds the peer's algorithm exactly as hfl-peer does (``build_algorithm(cfg)``:
 same data partition, model, seed and torch thread count) and loops
@@ -38,7 +39,9 @@ def cohort(experiment: str, sets: list[str], rounds: int, out: str) -> None:
         exp = load_experiment(experiment, [*sets, f"run_dir={tmp}", "defaults.security.mode=none"])
         plans = expand(exp, gpus=[], ports=list(range(21000, 21000 + exp.peers)))
     algs = [build_algorithm(p.config)[0] for p in plans]
+    every = plans[0].config.node.evaluate_every
     t_round1 = time.time()
+    accs: list = []
     for r in range(1, rounds + 1):
         shared = {}
         for plan, alg in zip(plans, algs, strict=True):
@@ -47,10 +50,13 @@ def cohort(experiment: str, sets: list[str], rounds: int, out: str) -> None:
         result = algs[0].aggregate(r, shared)
         for alg in algs:
             alg.absorb(r, {plans[0].id: result})
-    accs = [alg.evaluate().get("global_acc") for alg in algs]
+        if r % every == 0 or r == rounds:  # as a peer evaluates (node.evaluate_every)
+            accs = [alg.evaluate().get("global_acc") for alg in algs]
+    end = time.time()
     with open(out, "w") as f:
-        json.dump({"process_start": T_START, "round1_start": t_round1, "end": time.time(),
-                   "peers": len(algs), "rounds": rounds, "global_acc": accs}, f, indent=1)
+        json.dump({"process_start": T_START, "round1_start": t_round1, "end": end,
+                   "s_per_round": (end - t_round1) / rounds, "peers": len(algs),
+                   "rounds": rounds, "global_acc": accs}, f, indent=1)
 
 
 def main() -> None:

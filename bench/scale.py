@@ -127,6 +127,7 @@ COLUMNS = [
     ("n", "N", "{}"),
     ("status", "status", "{}"),
     ("s_per_round", "s/round", "{:.3f}"),
+    ("floor_s_per_round", "floor s/round", "{:.3f}"),
     ("rounds_span_s", "rounds span s", "{:.1f}"),
     ("membership_msgs_per_peer_s", "membership msgs/peer/s", "{:.1f}"),
     ("msgs_per_peer_s", "all msgs/peer/s", "{:.1f}"),
@@ -185,6 +186,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         metavar="N,N,...",
         help="cohort sizes for the in-process runs (default 16,64,256,1000; '' or none: skip)",
+    )
+    p.add_argument(
+        "--no-floor", dest="floor", action="store_false",
+        help="skip the compute floor beside each in-process row (the same training in one "
+             "process with no runtime: bench/_local_worker.py --experiment)",
     )
     p.add_argument(
         "--forked",
@@ -580,11 +586,30 @@ def run_inprocess(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict
         )
     row["worker"] = res
     row.update(ok=not res.get("partial"), status=row["status"] or "ok", **result_columns(res, n))
+    if args.floor:
+        row["floor_s_per_round"] = compute_floor(path, args, env, log)
     row["notes"] += res.get("notes", [])
     note_survivors(row, n)
     row["notes"] += detection_notes(res)
     row["notes"] += outcome_notes(res, expected=("ok", "killed (victim)"))
     return row
+
+
+def compute_floor(path: Path, args: argparse.Namespace, env: dict[str, str],
+                  log: Path) -> float | None:
+    """Seconds per round of the same cohort's training with no runtime at all, in one
+    process (bench/_local_worker.py --experiment: every peer trains, one FedAvg
+    average, every peer absorbs and evaluates as often as a peer does), or None."""
+    out = SCALE_DIR / f"{path.stem}.floor.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, str(HERE / "_local_worker.py"), "--experiment", str(path),
+           "--rounds", str(args.rounds), "--out", str(out)]
+    print(f"  compute floor: {' '.join(cmd[1:])}", flush=True)
+    rc, _wall, _out = c.run_cmd(cmd, args.timeout, log.with_suffix(".floor.log"), env)
+    if rc != 0 or not out.exists():
+        print(f"  compute floor failed (exit {rc}); see {_rel(log.with_suffix('.floor.log'))}")
+        return None
+    return float(json.loads(out.read_text())["s_per_round"])
 
 
 def detection_notes(res: dict[str, Any]) -> list[str]:

@@ -106,3 +106,25 @@ def split_stats(stats: pstats.Stats) -> dict[str, float]:
         path = Path(tmp) / "p.pstats"
         stats.dump_stats(str(path))
         return split([path])
+
+
+@pytest.mark.e2e
+def test_the_compute_floor_trains_the_same_cohort_in_one_process(tmp_path):
+    # What start-up and scale are measured against (bench/startup.py --methods floor,
+    # bench/scale.py's floor column): the experiment's peers built as hfl-peer builds
+    # them, FedAvg without a runtime; every peer ends on the same average.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "floor.json"
+    proc = subprocess.run(
+        [sys.executable, str(root / "bench" / "_local_worker.py"), "--experiment",
+         str(root / "examples" / "quickstart.yaml"), "--set", "peers=3", "--rounds", "2",
+         "--out", str(out)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    floor = json.loads(out.read_text())
+    assert floor["peers"] == 3 and floor["rounds"] == 2 and floor["s_per_round"] > 0
+    assert floor["process_start"] < floor["round1_start"] < floor["end"]
+    assert len(set(floor["global_acc"])) == 1 and 0.1 < floor["global_acc"][0] <= 1.0
