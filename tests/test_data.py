@@ -403,3 +403,19 @@ def test_importing_hfl_data_is_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_dirichlet_split_drawn_again_in_one_process_is_the_same_and_unshared(digits: ArrayDataset) -> None:
+    # Every peer of an in-process cohort asks for the same split: it is drawn once.
+    import hfl.data.partition as part
+
+    part._DIRICHLET_SPLITS.clear()
+    first = dirichlet_partition(digits.y, 64, 0.5, seed=3)
+    assert len(part._DIRICHLET_SPLITS) == 1
+    first[0][:] = -1  # a caller's changes stay its own
+    again = dirichlet_partition(digits.y, 64, 0.5, seed=3)
+    part._DIRICHLET_SPLITS.clear()
+    fresh = dirichlet_partition(digits.y, 64, 0.5, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(again, fresh, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(
+        dirichlet_partition(digits.y, 64, 0.5, seed=4), fresh, strict=True))
