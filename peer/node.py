@@ -194,6 +194,7 @@ class Node:
         self._stopping = False
         self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
         self._cpu_mark: float | None = None  # process CPU at the last round's record
+        self._reading_behind = False  # the receive loop holds (or left) messages unread
         self._essential: set[asyncio.Task] = set()  # the receive and tick loops
         self._runner: asyncio.Task | None = None  # the task in run(), cancelled if one dies
         self._fatal: tuple[str, BaseException] | None = None  # (loop, what killed it)
@@ -382,6 +383,9 @@ class Node:
             while held < self.READ_AHEAD and (got := self.transport.recv_nowait()) is not None:
                 queues.setdefault(got[0], deque()).append(got[1])
                 held += 1
+            # Read ahead to the limit: more may wait in the transport, unread (the
+            # aggregator does not ask for contributions that may be among them).
+            self._reading_behind = held >= self.READ_AHEAD
             for identity in list(queues):
                 frames = queues[identity].popleft()
                 held -= 1
@@ -392,6 +396,7 @@ class Node:
                 except Exception:  # a bug in a handler must not kill the peer
                     log.exception("%s: handler failed on a message from %s", self.id, identity)
                     self.dropped["handler_error"] += 1
+            self._reading_behind = self._reading_behind or held > 0
             await asyncio.sleep(0)
 
     def _drop(self, code: str, reason: str) -> None:
@@ -1335,8 +1340,14 @@ class Node:
                                               min(end, self.clock.now() + ask_after))
             if complete or self.clock.now() >= deadline + (self._paused_s - paused0):
                 break
-            await self._broadcast(core.awaited(r), self._heartbeat(awaiting=r), 0.05)
             ask_after = 8 * hb
+            if self._reading_behind:
+                # Messages wait unread here (an overloaded peer, a thousand contributions
+                # at once): what we would ask for may be among them, and every answer is
+                # a second copy on top (hfl-launch --in-process with 1,000 peers: the
+                # asks and their answers kept the aggregator from ever catching up).
+                continue
+            await self._broadcast(core.awaited(r), self._heartbeat(awaiting=r), 0.05)
         promised = core.promises(r)
         decision, earlier, refused = core.proposal(r, promised)
         for liar, why in refused.items():

@@ -399,8 +399,10 @@ def _parse_header(raw: memoryview, limits: Limits) -> tuple[type[Message], dict[
 
 
 def _pack_default(obj: Any) -> Any:
-    if isinstance(obj, MemberRecord):
-        return dataclasses.asdict(obj)
+    if isinstance(obj, MemberRecord):  # not dataclasses.asdict: it deep-copies (a view of
+        # a thousand members goes out in every welcome and gossip)
+        return {"peer_id": obj.peer_id, "address": obj.address, "incarnation": obj.incarnation,
+                "status": obj.status}
     if isinstance(obj, np.generic) and obj.dtype.kind in "biuf":
         return obj.item()
     raise TypeError(f"{type(obj).__name__} cannot go on the wire")

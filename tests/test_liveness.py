@@ -25,6 +25,7 @@ from tests.test_cohort import (
     by_round,
     cohort_cfgs,
     run_conducted,
+    until,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -192,3 +193,41 @@ def test_a_peer_stops_waiting_for_an_aggregator_that_waits_at_an_earlier_epoch(t
     # An ordinary fail-over: p3 dead in p1's view, p0 about to notice and serve epoch 1.
     p1.membership.members["p3"].status = "dead"
     assert not p1.core.aggregator_waits_elsewhere("p0", r)
+
+
+def test_a_peer_knows_when_messages_wait_unread_so_an_aggregator_asks_for_none(tmp_path):
+    # hfl-launch --in-process with 1,000 peers: round 1's aggregator asked every member
+    # whose contribution it had not read yet ("awaiting"), while a thousand waited in
+    # its inbox; each answer was a second copy on top, and round 1 never ended (777
+    # resends in 5 minutes). The receive loop now says when it is reading behind, and
+    # the aggregator asks nobody then.
+    from hfl.peer.transport import InMemoryTransport
+    from hfl.protocol import Heartbeat, encode
+
+    hub = MemoryHub()
+    node = build_node(cohort_cfgs(tmp_path, 2, rounds=1)[0], hub)
+    other = InMemoryTransport("p1", "mem://p1", hub)
+    seen: list[bool] = []
+    handle = node._handle
+    node._handle = lambda identity, frames: (seen.append(node._reading_behind),
+                                             handle(identity, frames))
+    n = node.READ_AHEAD + 10
+
+    async def main():
+        await node.transport.start()
+        await other.start()
+        for _ in range(n):  # all waiting before the loop reads any
+            await other.send("mem://p0", encode(Heartbeat(sender="p1", incarnation=0, round=1)), 1.0)
+        loop = asyncio.create_task(node._receive_loop())
+        try:
+            await until(lambda: len(seen) == n, "every message handled")
+            await asyncio.sleep(0)  # the pass that handled the last one ends
+            return node._reading_behind
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+            await other.close()
+            await node.transport.close()
+
+    assert asyncio.run(main()) is False  # drained: asking is allowed again
+    assert seen[0] is True and seen[-1] is False  # behind while the backlog lasted

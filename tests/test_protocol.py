@@ -537,6 +537,17 @@ def test_member_status_defaults_to_alive() -> None:
     assert decode(frames_with(header)).members[0].status == "alive"
 
 
+def test_a_member_record_goes_on_the_wire_with_every_field() -> None:
+    # The encoder packs records by hand (asdict deep-copies): a field added to
+    # MemberRecord must be packed too.
+    from hfl.protocol.codec import _pack_default
+
+    record = MemberRecord(peer_id="p1", address="tcp://h:1", incarnation=3, status="suspect")
+    assert _pack_default(record) == dataclasses.asdict(record)
+    frames = encode(Gossip(sender="p0", incarnation=0, members=[record]))
+    assert decode(frames).members == [record]
+
+
 def test_too_many_members() -> None:
     members = [dataclasses.asdict(m) for m in MEMBERS]
     header = heartbeat_header(type="gossip", body={"members": members})
