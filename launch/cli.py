@@ -401,7 +401,8 @@ def check_plans(plans, deep: bool, devices_here: bool = True) -> dict[str, str]:
                 described[p.id] = check_peer(cfg, terms.setdefault(p.id, {}))
             else:
                 terms[p.id] = handshake_terms(cfg)
-                key = repr((cfg.cohort, cfg.algorithm, cfg.model.arch, cfg.data.dataset, cfg.data.path))
+                key = repr((cfg.cohort, cfg.algorithm, cfg.model.arch, cfg.model.options,
+                            cfg.data.dataset, cfg.data.path))
                 if key not in seen:
                     seen.add(key)
                     check_options(cfg)

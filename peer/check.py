@@ -48,6 +48,16 @@ def check_options(cfg: PeerConfig) -> None:
             f"got {cfg.model.arch!r}; allowed: {', '.join(sorted(model_names()))}"
             f"{_did_you_mean(cfg.model.arch, model_names())}",
         )
+    from hfl.models import arch_options
+
+    allowed = arch_options(cfg.model.arch)
+    unknown = sorted(set(cfg.model.options) - set(allowed))
+    if unknown:  # else every peer would start, and each stop on it
+        raise ConfigError(
+            "model.options",
+            f"model {cfg.model.arch!r} got unknown option(s) {', '.join(unknown)}; allowed "
+            f"options: {', '.join(allowed) if allowed else '(none)'}",
+        )
     check_data_files(cfg)
 
 

@@ -272,12 +272,17 @@ def test_dry_run_builds_every_peer_and_names_the_field(tmp_path, capsys, over, f
     assert main([str(_experiment(tmp_path)), "--dry-run"]) == 0
 
 
-def test_a_normal_launch_checks_options_before_starting_any_peer(tmp_path, capsys):
+@pytest.mark.parametrize(("over", "field"), [
+    ({"algorithm": {"mu": 0.1}}, "algorithm.mu"),
+    # an option of another architecture: each peer used to start and stop on it (exit 2)
+    ({"model": {"arch": "lenet"}}, "model.options: model 'lenet' got unknown option(s) hidden"),
+])
+def test_a_normal_launch_checks_options_before_starting_any_peer(tmp_path, capsys, over, field):
     from hfl.launch.cli import main
 
-    assert main([str(_experiment(tmp_path, algorithm={"mu": 0.1})), "--quiet"]) == 2
+    assert main([str(_experiment(tmp_path, **over)), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "algorithm.mu" in err
+    assert "peer p1" in err and field in err, err
     assert not (tmp_path / "run" / "launch.json").exists()  # nothing was started
 
 
