@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -89,6 +90,7 @@ def run_loop(experiment: Path, overrides: list[str], threads: int) -> dict:
 def run_hfl(experiment: Path, overrides: list[str], run_dir: Path, label: str,
             profile: bool = False) -> dict | None:
     profiles = run_dir.parent / f"{run_dir.name}-profile"  # not in the run dir: --fresh
+    shutil.rmtree(profiles, ignore_errors=True)  # an earlier run's peers are not this one's
     env = {"HFL_PROFILE": str(profiles / "{id}.pstats")} if profile else None
     rc, wall, _ = launch(experiment, run_dir, overrides, timeout_s=7200, log_name=label, env=env)
     if rc != 0:

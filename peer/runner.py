@@ -417,11 +417,11 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     # The process's CPU by thread when the rounds begin (one peer per process only):
     # the summary's split is then the rounds', not the start-up's (importing torch).
     own_process = hub is None and make is None
-    threads_at_start: dict[str, float] = {}
+    threads_at_start: list[dict[str, float]] = []  # [the split] once the rounds began
 
     def observe(event: str, node, **fields) -> None:
         if event == "started" and own_process and not threads_at_start:
-            threads_at_start.update(cpu_by_thread() or {"": 0.0})
+            threads_at_start.append(cpu_by_thread())
         if observer is not None:
             observer(event, node, **fields)
 
@@ -467,7 +467,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         # each thread's CPU over this run's rounds (Linux, one peer per process): the
         # event loop (MainThread), the method (hfl-work), libzmq (ZMQbg/*), ...
         "rounds_cpu_by_thread_s": {
-            name: round(cpu - threads_at_start.get(name, 0.0), 3)
+            name: round(cpu - threads_at_start[0].get(name, 0.0), 3)
             for name, cpu in cpu_by_thread().items()} if threads_at_start else {},
         "finished_at": wall(),  # compared with a checkpoint's saved_at (finished_siblings)
         "dropped": result.dropped,
