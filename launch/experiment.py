@@ -132,7 +132,10 @@ class ExperimentConfig:
 
     def fault_target(self, fault: FaultSpec) -> str:
         """The peer a fault hits ('aggregator' resolves through the rotation)."""
-        return aggregator_of(self.peer_ids(), fault.at_round) if fault.peer == "aggregator" else fault.peer
+        if fault.peer != "aggregator":
+            return fault.peer
+        every = (self.defaults.get("cohort") or {}).get("communicate_every", 1)
+        return aggregator_of(self.peer_ids(), fault.at_round, every if isinstance(every, int) else 1)
 
     @property
     def resolved_run_dir(self) -> Path:
@@ -301,7 +304,8 @@ def _refuse_model_changes(plans: list[PeerPlan]) -> None:
                 "use --fresh or another --run-dir")
 
 
-def aggregator_of(ids: list[str], round: int) -> str:
-    """The peer the rotation elects for ``round`` when everyone is alive (epoch 0)."""
+def aggregator_of(ids: list[str], round: int, communicate_every: int = 1) -> str:
+    """The peer the rotation elects for ``round`` when everyone is alive (epoch 0):
+    the rotation turns once per exchange (``PeerCore.turn``)."""
     order = sorted(ids)
-    return order[round % len(order)]
+    return order[-(-round // communicate_every) % len(order)]

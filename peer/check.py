@@ -113,6 +113,7 @@ def handshake_terms(cfg: PeerConfig, num_classes: int | None = None,
         "data (partition, num_partitions, alpha, seed, test split)":
             data_split_fingerprint(cfg.data).get("data_split"),
         "cohort.num_classes": num_classes if num_classes is not None else cfg.cohort.num_classes,
+        "cohort.communicate_every": cfg.cohort.communicate_every,
     }
     for key, value in sorted((handshake or {}).items()):
         terms[f"model/algorithm dimension {key}"] = value

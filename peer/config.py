@@ -119,6 +119,12 @@ class CohortConfig:
                                                   "many peers, chosen by a seeded rotation "
                                                   "(docs/runtime.md, Sampled exchange); None: "
                                                   "to every live peer, as the papers do"})
+    communicate_every: int = field(
+        default=1, metadata={"min": 1, "help": "methods that share: exchange every k-th round "
+                                               "(and the last); the rounds between are local "
+                                               "steps, run at each peer's own pace (FedAvg or "
+                                               "FedProx bandwidth-matched to FedH2L; FedH2L's "
+                                               "E). 1: every round"})
 
     def validate(self) -> None:
         try:  # torch-free: a plugin class is imported only when the peer is built or checked

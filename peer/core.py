@@ -57,8 +57,12 @@ class PeerCore:
                  start_round: int = 1, quorum: int | None = None,
                  allowed_peers: frozenset[str] | None = None, cohort_size: int = 1,
                  cohort: str = "", signer=None, verify_keys: dict[str, bytes] | None = None,
-                 byzantine: int | None = None):
+                 byzantine: int | None = None, communicate_every: int = 1, last_round: int = 0):
         self.id = self_id
+        # cohort.communicate_every: the rounds that exchange (communicates); the others
+        # are local steps, which peers run at their own pace (0 last_round: no last round)
+        self.communicate_every = communicate_every
+        self.last_round = last_round
         # Signed acks and certified commits (the allow-list's signing keys; see "Commit").
         self.cohort = cohort  # signed statements name their cohort: never valid in another
         self.signer = signer  # bytes -> 64-byte Ed25519 signature (None: acks go unsigned)
@@ -73,7 +77,9 @@ class PeerCore:
         self.cohort_size = cohort_size  # node.min_peers: the cohort a majority is at least of
         self.allowed_peers = allowed_peers  # the CURVE allow-list (None: anyone)
         self.membership: Membership | None = None  # set once the transport is bound
-        self.buffer = RoundBuffer(lookahead=lookahead, round=start_round)
+        # The lookahead counts exchanging rounds: a peer still in its local rounds keeps
+        # what the next exchanges bring (with communicate_every 1, rounds).
+        self.buffer = RoundBuffer(lookahead=lookahead * communicate_every, round=start_round)
         self.round = start_round
         self.epoch = 0  # the aggregator epoch of this round this peer is at
         self.round_began = 0.0  # clock time the current round started
@@ -228,7 +234,7 @@ class PeerCore:
         candidate of the rotation (:func:`hfl.peer.membership.elect`)."""
         mem = self.membership
         return elect(mem.rotation_order(), lambda p: mem.is_live(p) and not self.sits_out(p, r),
-                     r, self.epoch)
+                     self.turn(r), self.epoch)
 
     def sits_out(self, peer_id: str, r: int) -> bool:
         """``peer_id``'s current life said it sits round ``r`` out (restarted into a round
@@ -249,7 +255,7 @@ class PeerCore:
         that this peer knows only from gossip)."""
         mem = self.membership
         orders = [mem.rotation_order(), sorted([self.id, *mem.members])]
-        return {order[(r + epoch) % len(order)] for order in orders}
+        return {self.candidate(order, r, epoch) for order in orders}
 
     def epoch_unjustified(self, r: int, epoch: int) -> str | None:
         """Why this peer cannot (yet) accept a result of (r, epoch), or None if it can.
@@ -266,7 +272,7 @@ class PeerCore:
         mem = self.membership
         order = mem.rotation_order()
         for e in range(self.epoch, epoch):
-            candidate = order[(r + e) % len(order)]
+            candidate = self.candidate(order, r, e)
             if candidate == self.id:
                 return f"epoch {e} elects this peer, which is alive"
             m = mem.members.get(candidate)
@@ -647,8 +653,11 @@ class PeerCore:
         Only peers in round r - 1 (finishing it) or r (heartbeats say which): a peer
         further behind (paused, restarted, on the other side of a healed partition)
         cannot contribute soon and catches up on its own; one already past r has
-        sent its knowledge for r, or never will.
+        sent its knowledge for r, or never will. With ``cohort.communicate_every`` k,
+        "r - 1" is the previous exchanging round: a peer in the local rounds between
+        is on its way to r.
         """
+        previous = self.previous_exchange(r)
         mem = self.membership
         got = self.buffer.received(r)
         awaited = []
@@ -659,7 +668,7 @@ class PeerCore:
             # Behind only on fresh evidence: its own word on its round (a heartbeat, not
             # gossip) that arrived after this round began (a busy peer's last word may
             # simply be old), and no result of r - 1 that it contributed to.
-            if m.round < r - 1 and m.round_heard >= self.round_began:
+            if m.round < previous and m.round_heard >= self.round_began:
                 continue
             if self.sits_out(p, r):  # restarted into r: it neither contributes nor acks
                 continue
@@ -716,7 +725,7 @@ class PeerCore:
     def candidate_alive(self, r: int, epoch: int) -> bool:
         """The rotation's candidate for (r, epoch) is another peer, alive in our view."""
         order = self.membership.rotation_order()
-        candidate = order[(r + epoch) % len(order)]
+        candidate = self.candidate(order, r, epoch)
         m = self.membership.members.get(candidate)
         return (candidate != self.id and m is not None and m.status == ALIVE
                 and not self.sits_out(candidate, r))
@@ -792,7 +801,36 @@ class PeerCore:
 
     def catch_up(self, last: int) -> int:
         """The round to run next (:func:`catch_up_round` with the cohort's round)."""
-        return catch_up_round(self.mode, self.round, self.membership.max_live_round(), last)
+        return catch_up_round(self.mode, self.round, self.membership.max_live_round(), last,
+                              self.next_exchange(self.round))
+
+    # ================================================================ exchange schedule
+
+    def communicates(self, r: int) -> bool:
+        """Whether round r exchanges knowledge (``cohort.communicate_every`` k: every
+        k-th round and the last one; every round by default). The other rounds are a
+        local step only: no knowledge, no aggregator, no result."""
+        return r % self.communicate_every == 0 or r == self.last_round
+
+    def next_exchange(self, r: int) -> int:
+        """The first exchanging round at or after r."""
+        k = self.communicate_every
+        nxt = -(-r // k) * k
+        return min(nxt, self.last_round) if self.last_round >= r else nxt
+
+    def turn(self, r: int) -> int:
+        """Round r's place in the aggregator rotation: its exchange's ordinal (r itself
+        when every round exchanges), so that exchanges every k rounds do not always
+        elect the same peer when k is a multiple of the cohort's size."""
+        return -(-r // self.communicate_every)
+
+    def candidate(self, order: list[str], r: int, epoch: int) -> str:
+        """The rotation's candidate for (r, epoch) (:func:`hfl.peer.membership.elect`)."""
+        return order[(self.turn(r) + epoch) % len(order)]
+
+    def previous_exchange(self, r: int) -> int:
+        """The last exchanging round before r (r - 1 by default; 0: none)."""
+        return (r - 1) // self.communicate_every * self.communicate_every
 
 
 def _small_int(text: str) -> int | None:
@@ -850,11 +888,14 @@ def payload_digest(payload: Any) -> str:
     return h.hexdigest()
 
 
-def catch_up_round(mode: str, own: int, cohort: int, last: int) -> int:
+def catch_up_round(mode: str, own: int, cohort: int, last: int, exchange: int | None = None) -> int:
     """The round to run next: a coordinated peer that finds the live cohort
     ahead (after a restart, say) jumps to the cohort's round instead of
-    replaying rounds nobody else is in; local-mode rounds are the peer's own."""
-    if mode == "local" or cohort <= own:
+    replaying rounds nobody else is in; local-mode rounds are the peer's own.
+    ``exchange`` is the peer's next exchanging round (``cohort.communicate_every``;
+    ``own`` by default): a cohort that is ahead but not past it is waiting there, and
+    the peer runs its local rounds up to it instead of skipping them."""
+    if mode == "local" or cohort <= (own if exchange is None else exchange):
         return own
     return min(cohort, last)
 

@@ -306,6 +306,9 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     if cfg.cohort.fanout is not None and alg_cls.mode != "broadcast":
         raise ConfigError("cohort.fanout", f"applies to broadcast-mode methods (fedh2l, mdhfl); "
                           f"{cfg.cohort.algorithm} runs in {alg_cls.mode} mode: remove it")
+    if cfg.cohort.communicate_every != 1 and alg_cls.mode == "local":
+        raise ConfigError("cohort.communicate_every", f"applies to methods that share; "
+                          f"{cfg.cohort.algorithm} trains alone: remove it")
     alg_cfg = build(alg_cls.Config, cfg.algorithm, "algorithm")
     torch.manual_seed(cfg.cohort.seed)  # the same initial weights for the same architecture
     try:

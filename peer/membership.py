@@ -644,7 +644,9 @@ class Membership:
 def elect(order: list[str], is_live, round: int, epoch: int) -> tuple[str, int] | None:
     """The aggregator for ``round``: the first live member at or after epoch ``epoch``.
 
-    Rotation: candidate for (round, e) is ``order[(round + e) % len(order)]``.
+    Rotation: candidate for (round, e) is ``order[(round + e) % len(order)]``, where
+    ``round`` is the exchange's turn (``PeerCore.turn``: the round itself unless
+    ``cohort.communicate_every`` makes some rounds local).
     Starting from ``epoch``, dead candidates are skipped by bumping the epoch,
     so every peer with the same order and liveness view elects the same peer,
     and a peer that failed over to epoch e+1 never goes back to e. Returns

@@ -170,12 +170,17 @@ class Node:
                                                min_peers)
         # The protocol's state and rules (no I/O): membership, round buffer, round,
         # epoch, election, quorum, whom to wait for. This class does the I/O around it.
+        every = getattr(cohort, "communicate_every", 1)
+        if every != 1 and algorithm.mode == "local":
+            raise ValueError(f"cohort.communicate_every: applies to methods that share; "
+                             f"{cohort.algorithm} trains alone. Remove cohort.communicate_every")
         self.core = PeerCore(peer_id, mode=algorithm.mode, everywhere=self.everywhere,
                              lookahead=timing.lookahead_rounds, start_round=start_round,
                              quorum=quorum, allowed_peers=allowed_peers, cohort_size=min_peers,
                              cohort=cohort.name, signer=signing[0] if signing else None,
                              verify_keys=dict(signing[1]) if signing else None,
-                             byzantine=byzantine)
+                             byzantine=byzantine, communicate_every=every,
+                             last_round=getattr(cohort, "rounds", 0))
         fanout = getattr(cohort, "fanout", None)
         if fanout is not None and algorithm.mode != "broadcast":
             raise ValueError(f"cohort.fanout: applies to broadcast-mode methods (fedh2l, mdhfl, "
@@ -183,7 +188,8 @@ class Node:
                              "cohort.fanout")
         self._handshake_info = {**algorithm.handshake_info(), **(shared or {}),
                                 **({"aggregate_everywhere": 1} if self.everywhere else {}),
-                                **({"fanout": fanout} if fanout is not None else {})}
+                                **({"fanout": fanout} if fanout is not None else {}),
+                                **({"communicate_every": every} if every != 1 else {})}
         self._metrics: list[dict[str, Any]] = []  # one line per evaluated round
         # Evaluate, record and checkpoint every N rounds (and after the last): the
         # rounds between are folded into the next line (fold_rounds).
@@ -655,7 +661,10 @@ class Node:
             ("algorithm", msg.algorithm, self.cohort.algorithm),
             ("num_classes", msg.num_classes, self.num_classes),
             ("rounds", msg.rounds, self.cohort.rounds),
-            ("shared", msg.shared, self._handshake_info),
+            # what the method and cohort options add (model dimensions, fanout,
+            # communicate_every, ...), each named
+            *((key, msg.shared.get(key), self._handshake_info.get(key))
+              for key in sorted({*msg.shared, *self._handshake_info}, key=str)),
         ]
         for name, theirs, ours in checks:
             if theirs != ours:
@@ -981,9 +990,12 @@ class Node:
             for owner, (x, y) in sorted(self.seeds.take_completed().items()):
                 self.alg.add_peer_seeds(owner, x, y)
         metrics: dict[str, Any] = dict(await work(self.alg.local_update, r))
-        payload = await work(self.alg.share, r)
         info: dict[str, Any] = {}
-        if self.alg.mode == "broadcast":
+        exchanges = self.core.communicates(r)  # cohort.communicate_every: else a local step
+        payload = await work(self.alg.share, r) if exchanges else None
+        if not exchanges:
+            received = {}
+        elif self.alg.mode == "broadcast":
             received = await self._exchange(r, payload, info)
         elif self.alg.mode == "aggregator" and self.everywhere:
             received = await self._aggregate_everywhere(r, payload, info, work)
@@ -991,7 +1003,7 @@ class Node:
             received = await self._aggregate_round(r, payload, info, work)
         else:
             received = {}
-        if self.alg.mode != "local":
+        if self.alg.mode != "local" and exchanges:
             info.setdefault("learned_from", 0)  # no other peer's knowledge this round
         if received:
             metrics.update(await work(self.alg.absorb, r, received))
@@ -1181,7 +1193,7 @@ class Node:
                 self._observe("took", self, round=r, epoch=result.epoch, own_epoch=self.epoch,
                               passed=[(c, "self" if c == self.id else mem.members[c].status
                                        if c in mem.members else "unknown")
-                                      for c in (order[(r + e) % len(order)]
+                                      for c in (self.core.candidate(order, r, e)
                                                 for e in range(self.epoch, result.epoch))])
                 self.epoch = result.epoch
                 if result.kind == "none":
@@ -1260,7 +1272,7 @@ class Node:
         """The other peers the rotation names for round r's epochs 0 .. ``epoch``: whom
         this peer's round depends on (and who waits on it)."""
         order = self.membership.rotation_order()
-        return {order[(r + e) % len(order)] for e in range(min(epoch + 1, len(order)))} - {self.id}
+        return {self.core.candidate(order, r, e) for e in range(min(epoch + 1, len(order)))} - {self.id}
 
     async def _sit_out(self, r: int, info: dict) -> dict[str, Payload]:
         """An earlier life of this peer entered round r and may have acked a result it no

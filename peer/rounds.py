@@ -114,7 +114,8 @@ def fold_rounds(rows: list[dict], averaged: set[str]) -> dict:
     evaluated round, whose values the line keeps. On top of it: ``span`` (how
     many rounds the line covers), ``time`` (when the first began), the sums of
     :data:`SUMMED_FIELDS`, the largest ``live_peers``, ``isolated_rounds`` (how
-    many learned from no other peer) and, for each key in ``averaged`` (what
+    many learned from no other peer; ``exchanges``, how many exchanged, where
+    ``cohort.communicate_every`` made some a local step) and, for each key in ``averaged`` (what
     training and absorbing reported), its mean over the rounds that reported it.
     """
     if not rows:
@@ -127,8 +128,12 @@ def fold_rounds(rows: list[dict], averaged: set[str]) -> dict:
             line[key] = sum(r.get(key, 0) for r in rows)
     if "live_peers" in line:
         line["live_peers"] = max(int(r.get("live_peers", 1)) for r in rows)
-    if "learned_from" in line:
-        line["isolated_rounds"] = sum(1 for r in rows if r.get("learned_from", 1) == 0)
+    exchanged = [r for r in rows if "learned_from" in r]  # not cohort.communicate_every's local steps
+    if exchanged:
+        line.setdefault("learned_from", exchanged[-1]["learned_from"])
+        line["isolated_rounds"] = sum(1 for r in exchanged if r["learned_from"] == 0)
+        if len(exchanged) < len(rows):
+            line["exchanges"] = len(exchanged)  # of the rounds it covers, those that exchanged
     for key in averaged:
         values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
         if values:

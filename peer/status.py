@@ -236,7 +236,8 @@ def cohort_shortfall(mode: str, min_peers: int, metrics: list[dict[str, Any]]) -
     if seen >= expected:
         # A line may cover several rounds (node.evaluate_every): count rounds, not lines.
         isolated = sum(int(r.get("isolated_rounds", r.get("learned_from", 1) == 0)) for r in metrics)
-        rounds = sum(int(r.get("span", 1)) for r in metrics)
+        # Rounds that exchanged: cohort.communicate_every's local steps learn from nobody.
+        rounds = sum(int(r.get("exchanges", r.get("span", 1))) for r in metrics if "learned_from" in r)
         if isolated < 2 or 2 * isolated <= rounds:
             return None
         return (f"learned from no other peer in {isolated} of its {rounds} round(s) "

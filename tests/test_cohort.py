@@ -560,7 +560,8 @@ def test_fedavg_cohort_over_zeromq_loopback(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "mismatch", [{"rounds": 5}, {"algorithm": "solo"}], ids=["rounds", "algorithm"]
+    "mismatch", [{"rounds": 5}, {"algorithm": "solo"}, {"communicate_every": 2}],
+    ids=["rounds", "algorithm", "communicate_every"]
 )
 def test_a_peer_of_another_cohort_is_refused(tmp_path, mismatch, caplog):
     n, rounds = 3, 3
