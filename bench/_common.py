@@ -27,12 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "runs" / "bench"
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 
-# The peers' logging format is "%(asctime)s %(levelname)-7s %(name)s: %(message)s".
-LOG_LINE = re.compile(
-    r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?P<level>[A-Z]+)\s+(?P<name>[\w.]+): (?P<msg>.*)$"
-)
-
-
 def parser(doc: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=(doc or "").strip(),
@@ -251,27 +245,17 @@ def _short(arg: str) -> str:
     return arg if re.fullmatch(r"[\w./=:,+-]+", arg) else repr(arg)
 
 
-def log_lines(path: Path) -> list[tuple[float, str, str]]:
-    """(unix time, level, message) for each formatted line of a peer log."""
-    out = []
-    if not path.exists():
-        return out
-    for line in path.read_text(errors="replace").splitlines():
-        m = LOG_LINE.match(line)
-        if m:
-            ts = datetime.strptime(m["ts"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            out.append((ts, m["level"], m["msg"]))
-    return out
+def events(peer_dir: Path, kind: str | None = None) -> list[dict]:
+    """A peer's typed notes from its events.jsonl (docs/runtime.md, Typed events), oldest
+    first; only those of ``kind`` if given."""
+    return [e for e in read_jsonl(peer_dir / "events.jsonl") if kind is None or e.get("kind") == kind]
 
 
 def join_timeouts(run_dir: Path) -> list[str]:
-    """Peers that gave up waiting for the cohort at start-up (see bench/README.md)."""
-    hits = []
-    for log in sorted(run_dir.glob("*/peer.log")):
-        for _, _, msg in log_lines(log):
-            if "peers joined within" in msg:
-                hits.append(msg)
-    return hits
+    """Peers that gave up waiting for the whole cohort at start-up and started with whoever
+    had joined (their warning, from events.jsonl; see bench/README.md)."""
+    return [e["msg"] for f in sorted(run_dir.glob("*/events.jsonl")) for e in events(f.parent, "log")
+            if "starting anyway" in e.get("msg", "")]
 
 
 # --------------------------------------------------------------------------- numbers and tables

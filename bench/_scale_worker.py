@@ -45,7 +45,6 @@ import importlib.abc
 import importlib.util
 import json
 import logging
-import re
 import resource
 import statistics
 import sys
@@ -222,42 +221,35 @@ def clip_outcomes(outcomes: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 class MembershipWatch(logging.Handler):
-    """The node's membership-change lines: ``<observer>: <peer> <old> -> <new> (<why>)``."""
-
-    LINE = re.compile(r"^(?P<obs>\S+): (?P<peer>\S+) (?P<old>\w+) -> (?P<new>suspect|dead)\b")
-    ROUND = re.compile(r"^(?P<peer>\S+) round (?P<round>\d+)/\d+ ")  # MetricsWriter's line
+    """The nodes' typed notes (``observe``, passed to run_peer as its observer): each
+    membership change to suspect or dead, each round; and, from the log, the ticks
+    that took too long (the loop is overloaded)."""
 
     def __init__(self, victim: str) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.WARNING)
         self.victim = victim
         self.t_kill: float | None = None
         self.dead_at: dict[str, float] = {}  # observer -> first "victim -> dead" after the kill
         self.false_suspect = 0  # a live peer (or the victim before its kill) -> suspect
         self.false_dead = 0
         self.slow_ticks = 0  # "tick N took longer than ...": the loop is overloaded
-        self.last_round: dict[str, int] = {}  # peer -> last round whose metrics line was logged
+        self.last_round: dict[str, int] = {}  # peer -> last round it finished
 
     def emit(self, record: logging.LogRecord) -> None:
-        try:
-            msg = record.getMessage()
-        except Exception:
+        if " took longer than " in str(record.msg):
+            self.slow_ticks += 1
+
+    def observe(self, event: str, node, **fields: Any) -> None:
+        if event == "round":
+            if fields["round"] > self.last_round.get(node.id, 0):
+                self.last_round[node.id] = fields["round"]
             return
-        if " -> " not in msg:
-            if " took longer than " in msg:
-                self.slow_ticks += 1
-            elif " round " in msg and (m := self.ROUND.match(msg)):
-                r = int(m["round"])
-                if r > self.last_round.get(m["peer"], 0):
-                    self.last_round[m["peer"]] = r
+        if event != "member" or fields["new"] not in ("suspect", "dead"):
             return
-        m = self.LINE.match(msg)
-        if m is None:
-            return
-        now = time.monotonic()
-        if m["peer"] == self.victim and self.t_kill is not None:
-            if m["new"] == "dead" and m["old"] in ("alive", "suspect"):
-                self.dead_at.setdefault(m["obs"], now)
-        elif m["new"] == "dead":
+        if fields["member"] == self.victim and self.t_kill is not None:
+            if fields["new"] == "dead" and fields["old"] in ("alive", "suspect"):
+                self.dead_at.setdefault(node.id, time.monotonic())
+        elif fields["new"] == "dead":
             self.false_dead += 1
         else:
             self.false_suspect += 1
@@ -397,7 +389,7 @@ async def run_cohort(
     ended: dict[str, float] = {}
     tasks: dict[str, asyncio.Task] = {}
     for p in plans:
-        task = asyncio.create_task(run_peer(p.config, hub=hub), name=p.id)
+        task = asyncio.create_task(run_peer(p.config, hub=hub, observer=watch.observe), name=p.id)
         task.add_done_callback(lambda t, pid=p.id: ended.setdefault(pid, time.monotonic()))
         tasks[p.id] = task
     state.update(started=time.monotonic(), kill_after=kill_after, ended=ended)

@@ -15,13 +15,13 @@ round ``--kill-after``, and measures:
   delivered message by header type and sender (membership = every type but
   knowledge/aggregate/ack/commit/seed_request/seed_chunk/error), kills the victim
   like SIGKILL (its sends fail silently, sends to it fail, its task is cancelled) and
-  times each surviving peer's ``<victim> (alive|suspect) -> dead`` log line from the
-  kill. Peak memory is the worker's ru_maxrss.
+  times each surviving peer's ``member`` note (the victim -> dead; the nodes' typed
+  events, taken as run_peer's observer) from the kill. Peak memory is the worker's ru_maxrss.
 * **forked** (``--forked``): ``hfl-launch`` with one process per peer. From the peers'
   metrics.jsonl: whether the whole cohort formed (max ``live_peers`` == N), round
   times, ``bytes_sent``; the victim's process is found by its stdout (``/proc/PID/fd/1``
-  is its peer.log) and SIGKILLed; detection from the other peers' peer.log lines
-  (millisecond timestamps). Peak memory: the sum of the peers' peak RSS (VmHWM, read
+  is its peer.log) and SIGKILLed; detection from the other peers' typed events
+  (``member`` notes in events.jsonl). Peak memory: the sum of the peers' peak RSS (VmHWM, read
   from /proc while they run; pages shared with the template count once per peer, so
   the JSON also has the largest total PSS sampled). Messages per second are only
   known if the peers' metrics carry a key containing "membership" (else n/a).
@@ -925,21 +925,20 @@ def forked_measures(
             out["membership_bytes_per_peer_round"] = total / covered if covered else None
         elif span:
             out["membership_msgs_per_peer_s"] = total / n / span
-    # Detection: the survivors' "<victim> (alive|suspect) -> dead" log lines.
-    line = w.MembershipWatch.LINE
+    # Detection: the survivors' "<victim> -> dead" notes (events.jsonl), and the ticks
+    # that took too long (warnings, also in events.jsonl).
     detected, false_suspect, false_dead, slow = {}, 0, 0, 0
     for pid in ids:
-        for ts, _, msg in c.log_lines(run_dir / pid / "peer.log"):
-            if " took longer than " in msg:
-                slow += 1
-            m = line.match(msg)
-            if m is None:
+        for e in c.events(run_dir / pid):
+            if e.get("kind") == "log":
+                slow += " took longer than " in e.get("msg", "")
                 continue
-            after = t_kill is not None and ts >= t_kill - 0.001  # log times are truncated to ms
-            if m["peer"] == victim and after:
-                if m["new"] == "dead" and pid != victim:
-                    detected.setdefault(pid, ts - t_kill)
-            elif m["new"] == "dead":
+            if e.get("kind") != "member" or e["new"] not in ("suspect", "dead"):
+                continue
+            if e["member"] == victim and t_kill is not None and e["t"] >= t_kill:
+                if e["new"] == "dead" and pid != victim:
+                    detected.setdefault(pid, e["t"] - t_kill)
+            elif e["new"] == "dead":
                 false_dead += 1
             else:
                 false_suspect += 1

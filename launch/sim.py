@@ -238,6 +238,8 @@ class Checker:
     recovery_s: float = 0.0  # the slowest peer's first learning after the last fault healed
 
     def observe(self, event: str, node, **fields: Any) -> None:
+        if event in ("member", "dropped", "crash"):
+            return  # notes no invariant reads: kept out of the history (tests pin its digests)
         now = asyncio.get_running_loop().time()
         rec = {"t": now, "event": event, "peer": node.id, "incarnation": node.incarnation, **fields}
         if event in ("checkpointed", "started"):

@@ -212,6 +212,8 @@ class Supervisor:
             if ev.get("kind") == "joining":
                 pp.joined = (int(ev.get("joined", 0)), int(ev.get("need", 0)))
                 continue
+            if ev.get("kind", "log") != "log":
+                continue  # a typed note (elections, commits, drops): for tools, not the console
             # Each kind of warning once per peer (membership changes repeat in fault runs);
             # every distinct error.
             key = ev.get("msg") if ev.get("level") == "error" else ev.get("template", ev.get("msg"))

@@ -90,6 +90,8 @@ class NodeResult:
     disagreements: dict[int, list[str]] = field(default_factory=dict)
     #: why the node stopped before its first round (``stop_if_alone``: nobody joined)
     stopped_alone: str | None = None
+    #: messages handed to the transport over this life, by type (``heartbeat``, ``knowledge``...)
+    sent: dict[str, int] = field(default_factory=dict)
 
 
 class Node:
@@ -288,6 +290,7 @@ class Node:
             dropped=dict(self.dropped),
             disagreements={r: sorted(peers) for r, peers in sorted(self.disagreements.items())},
             stopped_alone=self.stopped_alone,
+            sent=dict(sorted(self.sent.items())),
         )
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
@@ -407,7 +410,9 @@ class Node:
 
     def _drop(self, code: str, reason: str) -> None:
         self.dropped[code] += 1
-        log.warning("%s: dropped message: %s", self.id, clip(reason, 400))
+        reason = clip(reason, 400)
+        log.warning("%s: dropped message: %s", self.id, reason)
+        self._observe("dropped", self, code=str(code), reason=reason)
 
     def _handle(self, identity: str, frames: list) -> None:
         try:
@@ -555,12 +560,18 @@ class Node:
                 log.warning("%s: %s removed from the allow-list: no longer a member", self.id, peer)
                 self._wakeup.set()
 
-    def _log_change(self, change) -> None:
-        # A join is one line per member and peer: a million lines for a thousand peers
-        # (with swim), so those go to debug there; every other change is news.
-        level = logging.DEBUG if self.swim and change.old == "unknown" else logging.INFO
-        log.log(level, "%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
-                change.reason)
+    def _log_change(self, change, level: int | None = None, note: str = "") -> None:
+        """Log a membership change and tell the observer (a ``member`` event). A join is
+        one line per member and peer: a million lines for a thousand peers (with swim),
+        so those go to debug there, and are no event; every other change is news."""
+        quiet = self.swim and change.old == "unknown"
+        if level is None:
+            level = logging.DEBUG if quiet else logging.INFO
+        log.log(level, "%s: %s %s -> %s (%s)%s", self.id, change.peer_id, change.old, change.new,
+                change.reason, note)
+        if not quiet:
+            self._observe("member", self, member=change.peer_id, old=change.old, new=change.new,
+                          reason=change.reason)
 
     def _on_heartbeat(self, msg: Heartbeat, now: float) -> None:
         """Failure news it carries, and the probes it asks for (timing.membership swim;
@@ -569,8 +580,7 @@ class Node:
         if msg.members:
             news = [r for r in msg.members if self.allowed_peers is None or r.peer_id in self.allowed_peers]
             for change in mem.hear_news(news, msg.sender, now):
-                log.info("%s: %s %s -> %s (%s); probing it", self.id, change.peer_id, change.old,
-                         change.new, change.reason)
+                self._log_change(change, logging.INFO, "; probing it")
         if msg.probe:  # answer: to the member that asked for an indirect probe, or the sender
             to = msg.relay or msg.sender
             address = mem.address_of(to)
@@ -719,8 +729,7 @@ class Node:
         if (allow_list := self.transport.take_allow_list_change()) is not None:
             self.allow_list_changed(*allow_list)
         for change in mem.tick(self.clock.now()):
-            log.warning("%s: %s %s -> %s (%s)", self.id, change.peer_id, change.old, change.new,
-                        change.reason)
+            self._log_change(change, logging.WARNING)
             self._wakeup.set()
         greetings = []
         # Bootstrap until someone live answers; then greet whoever gossip taught us. A
@@ -1444,6 +1453,7 @@ class Node:
         f = self.fault
         if f.crash_at_round == r and f.crash_phase in phases and self.incarnation == 0:
             log.critical("%s: injected crash in round %d (%s)", self.id, r, f.crash_phase)
+            self._observe("crash", self, round=r, phase=f.crash_phase)
             self._crash(f.exit_code)
 
     #: swim: members a goodbye goes to directly, at most.

@@ -35,8 +35,10 @@ from hfl.peer.security import signing_of
 from hfl.peer.seeds import SeedStore
 from hfl.peer.status import (
     EVENTS_NAME,
+    TYPED_EVENTS,
     CohortGone,
     CohortTooSmall,
+    EventLog,
     attach,
     check_listen,
     cohort_shortfall,
@@ -419,9 +421,13 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     own_process = hub is None and make is None
     threads_at_start: list[dict[str, float]] = []  # [the split] once the rounds began
 
+    notes = EventLog(run_dir / EVENTS_NAME)  # the typed notes (peer/status.py)
+
     def observe(event: str, node, **fields) -> None:
         if event == "started" and own_process and not threads_at_start:
             threads_at_start.append(cpu_by_thread())
+        if event in TYPED_EVENTS:
+            notes.note(event, node.id, node.incarnation, fields)
         if observer is not None:
             observer(event, node, **fields)
 
@@ -471,6 +477,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
             for name, cpu in cpu_by_thread().items()} if threads_at_start else {},
         "finished_at": wall(),  # compared with a checkpoint's saved_at (finished_siblings)
         "dropped": result.dropped,
+        "sent_by_type": result.sent,  # messages this life sent, by type
         "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
         "max_live_peers": max((int(r.get("live_peers", 1)) for r in result.metrics), default=1),
         "min_peers": cfg.node.min_peers, "cohort_shortfall": shortfall,

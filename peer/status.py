@@ -1,10 +1,13 @@
 """What a peer tells its user while it runs, beyond the metrics lines.
 
 * ``events.jsonl`` in the run directory: every warning and error the peer logs
-  (a refused handshake, an unreachable bootstrap address, a cohort that did not
-  fully join), plus ``joining`` records while it waits for its cohort.
-  ``hfl-launch`` follows this file and prints the problems on its console
-  within a poll, instead of leaving them deep in ``peer.log``.
+  (``kind: log``: a refused handshake, an unreachable bootstrap address, a cohort
+  that did not fully join), ``joining`` records while it waits for its cohort,
+  and the protocol's typed notes (:data:`TYPED_EVENTS`: membership changes,
+  drops with their code, elections taken, results published, committed and
+  absorbed; docs/runs.md lists their fields). ``hfl-launch`` follows this file
+  and prints the problems on its console within a poll, instead of leaving them
+  deep in ``peer.log``; benchmarks read the typed notes instead of log lines.
 * :func:`watch_join`: warnings within seconds when nobody answers at the
   bootstrap address, or when only k of n peers have joined.
 * :func:`cohort_shortfall`: a sharing method that ended with fewer peers than it
@@ -135,6 +138,38 @@ def cpu_by_thread() -> dict[str, float]:
             name = "native"  # unnamed threads of a library (torch's, OpenMP's)
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+#: The node's notes (``Node._observe``) that go to events.jsonl, as ``kind``: a member's
+#: status changed (member, old, new, reason), a message dropped (code, reason), an
+#: injected crash (round, phase), the rounds began (round), a result taken from an
+#: aggregator's epoch (took), published or committed as aggregator, absorbed, a member
+#: proven to equivocate (equivocator).
+TYPED_EVENTS = frozenset({"started", "member", "dropped", "crash", "took", "published",
+                          "committed", "absorbed", "equivocator"})
+
+
+class EventLog:
+    """The typed notes of one peer, one JSON line each, appended to events.jsonl.
+
+    Each note opens, appends and closes (as the warnings do): an injected crash exits
+    the process at once, and its note is on disk before; a thousand peers in one
+    process hold no thousand open files. A full or read-only disk stops the notes,
+    never the peer."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.broken = False
+
+    def note(self, kind: str, peer: str, incarnation: int, fields: dict[str, Any]) -> None:
+        if self.broken:
+            return
+        try:
+            append_event(self.path, kind=kind, peer=peer, incarnation=incarnation, **fields)
+        except OSError as exc:
+            self.broken = True
+            log.warning("%s: cannot write %s (%s): no more typed events this run", peer,
+                        self.path, exc)
 
 
 def append_event(path: Path, **record: Any) -> None:

@@ -1,0 +1,69 @@
+"""The typed event stream: every peer's protocol decisions in its events.jsonl.
+
+Benchmarks and tools read these notes instead of log lines (docs/runtime.md, Typed
+events); the tests run real peers on the simulator (deterministic) and read the
+files the peers wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hfl.launch import sim
+from hfl.peer.status import TYPED_EVENTS
+
+QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart.yaml"
+
+
+def notes(root: Path) -> dict[str, list[dict]]:
+    """peer -> its events.jsonl records, in order (one run's directories under ``root``)."""
+    out = {}
+    for f in sorted(root.rglob("events.jsonl")):
+        out[f.parent.name] = [json.loads(line) for line in f.read_text().splitlines()]
+    return out
+
+
+def run(tmp_path: Path, **opts) -> dict[str, list[dict]]:
+    scenario = sim.Scenario(seed=0, network=sim.NetworkFaults(), timing={}, faults=opts.pop("faults", []),
+                            calm_at=0.0)
+    res = sim.run_seed(0, sim.SimOptions(experiment=str(QUICKSTART), keep=tmp_path, **opts), scenario)
+    assert not res.violations, res.violations
+    return notes(tmp_path)
+
+
+def test_every_peer_notes_the_results_it_absorbed_and_the_aggregator_what_it_committed(tmp_path):
+    got = run(tmp_path, peers=4, rounds=12, overrides=["defaults.cohort.aggregate_at=aggregator"],
+              faults=[sim.Fault(t=4.2, kind="crash", peers=("p3",), duration=8.0)])
+    assert set(got) == {"p0", "p1", "p2", "p3"}
+    for peer, recs in got.items():
+        assert {r["kind"] for r in recs} <= TYPED_EVENTS | {"log", "joining"}, peer
+        assert all(r["peer"] == peer and isinstance(r["t"], float) for r in recs if r["kind"] != "log")
+    committed = {(r["round"], r["digest"]) for recs in got.values() for r in recs
+                 if r["kind"] == "committed"}
+    assert sorted(r for r, _ in committed) == list(range(1, 13))  # one commit a round
+    for peer in ("p0", "p1", "p2"):
+        absorbed = {(r["round"], r["digest"]) for r in got[peer] if r["kind"] == "absorbed"}
+        assert absorbed == committed, peer  # exactly what was committed, every round
+        # p3 was SIGKILLed at t=4.2 (and restarted 8 s later): each survivor saw it die,
+        # then come back.
+        deaths = [r for r in got[peer] if r["kind"] == "member" and r["member"] == "p3"
+                  and r["new"] == "dead"]
+        assert deaths and deaths[0]["old"] in ("alive", "suspect") and deaths[0]["reason"], peer
+        assert any(r["kind"] == "member" and r["member"] == "p3" and r["old"] == "dead"
+                   and r["new"] == "alive" and r["t"] > deaths[0]["t"] for r in got[peer]), peer
+
+
+def test_an_equivocating_member_is_noted_with_the_drops_of_its_contributions(tmp_path):
+    # Every peer aggregating, p1 a twin that sends p0 zeros and the others its real
+    # contribution, both signed: the proof reaches the honest peers, who note it and
+    # each drop of its later contributions with the code.
+    got = run(tmp_path, peers=4, rounds=4, overrides=["defaults.cohort.aggregate_at=every_peer"],
+              byzantine=["p1:equivocate"])
+    honest = ("p0", "p2", "p3")
+    for peer in honest:
+        named = [r for r in got[peer] if r["kind"] == "equivocator"]
+        assert [r["peer_named"] for r in named] == ["p1"], peer
+    drops = [r for p in honest for r in got[p] if r["kind"] == "dropped"]
+    assert drops and {r["code"] for r in drops} >= {"equivocator"}
+    assert all(r["reason"] for r in drops)
