@@ -15,17 +15,18 @@ and runs :func:`hfl.peer.runner.run_peer` for each plan on one ``MemoryHub``. On
   by its header's ``type`` (``msgpack.unpackb(frames[0])["type"]``), per sender, with
   its bytes, in one-second buckets of wall time. *Membership* messages are every type
   but :data:`NOT_MEMBERSHIP`, so a new type (a probe, say) counts as membership.
-* **A kill.** Once every peer has written its metrics line for round ``kill_after``
-  (seen at once in that line's log record, and from ``metrics.jsonl`` every second),
+* **A kill.** Once every peer has finished round ``kill_after`` (its ``round`` note,
+  and from ``metrics.jsonl`` every second),
   the peer with the highest index dies as a SIGKILLed process would: its transport's
   ``send`` returns False without delivering (no goodbye gets out), its address leaves
   the hub and its inbox is gone (sends to it fail), then its ``run_peer`` task is
   cancelled. ``t_kill`` is ``time.monotonic()`` at that moment.
-* **Detection.** A handler on the ``hfl`` logger notes ``time.monotonic()`` of the
-  first ``"<observer>: <victim> (alive|suspect) -> dead"`` line of each observer (the
-  node's membership-change line, ``"%s: %s %s -> %s (%s)"``); detection time is that
-  minus ``t_kill``. Other ``-> suspect`` / ``-> dead`` lines (about live peers, or
-  about the victim before the kill) are counted as false suspicions / deaths.
+* **Detection.** Each peer runs with :class:`MembershipWatch` as its observer, which
+  takes the nodes' typed notes (docs/runtime.md, Typed events) and notes
+  ``time.monotonic()`` of each observer's first ``member`` note that the victim is
+  dead; detection time is that minus ``t_kill``. Other notes of ``-> suspect`` /
+  ``-> dead`` (about live peers, or about the victim before the kill) are counted as
+  false suspicions / deaths.
 
 ``hfl_src`` (bench/scale.py --hfl-src DIR): :func:`use_hfl_from` makes ``import hfl``
 load the packages of checkout DIR instead of the editable install. bench/scale.py also
