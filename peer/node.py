@@ -23,10 +23,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import random
 import time
-import zlib
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +33,25 @@ from typing import Any
 from hfl.algorithms.base import Algorithm, Payload, aggregates_everywhere
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
-from hfl.peer.core import PeerCore, payload_digest
+from hfl.peer.core import PeerCore, clip, payload_digest
+from hfl.peer.instructions import (
+    Barrier,
+    Broadcast,
+    Dropped,
+    Forget,
+    Instruction,
+    MemberChanged,
+    NamedEquivocator,
+    Refused,
+    Reply,
+    RequestSeeds,
+    Say,
+    Send,
+    SendTo,
+    ServeSeeds,
+    StoreSeedChunk,
+    Wake,
+)
 from hfl.peer.membership import Membership
 from hfl.peer.rounds import fold_rounds
 from hfl.peer.security import split_bootstrap
@@ -49,17 +65,13 @@ from hfl.protocol import (
     Commit,
     Error,
     ErrorCode,
-    Gossip,
     Heartbeat,
-    Hello,
     Knowledge,
     Leave,
     Limits,
     Message,
     ProtocolError,
-    SeedChunk,
     SeedRequest,
-    Welcome,
     decode,
     encode,
 )
@@ -69,15 +81,6 @@ log = logging.getLogger("hfl.peer")
 #: Message types that keep the membership (counted apart in the metrics: what
 #: timing.membership costs).
 MEMBERSHIP_TYPES = frozenset({"hello", "welcome", "gossip", "heartbeat", "leave"})
-#: swim: failure news piggybacked on one heartbeat, at most.
-NEWS_PER_MESSAGE = 6
-#: swim: member records in one anti-entropy gossip, at most (a sample of the view).
-GOSSIP_SAMPLE = 16
-#: swim: hellos sent in one tick, at most (a late joiner greets a big cohort in steps).
-GREETINGS_PER_TICK = 256
-#: swim: probes an aggregator candidate gets from the waiting members per interval, about:
-#: each member probes it every ceil(N / this) intervals, at a phase of its own.
-CONTACT_PROBES_PER_TICK = 16
 
 
 @dataclass
@@ -159,14 +162,7 @@ class Node:
         choice = getattr(timing, "membership", "auto")
         self.swim = choice == "swim" or (choice == "auto" and min_peers >= SWIM_FROM)
         self._wakeup = asyncio.Event()
-        # Peers this round depends on (its aggregator candidates): with swim, probed every
-        # ceil(N / CONTACT_PROBES_PER_TICK) intervals (each interval in cohorts of up to 16).
-        self._contacts: set[str] = set()
-        self._probe_calls = 0  # swim: _probe calls so far, and this peer's phase in them
-        self._phase = zlib.crc32(peer_id.encode())
-        self._to_greet = True  # swim: members may wait for our hello (scan the view)
         self._tasks: dict[asyncio.Task, None] = {}  # a dict: cancelled in a fixed order
-        self._named: set[str] = set()  # equivocators this peer has said it leaves out
         # No elected aggregator: every peer aggregates the round's knowledge itself.
         self.everywhere = aggregates_everywhere(getattr(cohort, "aggregate_at", "auto"), algorithm,
                                                min_peers)
@@ -192,6 +188,13 @@ class Node:
                                 **({"aggregate_everywhere": 1} if self.everywhere else {}),
                                 **({"fanout": fanout} if fanout is not None else {}),
                                 **({"communicate_every": every} if every != 1 else {})}
+        self.core.incarnation, self.core.swim = incarnation, self.swim
+        self.core.timing, self.core.rng, self.core.bootstrap = timing, self.rng, self.bootstrap
+        self.core.keeps_seeds = seeds is not None
+        self.core.capabilities = [algorithm.mode, f"protocol:{PROTOCOL_VERSION}"]
+        self.core.hello_terms = {"cohort": cohort.name, "algorithm": cohort.algorithm,
+                                 "num_classes": num_classes, "rounds": cohort.rounds,
+                                 "shared": self._handshake_info}
         self._metrics: list[dict[str, Any]] = []  # one line per evaluated round
         # Evaluate, record and checkpoint every N rounds (and after the last): the
         # rounds between are folded into the next line (fold_rounds).
@@ -206,9 +209,6 @@ class Node:
         self._essential: set[asyncio.Task] = set()  # the receive and tick loops
         self._runner: asyncio.Task | None = None  # the task in run(), cancelled if one dies
         self._fatal: tuple[str, BaseException] | None = None  # (loop, what killed it)
-        # (aggregator, knowledge) this peer sent last with an elected aggregator: sent
-        # again when that aggregator says it is still awaiting it (heartbeat ``awaiting``)
-        self._sent_knowledge: tuple[str, Knowledge] | None = None
         self.advertise = advertise
         self.seeds = seeds
         self.fault = fault or FaultConfig()
@@ -313,7 +313,7 @@ class Node:
     # ================================================================ sending
 
     def _envelope(self) -> dict[str, Any]:
-        return {"sender": self.id, "incarnation": self.incarnation}
+        return self.core.envelope()
 
     def _encode(self, msg: Message):
         """The message's frames, or None (logged) when it breaks the protocol's limits:
@@ -426,126 +426,63 @@ class Node:
                                                 reason=clip(err.reason, 200)), identity)
             return
         log.debug("%s: <- %s from %s", self.id, msg.TYPE, msg.sender)
-        drop = self.core.admit(identity, msg)
-        if drop is not None and drop.code == "refused":
-            # Most likely the refusal of our hello (cohort_mismatch): its reason is all a
-            # misconfigured peer gets to see, so say it rather than "unknown peer".
-            self.dropped["refused"] += 1
-            log.error("%s: %s", self.id, clip(drop.reason, 400))
-            return
-        if drop is not None:
-            self._drop(drop.code, drop.reason)
-            return
-        now = self.clock.now()
-        mem = self.membership
-        if isinstance(msg, Hello):
-            self._on_hello(msg, now)
-            return
-        address = msg.address if isinstance(msg, Welcome) else None
-        # The round a peer is in: from heartbeats, welcomes and its knowledge (a peer only
-        # shares for the round it is in).
-        round_ = msg.round if isinstance(msg, (Heartbeat, Welcome, Knowledge)) else None
-        epoch_ = msg.epoch if isinstance(msg, Heartbeat) else None
-        if isinstance(msg, Heartbeat):
-            self.core.note_heartbeat(msg)
-            if (missing := self.core.commit_missing(msg)) and (to := mem.address_of(msg.sender)):
-                # Its heartbeat says it committed what we accepted; its commit (the proof)
-                # never came: ack again, and it answers with the commit.
-                self._reply_soon(to, Ack(**self._envelope(), round=missing[0], epoch=missing[1],
-                                         digest=missing[2], sig=self.core.sign_ack(*missing)),
-                                 msg.sender)
-        if isinstance(msg, Heartbeat) and (why := self.core.compare_absorbed(msg)):
-            log.warning("%s: round %d: %s absorbed another aggregate than this peer (%s vs ours "
-                        "%s): %s", self.id, msg.absorbed_round, msg.sender,
-                        clip(msg.absorbed_digest, 16), self.core.absorbed[1], why)
-        if isinstance(msg, Leave):
-            change = mem.left(msg.sender, msg.incarnation)
-            address = mem.address_of(msg.sender)
-            if change and address:  # its socket is not needed any more (a new life reconnects)
-                self._spawn(self.transport.forget(address, msg.sender), "forget")
-        else:
-            change = mem.heard_from(msg.sender, msg.incarnation, now, address=address, round=round_,
-                                    epoch=epoch_,
-                                    answer=isinstance(msg, Heartbeat) and not msg.probe
-                                    and not msg.target)
-        if change:
-            self._log_change(change)
-            self._to_greet = True  # joined or restarted: it may need our hello
-        if isinstance(msg, Heartbeat):
-            self._on_heartbeat(msg, now)
-        elif isinstance(msg, (Welcome, Gossip)):
-            if isinstance(msg, Welcome) and msg.sender in mem.members:
-                mem.members[msg.sender].greeted = True
-            suggested = [r for r in msg.members
-                         if self.allowed_peers is None or r.peer_id in self.allowed_peers]
-            for new in mem.merge(suggested, now):
-                log.debug("%s: learned of %s via %s", self.id, new, msg.sender)
-                self._to_greet = True
-        elif isinstance(msg, Knowledge):
-            if (drop := self.core.admit_knowledge(msg)) is not None:
-                self._drop(drop.code, drop.reason)
-                self._name_equivocators(msg.sender)
-                return
-            _, lie = self.core.check_heard(msg)
-            if lie:
-                self._drop("lying_claim", lie)
-            self._name_equivocators(msg.sender)
-            reason = self.buffer.offer_knowledge(msg)
-            if reason:
-                self._drop("stale_knowledge" if "late" in reason else "rejected_knowledge", reason)
-        elif isinstance(msg, AggregateResult):
-            drop = self.core.admit_result(msg)
-            if drop is not None:
-                self._drop(drop.code, drop.reason)
-                return
-            reason = self.buffer.offer_result(msg)
-            if reason and (digest := self.core.ack_again(msg)):
-                # Sent again by its aggregator: our ack was lost (or is slow). Once more.
-                self._reply_soon(mem.address_of(msg.sender), Ack(
-                    **self._envelope(), round=msg.round, epoch=msg.epoch, digest=digest,
-                    sig=self.core.sign_ack(msg.round, msg.epoch, digest)), msg.sender)
-            elif reason:
-                self._drop("stale_result", reason)
-            elif msg.round == self.round and (why := self.core.epoch_unjustified(msg.round, msg.epoch)):
-                log.info("%s: result for round %d epoch %d from %s held: %s", self.id, msg.round,
-                         msg.epoch, msg.sender, why)
-        elif isinstance(msg, (Ack, Commit)):
-            if isinstance(msg, Ack) and (done := self.core.commit_of(msg)) is not None:
-                # Acked again after we committed (maybe once in a later round): its commit
-                # was lost. Once more.
-                self._reply_soon(mem.address_of(msg.sender), dataclasses.replace(
-                    done, **self._envelope()), msg.sender)
-                self._wakeup.set()
-                return
-            drop = self.core.note_ack(msg) if isinstance(msg, Ack) else self.core.admit_commit(msg)
-            if drop is not None:
-                self._drop(drop.code, drop.reason)
-                return
-        elif isinstance(msg, SeedRequest):
-            self._serve_seeds(msg)
-        elif isinstance(msg, SeedChunk):
-            reason = "this peer keeps no seed sets" if self.seeds is None else self.seeds.offer(msg)
-            if reason:
-                self._drop("seed_rejected", reason)
-        elif isinstance(msg, Error):
-            log.warning("%s: %s reports %s: %s", self.id, msg.sender, clip(msg.code),
-                        clip(msg.reason, 300))
-        self._wakeup.set()
+        self._execute(self.core.handle(identity, msg, self.clock.now()))
 
-    def _name_equivocators(self, via: str) -> None:
-        """Say, once per member, that it is proven to have signed two versions of one
-        round's contribution (the proof came with ``via``'s message), and that it is
-        left out from now on."""
-        for peer, proof in sorted(self.core.equivocators.items()):
-            if peer in self._named:
-                continue
-            self._named.add(peer)
-            r, _, first, _, _, second, _ = proof.split(":")
-            log.error("%s: %s signed two different contributions for round %s (proof from %s: "
-                      "digests %s and %s): it sent different knowledge to different peers; its "
-                      "contributions are left out for the rest of the run", self.id, peer, r,
-                      via if via != peer else "its own messages", clip(first, 16), clip(second, 16))
-            self._observe("equivocator", self, peer_named=peer, round=int(r))
+    async def _carry_out(self, instructions: list[Instruction]) -> None:
+        """:meth:`_execute`, with the batched sends (Send, Broadcast, RequestSeeds) sent
+        together and awaited at each Barrier and at the end."""
+        batch = []
+        for ins in instructions:
+            if isinstance(ins, Send):
+                batch.append(self._send_to(ins.address, ins.msg, ins.timeout_s) if ins.to_member
+                             else self._send(ins.address, ins.msg, ins.timeout_s, ins.peer_id))
+            elif isinstance(ins, Broadcast):
+                batch.append(self._broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s))
+            elif isinstance(ins, RequestSeeds):
+                batch += self._request_seeds()
+            elif isinstance(ins, Barrier):
+                await asyncio.gather(*batch)
+                batch = []
+            else:
+                self._execute([ins])
+        await asyncio.gather(*batch)
+
+    def _execute(self, instructions: list[Instruction]) -> None:
+        """Carry out the core's instructions (hfl.peer.instructions), in order."""
+        for ins in instructions:
+            if isinstance(ins, Reply):
+                self._reply_soon(ins.address, ins.msg, ins.peer_id)
+            elif isinstance(ins, Dropped):
+                self._drop(ins.code, ins.reason)
+            elif isinstance(ins, Wake):
+                self._wakeup.set()
+            elif isinstance(ins, MemberChanged):
+                self._log_change(ins.change, ins.level, ins.note)
+            elif isinstance(ins, Say):
+                log.log(ins.level, ins.template, *ins.args)
+            elif isinstance(ins, SendTo):
+                self._spawn(self._send_to(ins.peer_id, ins.msg, ins.timeout_s), ins.why)
+            elif isinstance(ins, Forget):
+                self._spawn(self.transport.forget(ins.address, ins.peer_id), "forget")
+            elif isinstance(ins, Refused):
+                self.dropped["refused"] += 1
+                log.error("%s: %s", self.id, clip(ins.reason, 400))
+            elif isinstance(ins, NamedEquivocator):
+                log.error("%s: %s signed two different contributions for round %s (proof from %s: "
+                          "digests %s and %s): it sent different knowledge to different peers; its "
+                          "contributions are left out for the rest of the run", self.id, ins.peer,
+                          ins.round, ins.via if ins.via != ins.peer else "its own messages",
+                          clip(ins.first, 16), clip(ins.second, 16))
+                self._observe("equivocator", self, peer_named=ins.peer, round=ins.round)
+            elif isinstance(ins, ServeSeeds):
+                self._serve_seeds(ins.msg)
+            elif isinstance(ins, StoreSeedChunk):
+                reason = ("this peer keeps no seed sets" if self.seeds is None
+                          else self.seeds.offer(ins.msg))
+                if reason:
+                    self._drop("seed_rejected", reason)
+            else:
+                raise TypeError(f"unknown instruction {ins!r}")
 
     def allow_list_changed(self, allowed: frozenset[str], removed: frozenset[str]) -> None:
         """The transport reloaded the CURVE allow-list: only ``allowed`` may be members
@@ -573,38 +510,8 @@ class Node:
             self._observe("member", self, member=change.peer_id, old=change.old, new=change.new,
                           reason=change.reason)
 
-    def _on_heartbeat(self, msg: Heartbeat, now: float) -> None:
-        """Failure news it carries, and the probes it asks for (timing.membership swim;
-        a full-mode peer answers probes too, so a mixed cohort still works)."""
-        mem = self.membership
-        if msg.members:
-            news = [r for r in msg.members if self.allowed_peers is None or r.peer_id in self.allowed_peers]
-            for change in mem.hear_news(news, msg.sender, now):
-                self._log_change(change, logging.INFO, "; probing it")
-        if msg.probe:  # answer: to the member that asked for an indirect probe, or the sender
-            to = msg.relay or msg.sender
-            address = mem.address_of(to)
-            if address is not None and to != self.id:
-                self._reply_soon(address, self._heartbeat(), to)
-        if msg.awaiting and self._sent_knowledge is not None:
-            aggregator, knowledge = self._sent_knowledge
-            if self.core.asks_again(msg, aggregator, knowledge):
-                log.info("%s: round %d: aggregator %s has not got our knowledge; sending it "
-                         "again", self.id, msg.awaiting, msg.sender)
-                self._spawn(self._send_to(aggregator, knowledge), "knowledge again")
-        if msg.target and msg.target not in (self.id, msg.sender):
-            # An indirect probe: ask the target to answer the sender itself, over its own
-            # link (our word that it lives would be a third party's).
-            address = mem.address_of(msg.target)
-            if address is not None:
-                self._reply_soon(address, self._heartbeat(probe=1, relay=msg.sender), msg.target)
-
     def _heartbeat(self, **probe: Any) -> Heartbeat:
-        return Heartbeat(
-            **self._envelope(), round=self.round, epoch=self.epoch,
-            absorbed_round=self.core.absorbed[0], absorbed_digest=self.core.absorbed[1],
-            sitting_out=self.round if self.round <= self.core.sit_out_through else 0,
-            members=self.membership.news(NEWS_PER_MESSAGE) if self.swim else [], **probe)
+        return self.core.heartbeat(**probe)
 
     def _serve_seeds(self, msg: SeedRequest) -> None:
         if self.seeds is None:
@@ -630,65 +537,6 @@ class Node:
             request = SeedRequest(**self._envelope(), owner=p, chunks=missing or [])
             sends.append(self._send(address, request, 0.05, p))
         return sends
-
-    def _on_hello(self, msg: Hello, now: float) -> None:
-        problem = self._incompatibility(msg)
-        if problem:
-            field_name, theirs, ours = problem
-            self._drop(ErrorCode.COHORT_MISMATCH, f"hello from {msg.sender}: {field_name} differs: "
-                       f"theirs {clip(repr(theirs))}, ours {ours!r}")
-            # The reply names the field; our value only goes to an authenticated member
-            # (on a plaintext link anyone could fish for what a hello must say).
-            reason = f"{field_name} differs" + (f": ours is {clip(repr(ours))}"
-                                                if self.allowed_peers is not None else "")
-            self._reply_soon(msg.address, Error(
-                **self._envelope(), code=ErrorCode.COHORT_MISMATCH, reason=reason,
-                ref_type="hello"), msg.sender)
-            return
-        mem = self.membership
-        drop = self.core.admit_hello(msg)
-        if drop is not None:
-            self._drop(drop.code, drop.reason)
-            return
-        change = mem.heard_from(msg.sender, msg.incarnation, now, address=msg.address,
-                                round=msg.round)
-        if change:
-            self._log_change(change)
-            self._to_greet = True  # joined or restarted: it may need our hello
-        if msg.introduced and msg.sender in mem.members:
-            # It holds us in its view already (it greets a member gossip suggested): it
-            # takes our messages, and needs no member list, nor our hello.
-            mem.members[msg.sender].greeted = True
-        self._reply_soon(msg.address, Welcome(
-            **self._envelope(), address=mem.self_address, round=self.round,
-            members=[] if msg.introduced else mem.records()), msg.sender)
-        self._wakeup.set()
-
-    def _incompatibility(self, msg: Hello) -> tuple[str, Any, Any] | None:
-        """(field, theirs, ours) of the first thing a hello disagrees on, or None."""
-        checks = [
-            ("cohort", msg.cohort, self.cohort.name),
-            ("algorithm", msg.algorithm, self.cohort.algorithm),
-            ("num_classes", msg.num_classes, self.num_classes),
-            ("rounds", msg.rounds, self.cohort.rounds),
-            # what the method and cohort options add (model dimensions, fanout,
-            # communicate_every, ...), each named
-            *((key, msg.shared.get(key), self._handshake_info.get(key))
-              for key in sorted({*msg.shared, *self._handshake_info}, key=str)),
-        ]
-        for name, theirs, ours in checks:
-            if theirs != ours:
-                return name, theirs, ours
-        return None
-
-    def _hello(self, introduced: bool = False) -> Hello:
-        return Hello(
-            **self._envelope(), address=self.membership.self_address, cohort=self.cohort.name,
-            algorithm=self.cohort.algorithm, num_classes=self.num_classes,
-            rounds=self.cohort.rounds, round=self.round, shared=self._handshake_info,
-            capabilities=[self.alg.mode, f"protocol:{PROTOCOL_VERSION}"],
-            introduced=int(introduced),
-        )
 
     # ================================================================ ticking
 
@@ -724,143 +572,17 @@ class Node:
             await asyncio.sleep(interval)
 
     async def _tick(self, tick: int) -> None:
-        mem = self.membership
         self.transport.housekeeping()
         if (allow_list := self.transport.take_allow_list_change()) is not None:
             self.allow_list_changed(*allow_list)
-        for change in mem.tick(self.clock.now()):
-            self._log_change(change, logging.WARNING)
-            self._wakeup.set()
-        greetings = []
-        # Bootstrap until someone live answers; then greet whoever gossip taught us. A
-        # resumed peer remembers its cohort at the addresses of its last run, which on
-        # a cluster (a resubmitted SLURM job) are all new: the bootstrap finds them.
-        if not any(m.greeted and m.status == "alive" for m in mem.members.values()):
-            hello = self._hello()
-            greetings += [self._send(a, hello, 0.05, peer) for peer, a in self.bootstrap
-                          if a != mem.self_address and peer != self.id]
-        # A dead member is greeted again once per dead_after_s: restarted at the same
-        # address with no checkpoint (killed before its first), it remembers nobody, and
-        # drops our heartbeats as "unknown peer" until our hello introduces us.
-        regreet = tick % max(1, round(self.timing.dead_after_s / self.timing.heartbeat_interval_s)) == 0
-        # Members greeted in our view (introduced: they need not send a member list back).
-        # With swim the scan (O(N)) runs while someone is left to greet, and once per
-        # dead_after_s: a thousand peers in one process must not each scan every tick.
-        places = []
-        if not self.swim or regreet or self._to_greet:
-            for m in mem.members.values():
-                if (not m.greeted and m.status != "left") or (regreet and m.status == "dead"):
-                    places.append((m.address, m.peer_id))
-                if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
-                    places.append((m.lead, m.peer_id))
-            self._to_greet = len(places) > GREETINGS_PER_TICK
-        if self.swim:  # a late joiner greets a big cohort over a few ticks, not at once
-            places = places[:GREETINGS_PER_TICK]
-        if places:
-            hello = self._hello(introduced=True)
-            greetings += [self._send(a, hello, 0.05, peer) for a, peer in places]
-        # Hellos first: a heartbeat racing ahead of our hello on a socket that is
-        # still connecting reaches a peer that does not know us yet, and is dropped.
-        await asyncio.gather(*greetings)
-        sends = []
-        if self.seeds is not None and tick % 4 == 1:
-            sends += self._request_seeds()
-        # Only peers that know us: those that answered our hello (greeted). One that has
-        # not may not have it yet (a hello to a socket still in its CURVE handshake is
-        # dropped, while a later heartbeat gets through) and would drop ours as unknown.
-        # A peer that only said hello to us does not know us either until our welcome
-        # reaches it, and that travels on another connection than our heartbeats.
-        if self.swim:
-            # Lifeguard: while answers come slowly (a loaded machine), probe and gossip
-            # less often too, by the same factor the timeouts are stretched: the detector
-            # must not add load to the load that slows it down.
-            every = math.ceil(mem.patience())
-            if tick % every == 0:
-                sends += self._probe()
-            target = (mem.random_members(1, self.rng, lambda m: m.greeted and m.status != "left")
-                      if tick % (2 * every) == 0 else [])  # drawn only when this tick gossips
-            if target:  # anti-entropy: a bounded sample of the view
-                sample = mem.records(sample=GOSSIP_SAMPLE, rng=self.rng)
-                sends.append(self._send_to(target[0], Gossip(**self._envelope(), members=sample),
-                                           0.05))
-            await asyncio.gather(*sends)
-            return
-        targets = [p for p in mem.gossip_targets() if mem.members[p].greeted]
-        if targets:
-            sends.append(self._broadcast(targets, self._heartbeat(), 0.05))
-            if tick % 2 == 0:
-                fanout = self.rng.sample(targets, min(self.timing.gossip_fanout, len(targets)))
-                sends.append(self._broadcast(fanout, Gossip(**self._envelope(),
-                                                            members=mem.records()), 0.05))
-        await asyncio.gather(*sends)
+        # Hellos first, then heartbeats, probes and gossip (PeerCore.tick_greetings).
+        await self._carry_out(self.core.tick_greetings(tick, self.clock.now()))
+        await self._carry_out(self.core.tick_sends(tick, self.clock.now()))
 
     def _on_link(self, address: str, peer_id: str | None, up: bool) -> None:
-        """The transport saw our link to ``address`` drop or come back (issue 36). A drop
-        is a hint: the peer is probed at once, directly and through ``gossip_fanout``
-        others (our link may be the problem), and is dead only if nothing answers
-        within ``Membership.hint_dead_s``. A SIGKILLed peer was dead only after
-        ``dead_after_s`` of silence (5 s by default)."""
-        mem = self.membership
-        if peer_id is None:  # no security: the link names an address, the view a peer
-            peer_id = next((m.peer_id for m in mem.members.values() if m.address == address), None)
-        if peer_id is None or peer_id == self.id:
-            return
-        if up:
-            mem.link_back(peer_id)
-            return
-        if not mem.hint(peer_id, self.clock.now()):
-            return
-        log.info("%s: link to %s dropped: probing it", self.id, peer_id)
-        self._spawn(self._send_to(peer_id, self._heartbeat(probe=1), 0.05), "hint-probe")
-        helpers = mem.random_members(
-            self.timing.gossip_fanout, self.rng,
-            lambda m: m.peer_id != peer_id and m.status == "alive" and m.greeted)
-        for h in helpers:
-            self._spawn(self._send_to(h, self._heartbeat(target=peer_id), 0.05), "hint-probe")
-        self._wakeup.set()
-
-    #: swim: members owing an answer that are probed indirectly in one tick, at most.
-    INDIRECT_PER_TICK = 8
-
-    def _probe(self) -> list:
-        """This interval's probes (timing.membership swim): the next member of the
-        randomized round-robin, every ceil(N / 16) calls the members this round depends
-        on (``_contacts``: its aggregator candidates; each call in cohorts of up to 16,
-        so there their deaths and rounds are seen at the full-mode latency), and the
-        members that still owe an answer, each of these again only
-        after 1, 2, 4, ... intervals (``Membership.probe_due``). A probe that is such
-        a repeat also goes through ``gossip_fanout`` others, which ask the member to
-        answer us directly (SWIM's indirect probe: our own link may be the problem)."""
-        mem, now = self.membership, self.clock.now()
-        interval = self.timing.heartbeat_interval_s
-        direct = {p for p in mem._owing if mem.probeable(p)}
-        # The contacts: each waiting member probes them every ceil(N / 16) of these
-        # calls, at its own phase, so an aggregator answers about 16 probes an interval
-        # however big the cohort (every member each interval was N probes at it: two
-        # hundred peers on two cores flooded each aggregator in turn until it was
-        # declared dead).
-        period = max(1, math.ceil(len(mem.members) / CONTACT_PROBES_PER_TICK))
-        self._probe_calls += 1
-        if (self._probe_calls + self._phase) % period == 0:
-            direct |= {p for p in self._contacts if mem.probeable(p)}
-        nxt = mem.next_probe()
-        if nxt is not None:
-            direct.add(nxt)
-        probes = sorted(p for p in direct if mem.probe_due(p, now, interval))
-        sends = []
-        if probes:
-            sends.append(self._broadcast(probes, self._heartbeat(probe=1), 0.05))
-            for p in probes:
-                mem.expect(p, now)
-        again = [p for p in probes if mem.members[p].probes > 1][:self.INDIRECT_PER_TICK]
-        for p in again:
-            helpers = mem.random_members(
-                self.timing.gossip_fanout, self.rng,
-                lambda m, p=p: m.peer_id != p and m.status == "alive" and m.greeted
-                and m.expect_since is None)
-            for h in helpers:
-                sends.append(self._send_to(h, self._heartbeat(target=p), 0.05))
-        return sends
+        """The transport saw our link to ``address`` drop or come back: a hint
+        (PeerCore.link_changed)."""
+        self._execute(self.core.link_changed(address, peer_id, up, self.clock.now()))
 
     # ================================================================ waiting
 
@@ -963,7 +685,7 @@ class Node:
                 self.round = target
                 self.buffer.advance(self.round)
             await self._one_round(self.round)
-            self._contacts = set()
+            self.core.contacts = set()
             self.round += 1
             self.buffer.advance(self.round)
             self.core.forget_before(self.round)
@@ -1134,11 +856,11 @@ class Node:
                 began_at, core.epoch_began = elected[1], self.clock.now()
             aggregator, self.epoch = elected
             info.update(aggregator=aggregator, epoch=self.epoch)
-            self._contacts = self._candidates(r, self.epoch)
+            self.core.contacts = self._candidates(r, self.epoch)
             if aggregator == self.id:
                 return await self._serve(r, payload, info, work)
             knowledge = self._knowledge(r, payload, self.epoch)
-            self._sent_knowledge = (aggregator, knowledge)  # an "awaiting" asks for it again
+            self.core.sent_knowledge = (aggregator, knowledge)  # an "awaiting" asks for it again
             await self._send_to(aggregator, knowledge)
             # An aggregator still behind round r (restarted, paused, catching up) may lose
             # what it got meanwhile (or never get it: it was not listening yet): once its
@@ -1291,7 +1013,7 @@ class Node:
         log.warning("%s: round %d: an earlier life of this peer was in this round and may have "
                     "acked a result it no longer knows: sitting the round out", self.id, r)
         core = self.core
-        self._contacts = self._candidates(r, 0)
+        self.core.contacts = self._candidates(r, 0)
         deadline = self.clock.now() + self.timing.round_timeout_s + self.timing.aggregate_grace_s
         await self._wait_until(lambda: core.committed_result(r) is not None or core.cohort_past(r),
                                deadline)
@@ -1467,7 +1189,7 @@ class Node:
             # A goodbye to a sample: the news spreads from there (each receiver passes it
             # on; the others then probe us, find us gone and mark us dead).
             targets = sorted(set(self.rng.sample(targets, self.LEAVE_FANOUT))
-                             | (self._contacts & set(targets)))
+                             | (self.core.contacts & set(targets)))
         if targets:  # best effort and brief: a peer that already closed must not delay our exit
             await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
                                                  round=self.round), timeout_s=0.2)
@@ -1475,18 +1197,6 @@ class Node:
 
 class NodeFailed(RuntimeError):
     """The node's own receive or tick loop died: the peer stops (see Node._task_done)."""
-
-
-def clip(text: Any, limit: int = 120) -> str:
-    """``text`` made safe to log: control characters escaped, at most ``limit`` chars.
-
-    Everything a peer logs or echoes that another peer chose (ids, reasons,
-    cohort names) goes through here, so a hostile 1 MB string costs one short line.
-    """
-    s = str(text)
-    if not s.isprintable():
-        s = s.encode("unicode_escape", errors="backslashreplace").decode("ascii")
-    return s if len(s) <= limit else f"{s[:limit]}...({len(s) - limit} more chars)"
 
 
 def advertised_address(bound: str, advertise: str | None) -> str:

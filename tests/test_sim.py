@@ -431,10 +431,10 @@ def test_an_interrupt_inside_a_peer_ends_the_run_instead_of_changing_its_history
     # one peer's receive loop. The runtime logged the dead task and the peer ran on, deaf:
     # every peer "learned from no other peer in 5 of its 6 round(s)". Here the same, at a
     # fixed point: the run must end with the interrupt, never report a history.
-    from hfl.peer.node import Node
+    from hfl.peer.core import PeerCore
 
     heard = {"p3": 0}
-    on_heartbeat = Node._on_heartbeat
+    on_heartbeat = PeerCore._on_heartbeat
 
     def interrupted(self, msg, now):
         if self.id == "p3":
@@ -443,7 +443,7 @@ def test_an_interrupt_inside_a_peer_ends_the_run_instead_of_changing_its_history
                 raise Interrupt("Timeout (>180.0s) from pytest-timeout.")
         return on_heartbeat(self, msg, now)
 
-    monkeypatch.setattr(Node, "_on_heartbeat", interrupted)
+    monkeypatch.setattr(PeerCore, "_on_heartbeat", interrupted)
     with pytest.raises(Interrupt):
         sim.run_seed(28, sim.SimOptions())
     assert heard["p3"] == 200

@@ -1,0 +1,154 @@
+"""What the protocol core tells its shell to do: typed instructions, no I/O.
+
+:meth:`hfl.peer.core.PeerCore.handle` takes a received message and returns a list of
+these; :class:`hfl.peer.node.Node` carries them out in order (sends, logs, wake-ups),
+so every decision about a message is made in the core, where a test can read it off
+the list without sockets, tasks or a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hfl.protocol import Message, SeedChunk, SeedRequest
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Send ``msg`` to ``address`` soon, off the receive loop (only ``peer_id`` can read it
+    on an authenticated transport). ``address`` None: the peer has no address (nothing
+    goes out)."""
+
+    address: str | None
+    msg: Message
+    peer_id: str
+
+
+@dataclass(frozen=True)
+class SendTo:
+    """Send ``msg`` to member ``peer_id`` at its current address, in a task of its own
+    (``why`` names it), waiting at most ``timeout_s`` for the link."""
+
+    peer_id: str
+    msg: Message
+    why: str
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send ``msg`` to ``address`` (``peer_id``: who must read it there; None: whoever
+    answers, a bootstrap address) as part of the current batch: the shell sends a
+    batch's messages together and waits for them at the next :class:`Barrier`."""
+
+    address: str | None
+    msg: Message
+    timeout_s: float | None = None
+    peer_id: str | None = None
+    to_member: bool = False  # address is a member id: send to its current address
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Send ``msg`` to each of ``peer_ids`` (members), as part of the current batch."""
+
+    peer_ids: tuple[str, ...]
+    msg: Message
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RequestSeeds:
+    """Ask each live peer for the chunks of its seed set still missing (the seed store
+    knows which), as part of the current batch."""
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Wait until the batch sent so far is out before going on (hellos before heartbeats:
+    a heartbeat racing ahead of our hello is dropped by a peer that does not know us)."""
+
+
+@dataclass(frozen=True)
+class Forget:
+    """Close the link to ``address`` (``peer_id`` left: a new life reconnects)."""
+
+    address: str
+    peer_id: str
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A message not taken: counted under ``code`` and logged with ``reason``."""
+
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A peer refused our hello (most likely: its ``reason`` names the field that
+    differs); counted under ``refused`` and logged as an error."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class MemberChanged:
+    """A member's status changed in this peer's view (logged, and a ``member`` note).
+    ``level`` None: the usual level for a change (a SWIM join is debug)."""
+
+    change: Any  # hfl.peer.membership.Change
+    level: int | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Say:
+    """A log line: ``template % args`` at ``level`` (the template is what the console
+    deduplicates on)."""
+
+    level: int
+    template: str
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
+class NamedEquivocator:
+    """``peer`` is proven to have signed two contributions for ``round`` (digests
+    ``first`` and ``second``; the proof came with ``via``'s message): said once."""
+
+    peer: str
+    round: int
+    via: str
+    first: str
+    second: str
+
+
+@dataclass(frozen=True)
+class ServeSeeds:
+    """Answer a request for chunks of a seed set this peer holds."""
+
+    msg: SeedRequest
+
+
+@dataclass(frozen=True)
+class StoreSeedChunk:
+    """Offer a chunk of another peer's seed set to the seed store (which checks it)."""
+
+    msg: SeedChunk
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Something a waiting round may be waiting for changed: re-check its conditions."""
+
+
+WAKE = Wake()
+
+BARRIER = Barrier()
+
+Instruction = (Reply | SendTo | Send | Broadcast | RequestSeeds | Barrier | Forget | Dropped
+               | Refused | MemberChanged | Say | NamedEquivocator | ServeSeeds | StoreSeedChunk
+               | Wake)

@@ -1,0 +1,197 @@
+"""PeerCore.handle on a bare core: a received message in, the shell's instructions out.
+
+No sockets, tasks or clock: each test builds a core in one line, hands it a message
+and reads what it decided (hfl.peer.instructions), as PROTOCOL.md states the rule.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+from pathlib import Path
+
+from hfl.peer.core import PeerCore
+from hfl.peer.instructions import (
+    WAKE,
+    Dropped,
+    Forget,
+    MemberChanged,
+    Refused,
+    Reply,
+    Say,
+    SendTo,
+)
+from hfl.peer.membership import Membership
+from hfl.protocol import Ack, Commit, Error, Heartbeat, Hello, Knowledge, Leave, Welcome
+
+TERMS = {"cohort": "c", "algorithm": "fedavg", "num_classes": 10, "rounds": 5,
+         "shared": {"num_parameters": 100}}
+
+
+def bare(me: str = "p0", members: tuple[str, ...] = ("p1", "p2"), round: int = 1, **kw) -> PeerCore:
+    """A core of a cohort whose ``members`` it has heard from (at t=0, in ``round``)."""
+    core = PeerCore(me, mode="aggregator", everywhere=False, lookahead=2, start_round=round, **kw)
+    core.membership = Membership(me, f"mem://{me}", 0, 2.0, 5.0)
+    core.hello_terms = TERMS
+    for p in members:
+        core.membership.heard_from(p, 0, 0.0, address=f"mem://{p}", round=round)
+    return core
+
+
+def hello(sender: str = "p9", **kw) -> Hello:
+    terms = {**TERMS, **kw}
+    return Hello(sender=sender, incarnation=0, address=f"mem://{sender}", cohort=terms["cohort"],
+                 algorithm=terms["algorithm"], num_classes=terms["num_classes"],
+                 rounds=terms["rounds"], shared=terms["shared"])
+
+
+def test_the_core_imports_no_io():
+    # The rules must be testable (and simulated) without an event loop, sockets or a clock.
+    for name in ("core.py", "instructions.py", "membership.py", "rounds.py"):
+        tree = ast.parse((Path(__file__).resolve().parent.parent / "peer" / name).read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                    for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                     if isinstance(n, ast.ImportFrom) and n.module}
+        assert not imported & {"asyncio", "zmq", "socket", "time", "os", "threading"}, name
+
+
+def test_a_hello_that_disagrees_is_refused_naming_the_field_and_only_then_our_value():
+    # PROTOCOL.md, hello: the reason names the field; only over an authenticated link does
+    # it give the receiver's own value.
+    core = bare()
+    out = core.handle("p9", hello(shared={"num_parameters": 100, "communicate_every": 2}), 1.0)
+    assert [type(i) for i in out] == [Dropped, Reply]
+    assert out[0].code == "cohort_mismatch" and "communicate_every differs" in out[0].reason
+    reply = out[1].msg
+    assert isinstance(reply, Error) and reply.reason == "communicate_every differs"
+    assert (out[1].address, out[1].peer_id) == ("mem://p9", "p9")
+    assert "p9" not in core.membership.members  # not admitted
+    authenticated = bare(allowed_peers=frozenset({"p0", "p1", "p2", "p9"}))
+    out = authenticated.handle("p9", hello(rounds=7), 1.0)
+    assert out[1].msg.reason == "rounds differs: ours is 5"
+
+
+def test_a_hello_that_agrees_is_welcomed_with_the_view_and_the_member_joins():
+    core = bare()
+    out = core.handle("p9", hello(), 1.0)
+    assert [type(i) for i in out] == [MemberChanged, Reply, type(WAKE)]
+    assert (out[0].change.peer_id, out[0].change.new) == ("p9", "alive")
+    welcome = out[1].msg
+    assert isinstance(welcome, Welcome) and {r.peer_id for r in welcome.members} >= {"p0", "p1", "p2"}
+    assert core.to_greet  # a newcomer may need our hello
+
+
+def test_a_message_from_another_connection_than_its_sender_is_dropped():
+    out = bare().handle("p2", Heartbeat(sender="p1", incarnation=0, round=1), 1.0)
+    assert len(out) == 1 and isinstance(out[0], Dropped)
+
+
+def test_a_goodbye_ends_the_membership_and_closes_the_link():
+    core = bare()
+    out = core.handle("p1", Leave(sender="p1", incarnation=0, reason="finished"), 1.0)
+    assert [type(i) for i in out] == [Forget, MemberChanged, type(WAKE)]
+    assert out[0] == Forget("mem://p1", "p1") and out[1].change.new == "left"
+    assert not core.membership.is_live("p1")
+
+
+def test_an_indirect_probe_is_passed_on_to_its_target_with_the_asker_as_relay():
+    # PROTOCOL.md, Membership (swim): the target answers the asker itself.
+    core = bare()
+    out = core.handle("p1", Heartbeat(sender="p1", incarnation=0, round=1, target="p2"), 1.0)
+    probes = [i for i in out if isinstance(i, Reply)]
+    assert len(probes) == 1 and probes[0].peer_id == "p2"
+    assert (probes[0].msg.probe, probes[0].msg.relay) == (1, "p1")
+
+
+def test_an_aggregator_still_awaiting_our_knowledge_gets_it_again():
+    # PROTOCOL.md, Rounds: "each that sent its knowledge to it for that (r, e) sends it again".
+    core = bare(round=3)
+    sent = Knowledge(sender="p0", incarnation=0, round=3, kind="weights")
+    core.sent_knowledge = ("p1", sent)
+    out = core.handle("p1", Heartbeat(sender="p1", incarnation=0, round=3, awaiting=3), 1.0)
+    again = [i for i in out if isinstance(i, SendTo)]
+    assert again == [SendTo("p1", sent, "knowledge again")]
+    assert any(isinstance(i, Say) and i.level == logging.INFO for i in out)
+    # Not when it awaits another round's.
+    out = core.handle("p1", Heartbeat(sender="p1", incarnation=0, round=3, awaiting=2), 2.0)
+    assert not [i for i in out if isinstance(i, SendTo)]
+
+
+def test_knowledge_for_a_round_this_peer_finished_is_dropped_as_late():
+    core = bare(round=4)
+    out = core.handle("p1", Knowledge(sender="p1", incarnation=0, round=3, kind="weights"), 1.0)
+    assert [(i.code, "late" in i.reason) for i in out if isinstance(i, Dropped)] == [
+        ("stale_knowledge", True)]
+    assert out[-1] == WAKE
+
+
+def test_an_ack_after_the_commit_gets_the_commit_again():
+    # PROTOCOL.md, Commit: an ack that comes after the commit means the commit was lost.
+    core = bare(round=2)
+    commit = Commit(sender="p0", incarnation=0, round=2, epoch=0, digest="d" * 64)
+    core.last_commit = commit
+    core.commits.add((2, "d" * 64))
+    out = core.handle("p1", Ack(sender="p1", incarnation=0, round=2, epoch=0, digest="d" * 64), 1.0)
+    assert [type(i) for i in out] == [Reply, type(WAKE)]
+    assert out[0].peer_id == "p1" and out[0].msg.digest == "d" * 64
+
+
+def test_a_refusal_of_our_hello_is_reported_as_such():
+    core = bare(members=())
+    msg = Error(sender="p5", incarnation=0, code="cohort_mismatch", reason="rounds differs",
+                ref_type="hello")
+    out = core.handle("p5", msg, 1.0)
+    assert len(out) == 1 and isinstance(out[0], Refused) and "rounds differs" in out[0].reason
+
+
+# ---------------------------------------------------------------------------- ticking
+
+
+def ticking(me: str = "p0", members: tuple[str, ...] = ("p1", "p2"), swim: bool = False) -> PeerCore:
+    from hfl.peer.config import TimingConfig
+
+    core = bare(me, members)
+    core.timing, core.swim = TimingConfig(), swim
+    return core
+
+
+def test_a_peer_greets_its_bootstrap_until_someone_answers_then_only_new_members():
+    from hfl.peer.instructions import Send
+
+    core = ticking(members=())
+    core.bootstrap = ((None, "tcp://10.0.0.5:5555"), ("p0", "mem://p0"))  # the second is us
+    out = core.tick_greetings(1, now=1.0)
+    assert [(i.address, i.msg.TYPE) for i in out if isinstance(i, Send)] == [
+        ("tcp://10.0.0.5:5555", "hello")]
+    core.handle("p1", Welcome(sender="p1", incarnation=0, address="mem://p1", round=1), 2.0)
+    out = core.tick_greetings(2, now=2.0)
+    assert not [i for i in out if isinstance(i, Send)]  # p1 answered: no more bootstrap hellos
+
+
+def test_heartbeats_go_only_to_members_that_know_us_and_gossip_every_other_tick():
+    from hfl.peer.instructions import Broadcast
+
+    core = ticking()
+    core.membership.members["p1"].greeted = True  # p2 never answered our hello
+    out = core.tick_sends(2, now=1.0)
+    assert [(i.peer_ids, i.msg.TYPE) for i in out if isinstance(i, Broadcast)] == [
+        (("p1",), "heartbeat"), (("p1",), "gossip")]
+    assert [i.msg.TYPE for i in core.tick_sends(3, now=1.5) if isinstance(i, Broadcast)] == ["heartbeat"]
+
+
+def test_a_dropped_link_is_a_hint_that_probes_and_never_a_death():
+    # PROTOCOL.md, Membership: a disconnect starts a direct probe and indirect ones
+    # through others; only unanswered probes make the member dead (docs/runtime.md).
+    core = ticking(members=("p1", "p2", "p3"))
+    core.membership.hint_dead_s = 1.0  # as the node sets it: 2 heartbeat intervals
+    for p in ("p1", "p2", "p3"):
+        core.membership.members[p].greeted = True
+    assert core.link_changed("mem://p9", None, up=False, now=1.0) == []  # not a member's link
+    out = core.link_changed("mem://p1", None, up=False, now=1.0)  # found by its address
+    sends = [i for i in out if isinstance(i, SendTo)]
+    assert sends[0].peer_id == "p1" and sends[0].msg.probe == 1
+    assert {s.peer_id for s in sends[1:]} == {"p2", "p3"} and all(s.msg.target == "p1" for s in sends[1:])
+    assert out[-1] == WAKE
+    assert core.membership.is_live("p1")  # a hint is not a failure
+    assert core.link_changed("mem://p1", "p1", up=True, now=1.2) == []  # the link is back
