@@ -31,27 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfl.algorithms.base import Algorithm, Payload, aggregates_everywhere
+from hfl.peer import instructions as do
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
 from hfl.peer.core import PeerCore, clip, payload_digest
-from hfl.peer.instructions import (
-    Barrier,
-    Broadcast,
-    Dropped,
-    Forget,
-    Instruction,
-    MemberChanged,
-    NamedEquivocator,
-    Refused,
-    Reply,
-    RequestSeeds,
-    Say,
-    Send,
-    SendTo,
-    ServeSeeds,
-    StoreSeedChunk,
-    Wake,
-)
 from hfl.peer.membership import Membership
 from hfl.peer.rounds import fold_rounds
 from hfl.peer.security import split_bootstrap
@@ -428,55 +411,55 @@ class Node:
         log.debug("%s: <- %s from %s", self.id, msg.TYPE, msg.sender)
         self._execute(self.core.handle(identity, msg, self.clock.now()))
 
-    async def _carry_out(self, instructions: list[Instruction]) -> None:
+    async def _carry_out(self, instructions: list[do.Instruction]) -> None:
         """:meth:`_execute`, with the batched sends (Send, Broadcast, RequestSeeds) sent
         together and awaited at each Barrier and at the end."""
         batch = []
         for ins in instructions:
-            if isinstance(ins, Send):
+            if isinstance(ins, do.Send):
                 batch.append(self._send_to(ins.address, ins.msg, ins.timeout_s) if ins.to_member
                              else self._send(ins.address, ins.msg, ins.timeout_s, ins.peer_id))
-            elif isinstance(ins, Broadcast):
+            elif isinstance(ins, do.Broadcast):
                 batch.append(self._broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s))
-            elif isinstance(ins, RequestSeeds):
+            elif isinstance(ins, do.RequestSeeds):
                 batch += self._request_seeds()
-            elif isinstance(ins, Barrier):
+            elif isinstance(ins, do.Barrier):
                 await asyncio.gather(*batch)
                 batch = []
             else:
                 self._execute([ins])
         await asyncio.gather(*batch)
 
-    def _execute(self, instructions: list[Instruction]) -> None:
+    def _execute(self, instructions: list[do.Instruction]) -> None:
         """Carry out the core's instructions (hfl.peer.instructions), in order."""
         for ins in instructions:
-            if isinstance(ins, Reply):
+            if isinstance(ins, do.Reply):
                 self._reply_soon(ins.address, ins.msg, ins.peer_id)
-            elif isinstance(ins, Dropped):
+            elif isinstance(ins, do.Dropped):
                 self._drop(ins.code, ins.reason)
-            elif isinstance(ins, Wake):
+            elif isinstance(ins, do.Wake):
                 self._wakeup.set()
-            elif isinstance(ins, MemberChanged):
+            elif isinstance(ins, do.MemberChanged):
                 self._log_change(ins.change, ins.level, ins.note)
-            elif isinstance(ins, Say):
+            elif isinstance(ins, do.Say):
                 log.log(ins.level, ins.template, *ins.args)
-            elif isinstance(ins, SendTo):
+            elif isinstance(ins, do.SendTo):
                 self._spawn(self._send_to(ins.peer_id, ins.msg, ins.timeout_s), ins.why)
-            elif isinstance(ins, Forget):
+            elif isinstance(ins, do.Forget):
                 self._spawn(self.transport.forget(ins.address, ins.peer_id), "forget")
-            elif isinstance(ins, Refused):
+            elif isinstance(ins, do.Refused):
                 self.dropped["refused"] += 1
                 log.error("%s: %s", self.id, clip(ins.reason, 400))
-            elif isinstance(ins, NamedEquivocator):
+            elif isinstance(ins, do.NamedEquivocator):
                 log.error("%s: %s signed two different contributions for round %s (proof from %s: "
                           "digests %s and %s): it sent different knowledge to different peers; its "
                           "contributions are left out for the rest of the run", self.id, ins.peer,
                           ins.round, ins.via if ins.via != ins.peer else "its own messages",
                           clip(ins.first, 16), clip(ins.second, 16))
                 self._observe("equivocator", self, peer_named=ins.peer, round=ins.round)
-            elif isinstance(ins, ServeSeeds):
+            elif isinstance(ins, do.ServeSeeds):
                 self._serve_seeds(ins.msg)
-            elif isinstance(ins, StoreSeedChunk):
+            elif isinstance(ins, do.StoreSeedChunk):
                 reason = ("this peer keeps no seed sets" if self.seeds is None
                           else self.seeds.offer(ins.msg))
                 if reason:
