@@ -1,7 +1,10 @@
 """Rerun every example and benchmark whose number README.md and docs/ quote; name what moved.
 
-    python bench/docs_numbers.py             # every check (about 40 min on 2 cores, most of it
-                                             #   compare_chfl's digits cohort)
+    python bench/docs_numbers.py             # every check (about 1 h 45 min on an idle 2-core
+                                             #   box: compare_chfl's digits cohort 32 min,
+                                             #   compare_fedin 25, compare_mdhfl 20,
+                                             #   compare_fedh2l 15, compare_fedhp 5; about
+                                             #   twice that on a loaded one)
     python bench/docs_numbers.py --fast      # quickstart, chfl_tabular, the simulated CHFL
                                              #   cohort (about 30 s; tests/test_docs_numbers.py)
     python bench/docs_numbers.py --only chfl_digits plugins
@@ -13,7 +16,8 @@ A number in the docs is never typed by hand: each one is a :class:`Quote` below
 the command that produces it. A quote is compared at its own printed precision
 (``0.9048`` against the rerun rounded to 4 decimals). Timings and byte counts
 are not checked: they depend on the machine and its load (heartbeats, re-sends),
-the accuracies do not.
+the accuracies do not. Nor are docs/fedhp.md's accuracy-vs-epsilon tables: their
+DP noise comes from the operating system's CSPRNG, so no rerun repeats them.
 
 Exit status: 0 when every quote equals its rerun; 1 when one moved (each named
 with file:line, the quoted and the measured value and the command); 2 when a
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -228,18 +233,41 @@ def measure_plugins(out_dir: Path) -> dict:
     return values
 
 
-def _compare_chfl(out_dir: Path, cohorts: list[str]) -> dict:
-    """bench/compare_chfl.py's table and paired differences to SOLO, as values."""
-    out = out_dir / f"compare_chfl_{'_'.join(cohorts)}.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "compare_chfl.py"), "--cohorts", *cohorts,
-           "--out", str(out)]
-    if cohorts != ["digits"]:
-        cmd += ["--workers", "1"]
-    print("$ " + " ".join(cmd[1:]), flush=True)
+def _bench_json(script: str, args: list[str], out: Path) -> dict:
+    """python bench/SCRIPT ARGS --out OUT; the results JSON the script wrote."""
+    cmd = [sys.executable, str(ROOT / "bench" / script), *args, "--out", str(out)]
+    print("$ " + shlex.join(cmd[1:]).replace(str(ROOT) + "/", ""), flush=True)
     rc, _, text = run_cmd(cmd, 7200)
     if rc != 0:
-        raise RuntimeError(f"compare_chfl.py exited with status {rc}:\n{text[-2000:]}")
-    runs = json.loads(out.read_text())["runs"]
+        raise RuntimeError(f"{script} exited with status {rc}:\n{text[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def _mean_std(cells: dict[str, list[float]], seeds: int) -> dict[str, float]:
+    """KEY.mean and KEY.std over the seeds of every cell (each must have all ``seeds`` runs:
+    a benchmark leaves a failed run out of its table, which would move the numbers)."""
+    short = [key for key, v in cells.items() if len(v) != seeds]
+    if short:
+        raise RuntimeError(f"runs missing (failed?) in {', '.join(short[:5])}")
+    values = {}
+    for key, v in cells.items():
+        values[f"{key}.mean"] = statistics.mean(v)
+        values[f"{key}.std"] = statistics.stdev(v) if len(v) > 1 else 0.0
+    return values
+
+
+def _paired(key: str, a: dict[int, float], b: dict[int, float], above: float) -> dict[str, float]:
+    """KEY.mean and KEY.std over the seeds of a - b (the same seed's runs), and KEY.count:
+    on how many seeds a - b > ``above``."""
+    diff = [a[seed] - b[seed] for seed in a]
+    return {f"{key}.mean": statistics.mean(diff), f"{key}.std": statistics.stdev(diff),
+            f"{key}.count": sum(d > above for d in diff)}
+
+
+def _compare_chfl(out_dir: Path, cohorts: list[str]) -> dict:
+    """bench/compare_chfl.py's table and paired differences to SOLO, as values."""
+    args = ["--cohorts", *cohorts] + (["--workers", "1"] if cohorts != ["digits"] else [])
+    runs = _bench_json("compare_chfl.py", args, out_dir / f"compare_chfl_{'_'.join(cohorts)}.json")["runs"]
     values = {}
     for cohort in cohorts:
         for labels in ("IID", "non-IID"):
@@ -248,13 +276,9 @@ def _compare_chfl(out_dir: Path, cohorts: list[str]) -> dict:
                    for m in METHODS}
             for m, by_seed in acc.items():
                 key = f"{cohort}/{labels}/{m}"
-                values[f"{key}.mean"] = statistics.mean(by_seed.values())
-                values[f"{key}.std"] = statistics.stdev(by_seed.values())
-                if m != "solo":
-                    diff = [by_seed[s] - acc["solo"][s] for s in by_seed]
-                    values[f"{key}-solo.mean"] = statistics.mean(diff)
-                    values[f"{key}-solo.std"] = statistics.stdev(diff)
-                    values[f"{key}-solo.count"] = sum(d >= -1e-12 for d in diff)
+                values.update(_mean_std({key: list(by_seed.values())}, 5))
+                if m != "solo":  # counted: the seeds where it is at least as good as SOLO
+                    values.update(_paired(f"{key}-solo", by_seed, acc["solo"], -1e-12))
     return values
 
 
@@ -293,12 +317,26 @@ def _cell(row_start: str, column: int) -> str:
     return rf"{re.escape(row_start)}(?:[^|\n]*\|){{{column}}}[^|\n]*?"
 
 
+def _cell_quote(doc: str, anchor: str, row_start: str, column: int, key: str, before: str = "",
+                after: str = "", scale: float = 100) -> Quote:
+    """The number of cell ``column`` of a table row that follows the regex ``before`` and is
+    followed by ``after`` (default: the cell's first number), in percent unless ``scale``."""
+    return Quote(doc, key, anchor=anchor, scale=scale,
+                 pattern=_cell(row_start, column) + before + NUMBER + after)
+
+
 def _pm_quotes(doc: str, anchor: str, row_start: str, column: int, key: str) -> list[Quote]:
-    """The two numbers of a ``95.70 ± 1.87`` cell (bold or not), in percent."""
-    cell = _cell(row_start, column)
-    return [Quote(doc, f"{key}.mean", anchor=anchor, scale=100,
-                  pattern=cell + r"\*{0,2}" + NUMBER + " ±"),
-            Quote(doc, f"{key}.std", anchor=anchor, scale=100, pattern=cell + r"± " + NUMBER)]
+    """The two numbers of a ``95.70 ± 1.87`` (or ``32.2 % ± 1.8``) cell, bold or not, in percent."""
+    return [_cell_quote(doc, anchor, row_start, column, f"{key}.mean", r"\*{0,2}", r"(?: %)? ±"),
+            _cell_quote(doc, anchor, row_start, column, f"{key}.std", "± ")]
+
+
+def _pm_table(doc: str, anchor: str, rows: dict[str, str], columns: list[str | None]) -> list[Quote]:
+    """Every ``mean ± std`` cell of the first columns of a table: ``rows`` maps the first cell
+    of a row to the label it stands for, ``columns`` names the measured value of each column
+    (None: not a ``±`` cell); a cell quotes ``LABEL/COLUMN`` over the seeds."""
+    return [q for row, label in rows.items() for i, col in enumerate(columns) if col
+            for q in _pm_quotes(doc, anchor, f"| {row} |", i, f"{label}/{col}")]
 
 
 def _chfl_table_quotes(cohorts: list[str]) -> list[Quote]:
@@ -315,8 +353,8 @@ def _chfl_table_quotes(cohorts: list[str]) -> list[Quote]:
                 if m == "solo":
                     continue
                 quotes += _pm_quotes("docs/chfl.md", CHFL_PAIRED, row, i - 1, f"{key}-solo")
-                quotes.append(Quote("docs/chfl.md", f"{key}-solo.count", anchor=CHFL_PAIRED,
-                                    pattern=_cell(row, i - 1) + r"\(" + NUMBER + "/5"))
+                quotes.append(_cell_quote("docs/chfl.md", CHFL_PAIRED, row, i - 1, f"{key}-solo.count",
+                                          r"\(", "/5", scale=1))
     return quotes
 
 
@@ -348,23 +386,192 @@ def _attacks_quotes() -> list[Quote]:
 
 def measure_attacks(out_dir: Path) -> dict:
     """bench/attacks.py --seeds 0 1 2: each cell's mean and std over the seeds."""
-    out = out_dir / "attacks.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "attacks.py"), "--seeds", "0", "1", "2",
-           "--out", str(out)]
-    print("$ " + " ".join(cmd[1:]), flush=True)
-    rc, _, text = run_cmd(cmd, 3600)
-    if rc != 0:
-        raise RuntimeError(f"attacks.py exited with status {rc}:\n{text[-2000:]}")
     cells: dict[str, list[float]] = {}
-    for r in json.loads(out.read_text())["runs"]:
+    for r in _bench_json("attacks.py", ["--seeds", "0", "1", "2"], out_dir / "attacks.json")["runs"]:
         for which in ("final", "worst"):
             cells.setdefault(f"{which}/{r['attack']}/{r['f']}/{r['aggregate_at']}/{r['defense']}",
                              []).append(r[which])
+    return _mean_std(cells, 3)
+
+
+FEDHP_TABLE = "**Table 1** (paper: SOLO"
+FEDHP_HETERO = "**Model heterogeneity** (paper 4.4"
+FEDHP_ROWS = {"SOLO": "SOLO", "FedAvg": "FedAvg", "FedProx (μ = 0.01)": "FedProx",
+              "FedProto": "FedProto", "FedHP (paper defaults: t = 1, cosine, λ = 1)": "FedHP",
+              "FedHP, t = 0.1": "FedHP t=0.1"}
+FEDHP_HETERO_ROWS = {
+    "FedHP, every peer projection + 1 FC decision (2 FC)": "FedHP 2 FC (all)",
+    "FedHP, p1 and p3 with a 2-FC decision head (2 / 3 FC)": "FedHP 2/3 FC",
+    "FedProto, every encoder 1 hidden layer": "FedProto 1 hidden (all)",
+    "FedProto, p1 and p3 with 2 hidden layers": "FedProto 1/2 hidden"}
+
+
+def measure_compare_fedhp(out_dir: Path) -> dict:
+    """bench/compare_fedhp.py's Table 1 and model-heterogeneity table (its epsilon part draws
+    its noise from the OS, so no run repeats it; its plot goes to out_dir, not docs/)."""
+    res = _bench_json("compare_fedhp.py", ["--plot", str(out_dir / "fedhp_epsilon.png")],
+                      out_dir / "compare_fedhp.json")
+    return _mean_std({f"{label}/{col}": v for part in ("table", "hetero")
+                      for label, cols in res[part].items() for col, v in cols.items()},
+                     len(res["seeds"]))
+
+
+def _fedhp_quotes() -> list[Quote]:
+    return (_pm_table("docs/fedhp.md", FEDHP_TABLE, FEDHP_ROWS, ["best", "final", "best_balanced"])
+            + _pm_table("docs/fedhp.md", FEDHP_HETERO, FEDHP_HETERO_ROWS, ["best", "best_balanced"]))
+
+
+FEDH2L_RESULTS = "`python bench/compare_fedh2l.py --ablation --forms` (2-core"
+FEDH2L_FORMS = "**The two g_loc forms, measured**"
+FEDH2L_KEPT = "**Selected vs final model, and the tie rule**"
+FEDH2L_ROWS = {
+    "**FedH2L** (paper's g_loc, shared AMSGrad)": "FedH2L", "IND (`solo`)": "IND (solo)",
+    "AGG (`agg`)": "AGG", "FedMD (`fedmd`)": "FedMD", "FedH2L, no KL": "FedH2L no KL",
+    "FedH2L, no projection": "FedH2L no projection", "FedH2L, PCGrad": "FedH2L PCGrad",
+    "FedH2L, earlier form (`g_loc: change`, own AMSGrad)": "FedH2L change+AMSGrad",
+    "FedH2L, Algorithm 1 to the letter (1 local batch a round, 300 rounds)": "FedH2L one batch",
+    "FedH2L, selected on `val+public`": "FedH2L sel val+public"}
+FEDH2L_FORM_ROWS = {
+    "paper's: raw gradient, shared AMSGrad, 1 local batch a round": "FedH2L one batch",
+    "paper's: mean raw gradient of 10 local batches (default)": "FedH2L",
+    "earlier: parameter change of 10 batches, own AMSGrad": "FedH2L change+AMSGrad"}
+FEDH2L_KEPT_ROWS = {"FedH2L (default)": "FedH2L", "earlier form": "FedH2L change+AMSGrad",
+                    "selected on `val+public`": "FedH2L sel val+public",
+                    "1 local batch, 300 rounds": "FedH2L one batch"}
+
+
+def measure_compare_fedh2l(out_dir: Path) -> dict:
+    """bench/compare_fedh2l.py --ablation --forms on the digits: every statistic of every
+    row (ACC, BWT, FWT, fired, cos, the kept rounds, ...) over the seeds."""
+    res = _bench_json("compare_fedh2l.py", ["--ablation", "--forms"], out_dir / "compare_fedh2l.json")
+    return _mean_std({f"{label}/{stat}": [r[stat] for r in runs]
+                      for label, runs in res["results"].items() for stat in (runs or [{}])[0]},
+                     len(res["seeds"]))
+
+
+def _fedh2l_quotes() -> list[Quote]:
+    """docs/fedh2l.md's results table and the two tables after it (the forms' projection
+    statistics; the model each tie rule keeps)."""
+    doc = "docs/fedh2l.md"
+    quotes = _pm_table(doc, FEDH2L_RESULTS, FEDH2L_ROWS,
+                       ["ACC", "BWT", "FWT", "final ACC", "final BWT", "final FWT"])
+    quotes += _pm_table(doc, FEDH2L_FORMS, FEDH2L_FORM_ROWS, ["fired", None, "first max ACC", "final ACC"])
+    quotes += _pm_table(doc, FEDH2L_KEPT, FEDH2L_KEPT_ROWS, ["first max ACC", "last max ACC", "final ACC"])
+    quotes += [_cell_quote(doc, FEDH2L_FORMS, f"| {row} |", 1, f"{label}/cos.mean", scale=1)
+               for row, label in FEDH2L_FORM_ROWS.items()]
+    quotes += [_cell_quote(doc, FEDH2L_KEPT, f"| {row} |", column, f"{label}/{stat}.mean", before,
+                           after, scale=1)
+               for row, label in FEDH2L_KEPT_ROWS.items()
+               for column, stat, before, after in ((3, "first max round", "", " /"),
+                                                   (3, "last max round", "/ ", ""),
+                                                   (4, "tied rounds", "", ""))]
+    return quotes
+
+
+FEDIN_METHODS = ["SOLO", "FedAvg", "FedProx", "FedIN", "w/o IN", "w/o Prox", "w/o Opt", "FedIN eq.14"]
+FEDIN_RUNS = [  # the runs behind docs/fedin.md's three grey-view tables
+    ["--rounds", "12", "--partitions", "non-IID", "--methods", *FEDIN_METHODS],
+    ["--rounds", "12", "--partitions", "IID", "--methods", "FedAvg", "FedIN"],
+    ["--rounds", "12", "--partitions", "IID", "--methods", "SOLO", "FedProx", "--seeds", "0"]]
+FEDIN_MAIN = "**Main table (Tables I-III form), grey 16 px view.**"
+FEDIN_IID = "IID (SOLO and FedProx: seed 0 only):"
+FEDIN_ABLATION = "**Ablation (Table VII form), non-IID, 3 seeds**"
+FEDIN_ROWS = {"SOLO": "SOLO", "FedAvg (layer-wise)": "FedAvg",
+              "FedProx (layer-wise, mu 0.1)": "FedProx", "**FedIN**": "FedIN"}
+
+
+def measure_compare_fedin(out_dir: Path) -> dict:
+    """bench/compare_fedin.py's runs behind the grey-view tables: per (labels, method) the
+    peers' mean global-test accuracy in the last round and the best one, over the seeds and
+    per seed."""
     values = {}
-    for key, v in cells.items():
-        values[f"{key}.mean"] = statistics.mean(v)
-        values[f"{key}.std"] = statistics.stdev(v) if len(v) > 1 else 0.0
+    for i, args in enumerate(FEDIN_RUNS):
+        res = _bench_json("compare_fedin.py", args, out_dir / f"compare_fedin_{i}.json")
+        cells: dict[str, list[float]] = {}
+        for r in res["runs"]:
+            key = f"{r['partition']}/{r['method']}"
+            values[f"{key}/last.s{r['seed']}"] = r["curve"][-1]
+            cells.setdefault(f"{key}/last", []).append(r["curve"][-1])
+            cells.setdefault(f"{key}/best", []).append(max(r["curve"]))
+        values.update(_mean_std(cells, len(res["seeds"])))
     return values
+
+
+def _fedin_quotes() -> list[Quote]:
+    """docs/fedin.md's accuracies: the non-IID and IID tables (a cell reads ``74.65 ± 3.05``,
+    ``74.65`` for one seed, with the best round's in brackets where it differs) and the
+    ablation table (a column per method: over the seeds and per seed)."""
+    doc = "docs/fedin.md"
+    quotes = _pm_table(doc, FEDIN_MAIN, {r: f"non-IID/{m}" for r, m in FEDIN_ROWS.items()},
+                       [None, "last"])
+    iid = {"SOLO": "SOLO", "FedAvg (layer-wise)": "FedAvg", "FedProx (layer-wise, mu 0.1)": "FedProx"}
+    quotes += _pm_table(doc, FEDIN_IID, {"FedAvg (layer-wise)": "IID/FedAvg", "**FedIN**": "IID/FedIN"},
+                        [None, "last"])
+    quotes += [_cell_quote(doc, FEDIN_IID, f"| {r} |", 1, f"IID/{iid[r]}/{key}", before)
+               for r, key, before in (("SOLO", "last.mean", ""),
+                                      ("FedProx (layer-wise, mu 0.1)", "last.mean", ""),
+                                      ("FedProx (layer-wise, mu 0.1)", "best.mean", r".*\(best "),
+                                      ("FedAvg (layer-wise)", "best.mean", r".*\(best "),
+                                      ("FedAvg (layer-wise)", "best.std", r".*\(best [\d.]+ ± "))]
+    for i, m in enumerate(["FedAvg", "w/o IN", "w/o Prox", "w/o Opt", "FedIN eq.14", "FedIN"]):
+        quotes += _pm_quotes(doc, FEDIN_ABLATION, "| accuracy |", i, f"non-IID/{m}/last")
+        quotes += [_cell_quote(doc, FEDIN_ABLATION, "| per seed (0, 1, 2) |", i,
+                               f"non-IID/{m}/last.s{seed}", rf"(?:[^,|\n]*, ){{{seed}}}")
+                   for seed in range(3)]
+    return quotes
+
+
+MDHFL_RUNS = [  # docs/mdhfl.md's "What was run", before its --summarize
+    ["--rates", "0.2"],
+    ["--rates", "0.1", "0.3", "--seeds", "0", "--methods", "mdhfl", "fedmd", "feddf", "--workers", "1"],
+    ["--noise", "pair", "--rates", "0.3", "--seeds", "1", "2", "--methods", "mdhfl", "fedmd", "feddf"]]
+MDHFL_TABLE = "Final-round mean accuracy (%), mean ± std over the seeds shown:"
+MDHFL_PAIRED = "Paired differences (same seed, data, noise draw and models), MDH-FL minus"
+MDHFL_ROWS = {"MDH-FL": "mdhfl", "FedMD": "fedmd", "FedDF": "feddf",
+              "KD+CE (MDH-FL without SCE)": "kd_ce", "SOLO+SCE (MDH-FL without KD)": "solo_sce",
+              "SOLO+CE": "solo_ce"}
+MDHFL_COLUMNS = ["symmetric 0.1", "symmetric 0.2", "symmetric 0.3", "pair 0.1", "pair 0.2", "pair 0.3"]
+MDHFL_SEEDS = {"symmetric 0.2": 3, "pair 0.2": 3, "pair 0.3": 3}  # the other columns: seed 0
+
+
+def measure_compare_mdhfl(out_dir: Path) -> dict:
+    """bench/compare_mdhfl.py's runs behind docs/mdhfl.md's tables: the final-round accuracy
+    per method and setting over the seeds, and MDH-FL minus each method, seed by seed."""
+    final: dict[str, dict[int, float]] = {}
+    for i, args in enumerate(MDHFL_RUNS):
+        for r in _bench_json("compare_mdhfl.py", args, out_dir / f"compare_mdhfl_{i}.json")["runs"]:
+            final.setdefault(f"{r['method']}/{r['noise']} {r['rate']:g}", {})[r["seed"]] = r["final_acc"]
+    values = {}
+    for key, by_seed in final.items():
+        method, setting = key.split("/")
+        values.update(_mean_std({key: list(by_seed.values())}, MDHFL_SEEDS.get(setting, 1)))
+        if method != "mdhfl" and len(by_seed) > 1:  # counted: the seeds where MDH-FL is ahead
+            values.update(_paired(f"mdhfl-{key}", final[f"mdhfl/{setting}"], by_seed, 0))
+    return values
+
+
+def _mdhfl_quotes() -> list[Quote]:
+    """docs/mdhfl.md's Table 4 form (``52.75 ± 0.72``, one seed ``61.29``, not run ``-``) and
+    the paired differences to MDH-FL (``+0.54 ± 3.29 (2/3)``)."""
+    doc = "docs/mdhfl.md"
+    quotes = []
+    for row, method in MDHFL_ROWS.items():
+        main = method in ("mdhfl", "fedmd", "feddf")
+        columns = [c if c in MDHFL_SEEDS and (main or c != "pair 0.3") else None for c in MDHFL_COLUMNS]
+        quotes += _pm_table(doc, MDHFL_TABLE, {row: method}, columns)
+        quotes += [_cell_quote(doc, MDHFL_TABLE, f"| {row} |", i, f"{method}/{col}.mean", r"\*{0,2}")
+                   for i, col in enumerate(MDHFL_COLUMNS) if main and col not in MDHFL_SEEDS]
+    paired = {"− FedMD": "fedmd", "− FedDF": "feddf", "− KD+CE (SCE's effect)": "kd_ce",
+              "− SOLO+SCE (KD's effect)": "solo_sce", "− SOLO+CE": "solo_ce"}
+    for row, method in paired.items():
+        for i, col in enumerate(["symmetric 0.2", "pair 0.2", "pair 0.3"]):
+            if col == "pair 0.3" and method not in ("fedmd", "feddf"):
+                continue
+            key = f"mdhfl-{method}/{col}"
+            quotes += _pm_quotes(doc, MDHFL_PAIRED, f"| {row} |", i, key)
+            quotes.append(_cell_quote(doc, MDHFL_PAIRED, f"| {row} |", i, f"{key}.count", r"\(", "/3",
+                                      scale=1))
+    return quotes
 
 
 CHECKS = [
@@ -407,6 +614,16 @@ CHECKS = [
            for row in ("p0", "p1", "p2", "p3", "mean")
            for col, key in (("ACC", "sel_acc"), ("BWT", "sel_bwt"), ("FWT", "sel_fwt"),
                             ("final ACC", "acc"))], minutes=1.5),
+    Check("compare_fedhp", "python bench/compare_fedhp.py", measure_compare_fedhp, _fedhp_quotes(),
+          minutes=5),
+    Check("compare_fedh2l", "python bench/compare_fedh2l.py --ablation --forms",
+          measure_compare_fedh2l, _fedh2l_quotes(), minutes=15),
+    Check("compare_fedin", "; ".join("python bench/compare_fedin.py " + shlex.join(args)
+                                     for args in FEDIN_RUNS),
+          measure_compare_fedin, _fedin_quotes(), minutes=25),
+    Check("compare_mdhfl", "; ".join("python bench/compare_mdhfl.py " + " ".join(args)
+                                     for args in MDHFL_RUNS),
+          measure_compare_mdhfl, _mdhfl_quotes(), minutes=20),
 ]
 
 
