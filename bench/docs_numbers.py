@@ -468,6 +468,23 @@ def _fedh2l_quotes() -> list[Quote]:
     return quotes
 
 
+FEDH2L_MNIST_TABLE5 = "**Table 5, the ablation, on real Rotated MNIST.**"
+FEDH2L_MNIST_ARGS = ["--data", "mnist", "--methods", "FedH2L", "--ablation", "--reuse"]
+FEDH2L_MNIST_ROWS = {"FedH2L": "FedH2L", "FedH2L, no KL": "FedH2L no KL",
+                     "FedH2L, no projection": "FedH2L no projection",
+                     "FedH2L, PCGrad": "FedH2L PCGrad"}
+
+
+def measure_compare_fedh2l_mnist(out_dir: Path) -> dict:
+    """bench/compare_fedh2l.py --data mnist --methods FedH2L --ablation (Table 5 on real
+    Rotated MNIST, 12 launches of 10,000 rounds; --reuse takes the finished runs under
+    runs/bench/fedh2l_mnist/, so only what is missing runs)."""
+    res = _bench_json("compare_fedh2l.py", FEDH2L_MNIST_ARGS, out_dir / "compare_fedh2l_mnist.json")
+    return _mean_std({f"{label}/{stat}": [r[stat] for r in runs]
+                      for label, runs in res["results"].items() for stat in (runs or [{}])[0]},
+                     len(res["seeds"]))
+
+
 FEDIN_METHODS = ["SOLO", "FedAvg", "FedProx", "FedIN", "w/o IN", "w/o Prox", "w/o Opt", "FedIN eq.14"]
 FEDIN_RUNS = [  # the runs behind docs/fedin.md's three grey-view tables
     ["--rounds", "12", "--partitions", "non-IID", "--methods", *FEDIN_METHODS],
@@ -618,6 +635,10 @@ CHECKS = [
           minutes=5),
     Check("compare_fedh2l", "python bench/compare_fedh2l.py --ablation --forms",
           measure_compare_fedh2l, _fedh2l_quotes(), minutes=15),
+    Check("compare_fedh2l_mnist", "python bench/compare_fedh2l.py " + shlex.join(FEDH2L_MNIST_ARGS),
+          measure_compare_fedh2l_mnist,
+          _pm_table("docs/fedh2l.md", FEDH2L_MNIST_TABLE5, FEDH2L_MNIST_ROWS,
+                    ["ACC", "BWT", "FWT", "final ACC"]), minutes=330),
     Check("compare_fedin", "; ".join("python bench/compare_fedin.py " + shlex.join(args)
                                      for args in FEDIN_RUNS),
           measure_compare_fedin, _fedin_quotes(), minutes=25),
