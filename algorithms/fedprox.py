@@ -1,9 +1,11 @@
 """``fedprox``: FedProx (Li et al., "Federated Optimization in Heterogeneous
 Networks", MLSys 2020), eq. 2: each peer minimises its local loss plus the
 proximal term ``mu / 2 * ||w - w^t||^2`` on the shared part, where ``w^t`` is
-the shared part as the round began (the aggregate it absorbed last round; the
-common initialisation in round 1). Aggregation is FedAvg's weighted mean on
-the elected aggregator.
+the last global model: the aggregate it absorbed last (the common
+initialisation before the first). With ``cohort.communicate_every: k`` the k
+rounds between two exchanges are all local steps toward the same ``w^t``, as
+the paper's E local epochs are; a round whose result did not come keeps the
+``w^t`` it had. Aggregation is FedAvg's weighted mean on the elected aggregator.
 
 ``part: model`` (default) shares and regularises the whole model, as in the
 paper (identical architectures); ``part: head`` shares only the E x C head, so
@@ -57,9 +59,19 @@ class FedProx(FedAvg):
     def shared(self) -> nn.Module:
         return self.model.head if self.cfg.part == "head" else self.model
 
+    def _snapshot(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in self.shared().parameters()]
+
     def local_update(self, round: int) -> dict[str, float]:
-        self._anchor = [p.detach().clone() for p in self.shared().parameters()]  # w^t
+        if self._anchor is None:
+            self._anchor = self._snapshot()  # w^0: the common initialisation
         return super().local_update(round)
+
+    def absorb(self, round: int, received: dict) -> dict[str, float]:
+        out = super().absorb(round, received)
+        if out.get("absorbed"):
+            self._anchor = self._snapshot()  # w^t: the global model just taken
+        return out
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, round: int) -> torch.Tensor:
         loss = super().loss(x, y, round)

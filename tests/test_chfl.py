@@ -221,6 +221,22 @@ def test_fedprox_adds_mu_half_squared_distance_to_the_round_start(part):
     assert sent == ({"weight", "bias"} if part == "head" else set(alg.model.state_dict()))
 
 
+def test_fedprox_keeps_the_last_global_model_as_its_anchor_over_local_rounds():
+    # cohort.communicate_every: k: rounds between exchanges are local steps, all toward the
+    # w^t of the last exchange (it used to be reset every round, so with one batch a round
+    # the proximal term was always 0 and FedProx trained exactly as FedAvg).
+    alg = make("fedprox", mu=0.3)
+    start = [p.detach().clone() for p in alg.shared().parameters()]
+    alg.local_update(1)
+    alg.local_update(2)  # no exchange in between
+    assert all(torch.equal(a, s) for a, s in zip(alg._anchor, start, strict=True))
+    result = {k: np.full(v.shape, 0.5, np.float32) for k, v in alg.model.state_dict().items()}
+    assert alg.absorb(3, {"p1": Payload("weights", result, {"round": 3})})["absorbed"] == 1.0
+    assert all(torch.all(a == 0.5) for a in alg._anchor)  # the absorbed global model
+    alg.absorb(4, {})  # a round without a result keeps it
+    assert all(torch.all(a == 0.5) for a in alg._anchor)
+
+
 def test_fedprox_with_mu_zero_is_fedavg():
     prox, avg = make("fedprox", "p0", mu=0.0), make("fedavg", "p0")
     prox.local_update(1)
