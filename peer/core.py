@@ -152,6 +152,8 @@ class PeerCore:
         self.heard: dict[int, dict[str, tuple[int, str, str]]] = {}
         self.equivocators: dict[str, str] = {}
         self.named: set[str] = set()  # equivocators this peer has said it leaves out
+        #: member -> the highest round its heartbeats said it absorbed a result of
+        self.absorbed_by: dict[str, int] = {}
         # Handling messages (:meth:`handle`): set by the shell once it knows them.
         self.incarnation = 0
         self.swim = False  # timing.membership: swim-style detection (news in heartbeats)
@@ -1016,6 +1018,8 @@ class PeerCore:
         that sits a round out says so (:meth:`sits_out`)."""
         if msg.sitting_out > 0:
             self.sitting_out[msg.sender] = (msg.incarnation, msg.sitting_out)
+        if msg.absorbed_round > self.absorbed_by.get(msg.sender, 0):
+            self.absorbed_by[msg.sender] = msg.absorbed_round
         held = self.accepted.get(msg.absorbed_round)
         if (not self.certifying and held is not None and held[0].sender == msg.sender
                 and held[1] == msg.absorbed_digest):
@@ -1031,6 +1035,17 @@ class PeerCore:
                 or held[1] != msg.absorbed_digest or (r, held[1]) in self.commits):
             return None
         return r, held[0].epoch, held[1]
+
+    def lacking_last_result(self, last: int) -> list[str]:
+        """This peer committed round ``last`` (the cohort's last) as its aggregator: the live
+        members whose heartbeats do not yet show that result absorbed. Until they do (or
+        leave, or die) the aggregator stays, so that one whose commit was lost can still
+        get it (its next ack is answered with the commit, :meth:`commit_of`): after the
+        last round nobody else has it."""
+        c = self.last_commit
+        if c is None or c.round != last:
+            return []
+        return [p for p in self.membership.live_peers() if self.absorbed_by.get(p, 0) < last]
 
     def commit_of(self, msg: Ack) -> Commit | None:
         """The commit to send again when ``msg`` acks the result this peer committed last

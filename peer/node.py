@@ -248,6 +248,12 @@ class Node:
         self._runner = asyncio.current_task()
         try:
             await self._run_rounds()
+            # The last round's aggregator stays until its members hold the result, or for
+            # aggregate_grace_s: a commit lost on the way can only come from it now.
+            last = self.cohort.rounds
+            if self.core.lacking_last_result(last):
+                await self._wait_until(lambda: not self.core.lacking_last_result(last),
+                                       self.clock.now() + self.timing.aggregate_grace_s)
             await self._leave("finished")
         except asyncio.CancelledError:
             # Stopped from outside (SIGTERM, Ctrl-C), or a loop of its own died: tell the
