@@ -40,7 +40,7 @@ class SendTo:
 class Send:
     """Send ``msg`` to ``address`` (``peer_id``: who must read it there; None: whoever
     answers, a bootstrap address) as part of the current batch: the shell sends a
-    batch's messages together and waits for them at the next :class:`Barrier`."""
+    batch's messages together and waits until all are out."""
 
     address: str | None
     msg: Message
@@ -62,12 +62,6 @@ class Broadcast:
 class RequestSeeds:
     """Ask each live peer for the chunks of its seed set still missing (the seed store
     knows which), as part of the current batch."""
-
-
-@dataclass(frozen=True)
-class Barrier:
-    """Wait until the batch sent so far is out before going on (hellos before heartbeats:
-    a heartbeat racing ahead of our hello is dropped by a peer that does not know us)."""
 
 
 @dataclass(frozen=True)
@@ -147,8 +141,6 @@ class Wake:
 
 WAKE = Wake()
 
-BARRIER = Barrier()
-
-Instruction = (Reply | SendTo | Send | Broadcast | RequestSeeds | Barrier | Forget | Dropped
+Instruction = (Reply | SendTo | Send | Broadcast | RequestSeeds | Forget | Dropped
                | Refused | MemberChanged | Say | NamedEquivocator | ServeSeeds | StoreSeedChunk
                | Wake)

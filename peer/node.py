@@ -251,9 +251,13 @@ class Node:
             # The last round's aggregator stays until its members hold the result, or for
             # aggregate_grace_s: a commit lost on the way can only come from it now.
             last = self.cohort.rounds
-            if self.core.lacking_last_result(last):
-                await self._wait_until(lambda: not self.core.lacking_last_result(last),
-                                       self.clock.now() + self.timing.aggregate_grace_s)
+            if self.core.lacking_last_result(last) and not await self._wait_until(
+                    lambda: not self.core.lacking_last_result(last),
+                    self.clock.now() + self.timing.aggregate_grace_s):
+                log.warning("%s: round %d: %s still showed no sign of the last result after "
+                            "timing.aggregate_grace_s=%gs; leaving", self.id, last,
+                            ", ".join(self.core.lacking_last_result(last)),
+                            self.timing.aggregate_grace_s)
             await self._leave("finished")
         except asyncio.CancelledError:
             # Stopped from outside (SIGTERM, Ctrl-C), or a loop of its own died: tell the
@@ -419,7 +423,7 @@ class Node:
 
     async def _carry_out(self, instructions: list[do.Instruction]) -> None:
         """:meth:`_execute`, with the batched sends (Send, Broadcast, RequestSeeds) sent
-        together and awaited at each Barrier and at the end."""
+        together and awaited."""
         batch = []
         for ins in instructions:
             if isinstance(ins, do.Send):
@@ -429,9 +433,6 @@ class Node:
                 batch.append(self._broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s))
             elif isinstance(ins, do.RequestSeeds):
                 batch += self._request_seeds()
-            elif isinstance(ins, do.Barrier):
-                await asyncio.gather(*batch)
-                batch = []
             else:
                 self._execute([ins])
         await asyncio.gather(*batch)

@@ -5,7 +5,7 @@
   that did not fully join), ``joining`` records while it waits for its cohort,
   and the protocol's typed notes (:data:`TYPED_EVENTS`: membership changes,
   drops with their code, elections taken, results published, committed and
-  absorbed; docs/runs.md lists their fields). ``hfl-launch`` follows this file
+  absorbed; docs/runtime.md, Typed events, lists their fields). ``hfl-launch`` follows this file
   and prints the problems on its console within a poll, instead of leaving them
   deep in ``peer.log``; benchmarks read the typed notes instead of log lines.
 * :func:`watch_join`: warnings within seconds when nobody answers at the
