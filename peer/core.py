@@ -194,6 +194,40 @@ class PeerCore:
             sitting_out=self.round if self.round <= self.sit_out_through else 0,
             members=self.membership.news(NEWS_PER_MESSAGE) if self.swim else [], **probe)
 
+    def knowledge(self, r: int, payload: Any, epoch: int = 0) -> Knowledge:
+        """This peer's knowledge for round r (``payload``: the method's Payload, None: a
+        message with nothing in it), carrying its accepted marker, what it heard (every
+        peer aggregating), the equivocators it knows, and its signature when signing."""
+        kind, meta, tensors = ("none", {}, {}) if payload is None else (
+            payload.kind, payload.meta, payload.tensors)
+        accepted_epoch, accepted_digest = self.marker(r)
+        heard_round, heard = self.heard_report() if self.everywhere else (0, {})
+        msg = Knowledge(**self.envelope(), round=r, kind=kind, epoch=epoch,
+                        accepted_epoch=accepted_epoch, accepted_digest=accepted_digest,
+                        meta=meta, tensors=tensors, heard_round=heard_round,
+                        heard=heard, equivocations=dict(self.equivocators))
+        if self.signer is None:
+            return msg
+        return dataclasses.replace(msg, sig=self.sign("knowledge", r, epoch, payload_digest(msg)))
+
+    #: swim: members a goodbye goes to directly, at most.
+    LEAVE_FANOUT = 16
+
+    def goodbye(self, reason: str) -> Broadcast | None:
+        """The ``leave`` this peer sends as it stops (None: nobody to tell): to every
+        live member, or with swim in a big cohort to a sample of them and the members
+        this round depends on (each receiver passes the news on; the others then probe
+        us, find us gone and mark us dead)."""
+        mem = self.membership
+        targets = [p for p in mem.gossip_targets() if mem.is_live(p)]
+        if self.swim and len(targets) > self.LEAVE_FANOUT:
+            targets = sorted(set(self.rng.sample(targets, self.LEAVE_FANOUT))
+                             | (self.contacts & set(targets)))
+        if not targets:
+            return None
+        return Broadcast(tuple(targets), Leave(**self.envelope(), reason=reason, round=self.round),
+                         timeout_s=0.2)
+
     def hello(self, introduced: bool = False) -> Hello:
         """This peer's handshake (``introduced``: to a member gossip suggested)."""
         terms = self.hello_terms

@@ -4,10 +4,17 @@
 these; :class:`hfl.peer.node.Node` carries them out in order (sends, logs, wake-ups),
 so every decision about a message is made in the core, where a test can read it off
 the list without sockets, tasks or a clock.
+
+The round procedures (:mod:`hfl.peer.procedures`) are generators that yield these one
+at a time; the last group below (:class:`Wait`, :class:`Aggregate`, :class:`EnterRound`,
+:class:`CrashPoint`, :class:`Note`) exists only there, and the value the shell sends
+back into the generator is the instruction's answer (:class:`Wait`: whether the
+condition came true; :class:`Aggregate`: the method's aggregate).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,6 +148,55 @@ class Wake:
 
 WAKE = Wake()
 
+
+# ---------------------------------------------------------------- round procedures
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Wait until ``done()`` is true or the clock passes ``deadline`` (moved on by any
+    time the peer stood still meanwhile); answered with whether ``done()`` came true.
+    ``done`` reads only the core's state, which messages change while it waits."""
+
+    done: Callable[[], bool]
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """Run the method's ``aggregate(round, contributions)`` off the event loop; answered
+    with its result (a Payload, or None: the method published nothing)."""
+
+    round: int
+    contributions: dict
+
+
+@dataclass(frozen=True)
+class EnterRound:
+    """Record, durably, that this life entered ``round`` before it contributes or acks
+    there (a restarted life sits out the rounds an earlier one may have acked)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    """A place where fault injection (``fault.crash_at_round``/``crash_phase``) may kill
+    the peer: round ``round``, in any of ``phases``."""
+
+    round: int
+    phases: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Note:
+    """A typed note for events.jsonl (hfl.peer.status.TYPED_EVENTS): ``kind`` and its
+    fields."""
+
+    kind: str
+    fields: dict
+
+
 Instruction = (Reply | SendTo | Send | Broadcast | RequestSeeds | Forget | Dropped
                | Refused | MemberChanged | Say | NamedEquivocator | ServeSeeds | StoreSeedChunk
-               | Wake)
+               | Wake | Wait | Aggregate | EnterRound | CrashPoint | Note)

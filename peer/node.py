@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import time
@@ -30,12 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfl.algorithms.base import Algorithm, Payload, aggregates_everywhere
+from hfl.algorithms.base import Algorithm, aggregates_everywhere
 from hfl.peer import instructions as do
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
 from hfl.peer.core import PeerCore, clip, payload_digest
 from hfl.peer.membership import Membership
+from hfl.peer.procedures import RoundProcedures
 from hfl.peer.rounds import fold_rounds
 from hfl.peer.security import split_bootstrap
 from hfl.peer.seeds import SeedStore
@@ -43,14 +43,9 @@ from hfl.peer.status import nobody_joined
 from hfl.peer.transport import Transport
 from hfl.protocol import (
     PROTOCOL_VERSION,
-    Ack,
-    AggregateResult,
-    Commit,
     Error,
     ErrorCode,
     Heartbeat,
-    Knowledge,
-    Leave,
     Limits,
     Message,
     ProtocolError,
@@ -211,6 +206,11 @@ class Node:
         self._on_enter_round = on_enter_round
         self.core.sit_out_through = sit_out_through
         self.core.epoch_news_after_s = 1.5 * timing.heartbeat_interval_s
+        # The round procedures decide; this shell carries their instructions out (_drive).
+        self.procedures = RoundProcedures(
+            self.core, now=self.clock.now, paused=lambda: self._paused_s,
+            reading_behind=lambda: self._reading_behind, fanout=fanout,
+            plan_key=f"{cohort.name}:{cohort.seed}")
 
     # The protocol state lives in the core; these name it as the shell always has.
     membership = property(lambda self: self.core.membership,
@@ -466,6 +466,10 @@ class Node:
                 self._observe("equivocator", self, peer_named=ins.peer, round=ins.round)
             elif isinstance(ins, do.ServeSeeds):
                 self._serve_seeds(ins.msg)
+            elif isinstance(ins, do.Note):
+                self._observe(ins.kind, self, **ins.fields)
+            elif isinstance(ins, do.CrashPoint):
+                self._maybe_crash(ins.round, *ins.phases)
             elif isinstance(ins, do.StoreSeedChunk):
                 reason = ("this peer keeps no seed sets" if self.seeds is None
                           else self.seeds.offer(ins.msg))
@@ -600,64 +604,29 @@ class Node:
         return max(self.min_peers, 2) if self.stop_if_alone else self.min_peers
 
     async def _join(self) -> None:
-        """Wait until ``min_peers`` members (ourselves included) completed a handshake.
-
-        A peer resuming mid-run needs just one of its old cohort, and stops
-        waiting as soon as everyone it remembers is known to be dead. With
-        ``stop_if_alone``, a first start needs one other peer at least, and
-        sets ``stopped_alone`` (no round runs) when none joined in time.
-        """
+        """Wait until ``min_peers`` members (ourselves included) completed a handshake
+        (RoundProcedures.join). A peer resuming mid-run needs just one of its old
+        cohort. With ``stop_if_alone``, a first start needs one other peer at least,
+        and sets ``stopped_alone`` (no round runs) when none joined in time."""
         mem = self.membership
         resumed = self.round > 1
         need = self.peers_needed()
-        alone_stops = self.stop_if_alone and not resumed
-
-        def others() -> tuple[list[str], int]:
-            greeted = [m.peer_id for m in mem.members.values() if m.status == "alive" and m.greeted]
-            # A peer that already said goodbye was in the cohort (fast solo peers
-            # can finish before a slow one has greeted them): nothing to wait for.
-            departed = sum(1 for m in mem.members.values() if m.status == "left")
-            departed += len(mem.reported_left - set(mem.members))
-            return greeted, departed
-
-        def joined() -> bool:
-            greeted, departed = others()
-            if 1 + len(greeted) + departed >= need:
-                # Methods that learn on peers' public samples start once they hold them.
-                return self.seeds is None or self.seeds.has_all(greeted)
-            # Remembering nobody (the whole cohort was stopped and said goodbye, as
-            # after Ctrl-C on hfl-launch) is not "everyone is dead": wait for the
-            # bootstrap peers, or a resumed cohort would split into solo peers.
-            return resumed and bool(self.known_members) and not mem.live_peers()
-
-        def arrived() -> int:  # greeted (whatever its status now) or departed: only grows
-            return (sum(1 for m in mem.members.values() if m.greeted or m.status == "left")
-                    + len(mem.reported_left - set(mem.members)))
-
-        if need > 1:
-            # join_timeout_s without anyone new: a cohort still coming together (two
-            # hundred peers started one after another on a busy machine take minutes)
-            # is waited for as long as peers keep arriving.
-            done, count, since = False, arrived(), self.clock.now()
-            while await self._wait_until(lambda c=count: joined() or arrived() > c,
-                                         since + self.timing.join_timeout_s):
-                if joined():
-                    done = True
-                    break
-                count, since = arrived(), self.clock.now()
-            if not done:
-                causes = sorted({c for c in (self.transport.dial_failure(a) for a in
-                                             [a for _, a in self.bootstrap]
-                                             + [m.address for m in mem.members.values()]) if c})
-                greeted, departed = others()
-                if alone_stops and not greeted and not departed:
-                    self.stopped_alone = nobody_joined(
-                        self.cohort.algorithm, [a for _, a in self.bootstrap],
-                        self.timing.join_timeout_s, causes, refused=self.dropped["refused"] > 0)
-                    return
-                log.warning("%s: only %d of %d peers joined (none new for %.0fs); starting "
-                            "anyway%s", self.id, len(mem.live_view()), need,
-                            self.timing.join_timeout_s, "".join(f"; {c}" for c in causes))
+        joined = await self._drive(self.procedures.join(
+            need, resumed, bool(self.known_members),
+            lambda greeted: self.seeds is None or self.seeds.has_all(greeted)), None)
+        if not joined:
+            causes = sorted({c for c in (self.transport.dial_failure(a) for a in
+                                         [a for _, a in self.bootstrap]
+                                         + [m.address for m in mem.members.values()]) if c})
+            greeted, departed = self.procedures.cohort_so_far()
+            if self.stop_if_alone and not resumed and not greeted and not departed:
+                self.stopped_alone = nobody_joined(
+                    self.cohort.algorithm, [a for _, a in self.bootstrap],
+                    self.timing.join_timeout_s, causes, refused=self.dropped["refused"] > 0)
+                return
+            log.warning("%s: only %d of %d peers joined (none new for %.0fs); starting "
+                        "anyway%s", self.id, len(mem.live_view()), need,
+                        self.timing.join_timeout_s, "".join(f"; {c}" for c in causes))
         log.info("%s: cohort %s", self.id, ", ".join(mem.live_view()))
 
     # ================================================================ rounds
@@ -714,16 +683,8 @@ class Node:
         info: dict[str, Any] = {}
         exchanges = self.core.communicates(r)  # cohort.communicate_every: else a local step
         payload = await work(self.alg.share, r) if exchanges else None
-        if not exchanges:
-            received = {}
-        elif self.alg.mode == "broadcast":
-            received = await self._exchange(r, payload, info)
-        elif self.alg.mode == "aggregator" and self.everywhere:
-            received = await self._aggregate_everywhere(r, payload, info, work)
-        elif self.alg.mode == "aggregator":
-            received = await self._aggregate_round(r, payload, info, work)
-        else:
-            received = {}
+        received = (await self._drive(self.procedures.round(r, payload, info), work)
+                    if exchanges else {})
         if self.alg.mode != "local" and exchanges:
             info.setdefault("learned_from", 0)  # no other peer's knowledge this round
         if received:
@@ -786,380 +747,38 @@ class Node:
         self._cpu_mark = now
         return since
 
-    def _knowledge(self, r: int, payload: Payload | None, epoch: int = 0) -> Knowledge:
-        payload = payload or Payload(kind="none")
-        core = self.core
-        accepted_epoch, accepted_digest = core.marker(r)
-        heard_round, heard = core.heard_report() if self.everywhere else (0, {})
-        msg = Knowledge(**self._envelope(), round=r, kind=payload.kind, epoch=epoch,
-                        accepted_epoch=accepted_epoch, accepted_digest=accepted_digest,
-                        meta=payload.meta, tensors=payload.tensors, heard_round=heard_round,
-                        heard=heard, equivocations=dict(core.equivocators))
-        if core.signer is None:
-            return msg
-        return dataclasses.replace(msg, sig=core.sign("knowledge", r, epoch, payload_digest(msg)))
-
-    @staticmethod
-    def _payload(msg: Knowledge | AggregateResult) -> Payload:
-        return Payload(kind=msg.kind, tensors=dict(msg.tensors), meta=dict(msg.meta))
-
-    async def _exchange(self, r: int, payload: Payload | None, info: dict,
-                        send: bool = True) -> dict[str, Payload]:
-        """Decentralized round: everyone's knowledge to everyone (with ``cohort.fanout``
-        k: to the k peers a seeded rotation names, PeerCore.exchange_plan), until the
-        deadline."""
-        mem, core = self.membership, self.core
-        targets = mem.live_peers()
-        fanout = getattr(self.cohort, "fanout", None)
-        if fanout is not None and fanout < len(mem.members):
-            scheduled, core.sources = core.exchange_plan(
-                r, fanout, f"{self.cohort.name}:{self.cohort.seed}")
-            targets = [p for p in scheduled if mem.is_live(p)]
-        if send:
-            await self._broadcast(targets, self._knowledge(r, payload))
-        self._maybe_crash(r, "wait")
-        deadline = self.clock.now() + self.timing.round_timeout_s
-        try:
-            complete = await self._wait_until(lambda: not core.awaited(r), deadline)
-        finally:
-            core.sources = None
-        got = self.buffer.received(r)
-        knowledge = {p: self._payload(m) for p, m in sorted(got.items()) if m.kind != "none"}
-        info.update(received_from=len(got), timed_out=not complete,
-                    learned_from=len(set(knowledge) - {self.id}))
-        return knowledge
-
-    async def _aggregate_round(self, r: int, payload: Payload | None, info: dict, work) -> dict[str, Payload]:
-        """Server-style round on the aggregator elected for (r, epoch), with fail-over."""
-        mem, core = self.membership, self.core
-        self.epoch = 0
-        if r <= core.sit_out_through:
-            return await self._sit_out(r, info)
-        if self._on_enter_round is not None:
-            await self._run_blocking(self._on_enter_round, r)
-        began_at = None
-        for _attempt in range(len(mem.rotation_order()) + 1):
-            elected = core.elect(r)
-            if elected is None:
-                break
-            if elected[1] != began_at:  # reached a new epoch now
-                began_at, core.epoch_began = elected[1], self.clock.now()
-            aggregator, self.epoch = elected
-            info.update(aggregator=aggregator, epoch=self.epoch)
-            self.core.contacts = self._candidates(r, self.epoch)
-            if aggregator == self.id:
-                return await self._serve(r, payload, info, work)
-            knowledge = self._knowledge(r, payload, self.epoch)
-            self.core.sent_knowledge = (aggregator, knowledge)  # an "awaiting" asks for it again
-            await self._send_to(aggregator, knowledge)
-            # An aggregator still behind round r (restarted, paused, catching up) may lose
-            # what it got meanwhile (or never get it: it was not listening yet): once its
-            # heartbeats show it in round r, the knowledge goes once more (an exact repeat
-            # of a copy the receiver holds is ignored there, not counted as a drop).
-            # With swim the aggregator's round is known from its last answer, which may
-            # predate this round: only fresh word that it is behind counts (else a
-            # thousand members would all send twice).
-            resend = core.behind(aggregator, r) and (
-                not self.swim or mem.members[aggregator].round_heard >= core.round_began)
-            self._maybe_crash(r, "wait", "serve")
-            deadline = (self.clock.now() + self.timing.round_timeout_s
-                        + self.timing.aggregate_grace_s)
-            extended = False
-            # A restart of the aggregator (a new incarnation, faster than dead_after_s)
-            # lost what its earlier life got: the knowledge goes to the new life again,
-            # once its heartbeats show it in round r (else a whole round_timeout_s).
-            sent_life = core.incarnation_of(aggregator)
-            while True:
-                await self._wait_until(
-                    lambda a=aggregator, again=resend, life=sent_life: (
-                        core.stop_waiting_for(a, r, again) or core.incarnation_of(a) != life),
-                    deadline)
-                if core.incarnation_of(aggregator) != sent_life:
-                    sent_life, resend = core.incarnation_of(aggregator), True
-                    log.info("%s: round %d: aggregator %s restarted; our knowledge goes to its "
-                             "new life once it is in the round", self.id, r, aggregator)
-                    continue
-                if (resend and not core.behind(aggregator, r)
-                        and core.usable_result(r) is None and mem.is_live(aggregator)):
-                    resend = False
-                    log.info("%s: round %d: %s reached the round; sending it our knowledge "
-                             "again", self.id, r, aggregator)
-                    await self._send_to(aggregator, knowledge)
-                    continue
-                if (not extended and core.usable_result(r) is None
-                        and core.serving(aggregator, r)):
-                    # Its heartbeats say it is alive and serving this very epoch: it may be
-                    # waiting for our knowledge (lost), or be late. Once: send it again and
-                    # wait another round_timeout_s + aggregate_grace_s before failing over
-                    # (found by hfl-sim --buggify seed 3022: failing over from a live, late
-                    # aggregator cost the whole cohort its round).
-                    extended = True
-                    log.info("%s: round %d: aggregator %s (epoch %d) is late but serving; "
-                             "sending our knowledge again and waiting once more", self.id, r,
-                             aggregator, self.epoch)
-                    await self._send_to(aggregator, knowledge)
-                    deadline = (self.clock.now() + self.timing.round_timeout_s
-                                + self.timing.aggregate_grace_s)
-                    continue
-                break
-            if core.usable_result(r) is None and core.moved_on(r, aggregator):
-                # A heartbeat can overtake the result it follows (a delayed or retried
-                # send): give the result a short grace before leaving the round.
-                grace = max(2 * self.timing.heartbeat_interval_s, 0.25)
-                await self._wait_until(lambda: core.usable_result(r) is not None,
-                                       self.clock.now() + grace)
-            result = core.usable_result(r)
-            if result is not None:
-                order = mem.rotation_order()
-                self._observe("took", self, round=r, epoch=result.epoch, own_epoch=self.epoch,
-                              passed=[(c, "self" if c == self.id else mem.members[c].status
-                                       if c in mem.members else "unknown")
-                                      for c in (self.core.candidate(order, r, e)
-                                                for e in range(self.epoch, result.epoch))])
-                self.epoch = result.epoch
-                if result.kind == "none":
-                    log.warning("%s: round %d: aggregator %s (epoch %d) abstained: a result of an "
-                                "earlier epoch may be committed and it holds no copy; leaving the "
-                                "round without a result", self.id, r, result.sender, result.epoch)
-                    info.update(aggregator=None, abstained=True)
-                    self._discard_unused_results(r, result.epoch)
-                    return {}
-                committed = await self._await_commit(r, result)
-                if committed is not None:
-                    info.update(aggregator=result.sender, epoch=result.epoch,
-                                contributors=len(result.contributors),
-                                learned_from=len(set(result.contributors) - {self.id}))
-                    self._discard_unused_results(r, result.epoch)
-                    return {result.sender: self._payload(result)}
-                if not core.moved_on(r, result.sender):
-                    why = ("is dead" if not mem.is_live(result.sender)
-                           else "did not commit in time")
-                    log.warning("%s: round %d: aggregator %s (epoch %d) %s; failing over with its "
-                                "result accepted", self.id, r, result.sender, result.epoch, why)
-                    self.epoch += 1
-                    continue
-            if core.moved_on(r, aggregator):
-                # Its result went out while we lagged (paused, restarted, partitioned) and
-                # will not come again: follow the cohort instead of failing over alone.
-                log.warning("%s: round %d: the cohort is already in round %d; leaving round %d "
-                            "without its result", self.id, r, mem.max_live_round(), r)
-                info.update(aggregator=None, behind=True)
-                self._discard_unused_results(r, None)
-                return {}
-            log.warning("%s: round %d: aggregator %s (epoch %d) %s; failing over",
-                        self.id, r, aggregator, self.epoch, core.failover_reason(aggregator, r))
-            self.epoch += 1
-        log.error("%s: round %d: no aggregator could be reached; keeping the local model",
-                  self.id, r)
-        info.update(aggregator=None)
-        self._discard_unused_results(r, None)
-        return {}
-
-    async def _aggregate_everywhere(self, r: int, payload: Payload | None, info: dict,
-                                    work) -> dict[str, Payload]:
-        """A round with no aggregator: everyone's knowledge to everyone (as in broadcast
-        mode), then this peer computes the method's aggregate itself. No other peer's
-        word can set its model, only its contribution; what it takes needs the quorum,
-        as an aggregator's result does."""
-        if self.core.signer is not None:
-            # A signed contribution is a statement: an earlier life of this peer that
-            # signed round r's must not be followed by another version (it would prove
-            # this peer an equivocator). Rounds entered are recorded before signing.
-            if r <= self.core.sit_out_through:
-                log.warning("%s: round %d: an earlier life of this peer may have signed its "
-                            "knowledge for this round: sitting it out (no contribution)", self.id, r)
-                payload, info["sat_out"] = None, True
-            elif self._on_enter_round is not None:
-                await self._run_blocking(self._on_enter_round, r)
-        contributions = await self._exchange(r, payload, info, send=not info.get("sat_out"))
-        self.core.note_heard(r)  # told to the others with our next contribution
-        contributions = {p: c for p, c in contributions.items() if p not in self.core.equivocators}
-        if payload is not None and payload.kind != "none":
-            contributions[self.id] = payload
-        result = await work(self.alg.aggregate, r, dict(sorted(contributions.items())))
-        info.update(aggregator=self.id, epoch=0, learned_from=0)
-        if result is None:
-            return {}
-        excluded = set(result.meta.get("excluded", ()))
-        used = sorted(p for p in contributions if p not in excluded)
-        info.update(contributors=len(used))
-        quorum = self.core.quorum()
-        if len(used) < quorum:
-            return self._short_of_quorum(r, len(used), quorum, info, "keeping the local model")
-        info.update(learned_from=len(set(used) - {self.id}))
-        return {self.id: result}
-
-    def _candidates(self, r: int, epoch: int) -> set[str]:
-        """The other peers the rotation names for round r's epochs 0 .. ``epoch``: whom
-        this peer's round depends on (and who waits on it)."""
-        order = self.membership.rotation_order()
-        return {self.core.candidate(order, r, e) for e in range(min(epoch + 1, len(order)))} - {self.id}
-
-    async def _sit_out(self, r: int, info: dict) -> dict[str, Payload]:
-        """An earlier life of this peer entered round r and may have acked a result it no
-        longer knows: no contribution, no ack (as an acceptor that crashed for good).
-        It waits with the cohort, and absorbs the round's result only if its aggregator
-        commits it (a committed value is the round's one); it never drags the cohort on."""
-        log.warning("%s: round %d: an earlier life of this peer was in this round and may have "
-                    "acked a result it no longer knows: sitting the round out", self.id, r)
-        core = self.core
-        self.core.contacts = self._candidates(r, 0)
-        deadline = self.clock.now() + self.timing.round_timeout_s + self.timing.aggregate_grace_s
-        await self._wait_until(lambda: core.committed_result(r) is not None or core.cohort_past(r),
-                               deadline)
-        info.update(aggregator=None, sat_out=True)
-        result = core.committed_result(r)
-        if result is None:
-            return {}
-        info.update(aggregator=result.sender, epoch=result.epoch,
-                    contributors=len(result.contributors),
-                    learned_from=len(set(result.contributors) - {self.id}))
-        return {result.sender: self._payload(result)}
-
-    async def _await_commit(self, r: int, result: AggregateResult) -> AggregateResult | None:
-        """Accept ``result`` (ack it to its aggregator) and wait until the aggregator
-        commits it (a commit, or its heartbeat saying it absorbed it), dies, or the
-        cohort moves past round r. Returns the committed result, or None."""
-        core, aggregator = self.core, result.sender
-        digest = core.accept(result)
-        await self._send_to(aggregator, Ack(**self._envelope(), round=r, epoch=result.epoch,
-                                            digest=digest, sig=core.sign_ack(r, result.epoch, digest)))
-        # The aggregator decides within max(aggregate_grace_s, 4 heartbeats) of publishing
-        # (see _serve); then its commit, or its next heartbeat, travels.
-        hb = self.timing.heartbeat_interval_s
-        deadline = self.clock.now() + max(self.timing.aggregate_grace_s, 4 * hb) + 4 * hb
-        await self._wait_until(lambda: core.committed(r) is not None
-                               or not self.membership.is_live(aggregator)
-                               or core.moved_on(r, aggregator), deadline)
-        if core.committed(r) is None and core.moved_on(r, aggregator):
-            # A heartbeat may overtake the commit it follows: a short grace.
-            grace = max(2 * self.timing.heartbeat_interval_s, 0.25)
-            await self._wait_until(lambda: core.committed(r) is not None, self.clock.now() + grace)
-        return core.committed(r)
-
-    NO_RESULT = "no result published, keeping the local model"
-
-    def _short_of_quorum(self, r: int, count: int, quorum: int, info: dict,
-                         outcome: str) -> dict[str, Payload]:
-        """Say (and record) that round r's contributions fell short of the quorum."""
-        log.warning("%s: round %d: %d contribution(s), below the quorum of %d: %s",
-                    self.id, r, count, quorum, outcome)
-        info.update(below_quorum=True)
-        return {}
-
-    def _discard_unused_results(self, r: int, used_epoch: int | None) -> None:
-        """Results of round ``r`` for epochs this peer never reached are dropped, loudly:
-        it never saw the failures that would have made them current."""
-        for res in self.core.unused_results(r, used_epoch):
-            self._drop("unjustified_epoch", f"result for round {r} epoch {res.epoch} from "
-                       f"{res.sender} not used: the candidates before it were alive in this "
-                       "peer's view")
-
-    async def _serve(self, r: int, payload: Payload | None, info: dict, work) -> dict[str, Payload]:
-        """This peer is the aggregator of (r, self.epoch): wait for the contributions,
-        publish (its own aggregate, or a result accepted at an earlier epoch again, or
-        an abstention: PeerCore.proposal), then commit once a quorum acked it."""
-        mem, core = self.membership, self.core
-        deadline = self.clock.now() + self.timing.round_timeout_s
-        # A contribution lost on the way (a lossy link, a reconnect) cost the whole
-        # round_timeout_s: after 4, 8, 8, ... heartbeats the members still awaited are
-        # asked for it (a heartbeat with ``awaiting``; one that has sent it here sends
-        # it again, one still training ignores it).
-        hb = self.timing.heartbeat_interval_s
-        ask_after, paused0 = 4 * hb, self._paused_s
+    async def _drive(self, procedure, work) -> Any:
+        """Carry out a round procedure (hfl.peer.procedures): each instruction it yields,
+        in order, its answer sent back in; an exception (a cancellation, an injected
+        crash) is thrown into it where it waits. Returns the procedure's value."""
+        step, value = procedure.send, None
         while True:
-            end = deadline + (self._paused_s - paused0)  # a pause moves the deadline on
-            complete = await self._wait_until(lambda: not core.awaited(r),
-                                              min(end, self.clock.now() + ask_after))
-            if complete or self.clock.now() >= deadline + (self._paused_s - paused0):
-                break
-            ask_after = 8 * hb
-            if self._reading_behind:
-                # Messages wait unread here (an overloaded peer, a thousand contributions
-                # at once): what we would ask for may be among them, and every answer is
-                # a second copy on top (hfl-launch --in-process with 1,000 peers: the
-                # asks and their answers kept the aggregator from ever catching up).
-                continue
-            await self._broadcast(core.awaited(r), self._heartbeat(awaiting=r), 0.05)
-        promised = core.promises(r)
-        decision, earlier, refused = core.proposal(r, promised)
-        for liar, why in refused.items():
-            self._drop("lying_claim", f"round {r}: left out {liar}'s contribution: {why}")
-            del promised[liar]
-        quorum = core.quorum()
-        self._maybe_crash(r, "serve")
-        info.update(timed_out=not complete)
-        if 1 + len(promised) < quorum:
-            # A minority (one side of a partition, a lone restarted peer) never publishes.
-            info.update(aggregator=None, contributors=1 + len(promised))
-            self._discard_unused_results(r, self.epoch)
-            return self._short_of_quorum(r, 1 + len(promised), quorum, info, self.NO_RESULT)
-        if decision == "abstain":
-            log.warning("%s: round %d: a contributor accepted a result of an earlier epoch that "
-                        "this peer holds no copy of; abstaining at epoch %d", self.id, r, self.epoch)
-            await self._broadcast(mem.live_peers(), AggregateResult(
-                **self._envelope(), round=r, epoch=self.epoch, kind="none"))
-            info.update(aggregator=None, abstained=True)
-            self._discard_unused_results(r, self.epoch)
-            return {}
-        if decision == "repeat":
-            log.info("%s: round %d: publishing %s's result of epoch %d again at epoch %d (a "
-                     "contributor accepted it)", self.id, r, earlier.sender, earlier.epoch, self.epoch)
-            result = self._payload(earlier)
-            used = list(earlier.contributors)
-        else:
-            contributions = {p: self._payload(m) for p, m in promised.items() if m.kind != "none"}
-            if payload is not None:
-                contributions[self.id] = payload
-            result = await work(self.alg.aggregate, r, contributions)
-            if result is None:
-                self._discard_unused_results(r, self.epoch)
-                return {}
-            excluded = set(result.meta.get("excluded", ()))
-            used = sorted(p for p in contributions if p not in excluded)  # only what went in
-        self._discard_unused_results(r, self.epoch)
-        info.update(contributors=len(used))
-        if len(used) < quorum:
-            info.update(aggregator=None)
-            return self._short_of_quorum(r, len(used), quorum, info, self.NO_RESULT)
-        msg = AggregateResult(**self._envelope(), round=r, epoch=self.epoch, kind=result.kind,
-                              contributors=used, meta=result.meta, tensors=result.tensors)
-        digest = core.accept(msg)
-        core.expect_acks(r, self.epoch, digest)
-        self._observe("published", self, round=r, epoch=self.epoch, contributors=len(used),
-                      quorum=quorum, digest=digest)
-        await self._broadcast(mem.live_peers(), msg)
-        # Acks come one round trip after the result arrives: wait aggregate_grace_s (the
-        # time a result is given to travel), at least four heartbeats, and send the
-        # result again to the live members that have not acked (a lost result or a lost
-        # ack must not cost the whole cohort its round) after 1, 2, 4, 4, ... heartbeats:
-        # acks that are only slow (a loaded machine, a big cohort) must not be answered
-        # with a copy of the result per member each heartbeat, queued for each of them.
-        hb = self.timing.heartbeat_interval_s
-        deadline = self.clock.now() + max(self.timing.aggregate_grace_s, 4 * hb)
-        wait = hb
-        while True:
-            acked = await self._wait_until(
-                lambda: (core.acked(r, self.epoch, digest) >= quorum
-                         or core.acks_out_of_reach(r, self.epoch, digest, quorum)),
-                min(deadline, self.clock.now() + wait))
-            if acked or self.clock.now() >= deadline:
-                break
-            await self._broadcast(core.not_acked(r, self.epoch, digest), msg)
-            wait = min(2 * wait, 4 * hb)  # (a copy lost late still gets another)
-        if core.acked(r, self.epoch, digest) < quorum:
-            log.warning("%s: round %d: %d of the %d acks a commit needs %s; not committing, "
-                        "keeping the local model", self.id, r, core.acked(r, self.epoch, digest),
-                        quorum, "arrived in time" if not acked else "before the cohort moved on")
-            info.update(aggregator=None, uncommitted=True)
-            return {}
-        core.commits.add((r, digest))
-        self._observe("committed", self, round=r, epoch=self.epoch, digest=digest)
-        commit = core.last_commit = Commit(**self._envelope(), round=r, epoch=self.epoch,
-                                           digest=digest, certificate=core.certificate(r, self.epoch, digest))
-        await self._broadcast(mem.live_peers(), commit)
-        info.update(learned_from=len(set(used) - {self.id}))
-        return {self.id: result}
+            try:
+                ins = step(value)
+            except StopIteration as done:
+                return done.value
+            try:
+                value, step = await self._perform(ins, work), procedure.send
+            except BaseException as err:  # noqa: BLE001 -- raised again inside the procedure
+                value, step = err, procedure.throw
+
+    async def _perform(self, ins: do.Instruction, work) -> Any:
+        """One instruction of a round procedure; only waits, sends, the method's
+        aggregate and the entered-round record suspend the round."""
+        if isinstance(ins, do.Wait):
+            return await self._wait_until(ins.done, ins.deadline)
+        if isinstance(ins, do.Send):
+            return await self._send_to(ins.address, ins.msg, ins.timeout_s)
+        if isinstance(ins, do.Broadcast):
+            return await self._broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s)
+        if isinstance(ins, do.Aggregate):
+            return await work(self.alg.aggregate, ins.round, ins.contributions)
+        if isinstance(ins, do.EnterRound):
+            if self._on_enter_round is not None:
+                await self._run_blocking(self._on_enter_round, ins.round)
+            return None
+        self._execute([ins])
+        return None
 
     def _maybe_crash(self, r: int, *phases: str) -> None:
         f = self.fault
@@ -1168,21 +787,12 @@ class Node:
             self._observe("crash", self, round=r, phase=f.crash_phase)
             self._crash(f.exit_code)
 
-    #: swim: members a goodbye goes to directly, at most.
-    LEAVE_FANOUT = 16
-
     async def _leave(self, reason: str) -> None:
         if self.membership is None or self.transport is None:
             return
-        targets = [p for p in self.membership.gossip_targets() if self.membership.is_live(p)]
-        if self.swim and len(targets) > self.LEAVE_FANOUT:
-            # A goodbye to a sample: the news spreads from there (each receiver passes it
-            # on; the others then probe us, find us gone and mark us dead).
-            targets = sorted(set(self.rng.sample(targets, self.LEAVE_FANOUT))
-                             | (self.core.contacts & set(targets)))
-        if targets:  # best effort and brief: a peer that already closed must not delay our exit
-            await self._broadcast(targets, Leave(**self._envelope(), reason=reason,
-                                                 round=self.round), timeout_s=0.2)
+        bye = self.core.goodbye(reason)  # best effort and brief: a peer that already
+        if bye is not None:  # closed must not delay our exit
+            await self._broadcast(list(bye.peer_ids), bye.msg, timeout_s=bye.timeout_s)
 
 
 class NodeFailed(RuntimeError):

@@ -47,7 +47,7 @@ def hello(sender: str = "p9", **kw) -> Hello:
 
 def test_the_core_imports_no_io():
     # The rules must be testable (and simulated) without an event loop, sockets or a clock.
-    for name in ("core.py", "instructions.py", "membership.py", "rounds.py"):
+    for name in ("core.py", "instructions.py", "membership.py", "rounds.py", "procedures.py"):
         tree = ast.parse((Path(__file__).resolve().parent.parent / "peer" / name).read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                     for a in n.names}

@@ -1,0 +1,505 @@
+"""The round procedures: what a peer does in a round that shares, as generators, no I/O.
+
+Each procedure is a generator over the peer's :class:`~hfl.peer.core.PeerCore` that
+yields instructions (:mod:`hfl.peer.instructions`) one at a time and gets each one's
+answer back: a :class:`~hfl.peer.instructions.Wait` is answered with whether its
+condition came true, an :class:`~hfl.peer.instructions.Aggregate` with the method's
+aggregate, a send with None. The generator's return value is what the round absorbs
+(``{source: payload}``; empty: nothing). Every decision of a round is made here:
+whom to send to, how long to wait, when to ask again, when to fail over, what to
+publish, when to commit. The shell (:class:`hfl.peer.node.Node`) only carries the
+instructions out (``Node._drive``), and a test drives a procedure by hand on a bare
+core and reads the instructions off it.
+
+The procedures are PROTOCOL.md's *Rounds* and *Commit* sections:
+
+- :meth:`RoundProcedures.exchange`: a decentralized round (broadcast mode, and every
+  peer aggregating): knowledge to every live peer (or the fan-out's), then wait.
+- :meth:`RoundProcedures.aggregate_round`: an elected aggregator's round, with
+  fail-over; on the elected peer :meth:`RoundProcedures.serve`, on the others
+  :meth:`RoundProcedures.await_commit`.
+- :meth:`RoundProcedures.aggregate_everywhere`: every peer aggregates what it got.
+- :meth:`RoundProcedures.sit_out`: a round an earlier life of this peer entered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator
+from typing import Any
+
+from hfl.algorithms.base import Payload
+from hfl.peer.core import PeerCore
+from hfl.peer.instructions import (
+    Aggregate,
+    Broadcast,
+    CrashPoint,
+    Dropped,
+    EnterRound,
+    Instruction,
+    Note,
+    Say,
+    Send,
+    Wait,
+)
+from hfl.protocol import Ack, AggregateResult, Commit, Knowledge
+
+WARNING, INFO, ERROR = logging.WARNING, logging.INFO, logging.ERROR
+
+#: A procedure: yields instructions, gets their answers, returns what the round absorbs.
+Procedure = Generator[Instruction, Any, dict[str, Payload]]
+
+NO_RESULT = "no result published, keeping the local model"
+
+
+def payload_of(msg: Knowledge | AggregateResult) -> Payload:
+    """The method's payload a knowledge message or a result carries."""
+    return Payload(kind=msg.kind, tensors=dict(msg.tensors), meta=dict(msg.meta))
+
+
+class RoundProcedures:
+    """One peer's round procedures over its ``core``.
+
+    ``now`` is the shell's clock (deadlines and the times the core records are read
+    from it), ``paused`` the total time the peer stood still so far (a pause moves a
+    deadline on: nobody's missed deadline), ``reading_behind`` whether received
+    messages wait unread (an overloaded peer). ``fanout`` and ``plan_key`` are
+    ``cohort.fanout`` and the seed of its rotation (PeerCore.exchange_plan)."""
+
+    def __init__(self, core: PeerCore, *, now: Callable[[], float],
+                 paused: Callable[[], float] = lambda: 0.0,
+                 reading_behind: Callable[[], bool] = lambda: False,
+                 fanout: int | None = None, plan_key: str = "") -> None:
+        self.core = core
+        self.now = now
+        self.paused = paused
+        self.reading_behind = reading_behind
+        self.fanout = fanout
+        self.plan_key = plan_key
+
+    @property
+    def timing(self):
+        return self.core.timing
+
+    def say(self, level: int, template: str, *args: Any) -> Say:
+        """A log line that starts with this peer's id (``template`` after ``"%s: "``)."""
+        return Say(level, "%s: " + template, (self.core.id, *args))
+
+    # ---------------------------------------------------------------- joining
+
+    def cohort_so_far(self) -> tuple[list[str], int]:
+        """(members greeted and alive, members that already said goodbye): a peer that
+        said goodbye was in the cohort (fast solo peers can finish before a slow one
+        has greeted them): nothing to wait for."""
+        mem = self.core.membership
+        greeted = [m.peer_id for m in mem.members.values() if m.status == "alive" and m.greeted]
+        departed = sum(1 for m in mem.members.values() if m.status == "left")
+        departed += len(mem.reported_left - set(mem.members))
+        return greeted, departed
+
+    def join(self, need: int, resumed: bool, remembered: bool,
+             seeds_ready: Callable[[list[str]], bool] = lambda greeted: True
+             ) -> Generator[Instruction, Any, bool]:
+        """Wait until ``need`` members (ourselves included) completed a handshake (and,
+        for methods that learn on peers' public samples, ``seeds_ready``: we hold
+        theirs); True once they have, False when none new arrived for
+        ``timing.join_timeout_s``. A cohort still coming together (two hundred peers
+        started one after another on a busy machine take minutes) is waited for as
+        long as peers keep arriving. A ``resumed`` peer that ``remembered`` members
+        stops waiting as soon as everyone it remembers is known to be dead."""
+        mem = self.core.membership
+        if need <= 1:
+            return True
+
+        def joined() -> bool:
+            greeted, departed = self.cohort_so_far()
+            if 1 + len(greeted) + departed >= need:
+                return seeds_ready(greeted)
+            # Remembering nobody (the whole cohort was stopped and said goodbye, as
+            # after Ctrl-C on hfl-launch) is not "everyone is dead": wait for the
+            # bootstrap peers, or a resumed cohort would split into solo peers.
+            return resumed and remembered and not mem.live_peers()
+
+        def arrived() -> int:  # greeted (whatever its status now) or departed: only grows
+            return (sum(1 for m in mem.members.values() if m.greeted or m.status == "left")
+                    + len(mem.reported_left - set(mem.members)))
+
+        count, since = arrived(), self.now()
+        while (yield Wait(lambda c=count: joined() or arrived() > c,
+                          since + self.timing.join_timeout_s)):
+            if joined():
+                return True
+            count, since = arrived(), self.now()
+        return False
+
+    def round(self, r: int, payload: Payload | None, info: dict) -> Procedure:
+        """Round r's exchange, by the method's mode (a ``local`` method has none)."""
+        core = self.core
+        if core.mode == "broadcast":
+            return (yield from self.exchange(r, payload, info))
+        if core.mode == "aggregator" and core.everywhere:
+            return (yield from self.aggregate_everywhere(r, payload, info))
+        if core.mode == "aggregator":
+            return (yield from self.aggregate_round(r, payload, info))
+        return {}
+
+    # ---------------------------------------------------------------- decentralized
+
+    def exchange(self, r: int, payload: Payload | None, info: dict,
+                 send: bool = True) -> Procedure:
+        """Decentralized round: everyone's knowledge to everyone (with ``cohort.fanout``
+        k: to the k peers a seeded rotation names, PeerCore.exchange_plan), until the
+        deadline."""
+        core = self.core
+        mem = core.membership
+        targets = mem.live_peers()
+        if self.fanout is not None and self.fanout < len(mem.members):
+            scheduled, core.sources = core.exchange_plan(r, self.fanout, self.plan_key)
+            targets = [p for p in scheduled if mem.is_live(p)]
+        if send:
+            yield Broadcast(tuple(targets), core.knowledge(r, payload))
+        yield CrashPoint(r, ("wait",))
+        deadline = self.now() + self.timing.round_timeout_s
+        try:
+            complete = yield Wait(lambda: not core.awaited(r), deadline)
+        finally:
+            core.sources = None
+        got = core.buffer.received(r)
+        knowledge = {p: payload_of(m) for p, m in sorted(got.items()) if m.kind != "none"}
+        info.update(received_from=len(got), timed_out=not complete,
+                    learned_from=len(set(knowledge) - {core.id}))
+        return knowledge
+
+    def aggregate_everywhere(self, r: int, payload: Payload | None, info: dict) -> Procedure:
+        """A round with no aggregator: everyone's knowledge to everyone (as in broadcast
+        mode), then each peer aggregates what it got itself. Nothing is acked or
+        committed: each peer's aggregate is its own, and it is not published to anyone.
+        A result is used only if it covers the quorum, as an aggregator's result does."""
+        core = self.core
+        if core.signer is not None:
+            # A signed contribution is a statement: an earlier life of this peer that
+            # signed round r's must not be followed by another version (it would prove
+            # this peer an equivocator). Rounds entered are recorded before signing.
+            if r <= core.sit_out_through:
+                yield self.say(WARNING, "round %d: an earlier life of this peer may have signed "
+                               "its knowledge for this round: sitting it out (no contribution)", r)
+                payload, info["sat_out"] = None, True
+            else:
+                yield EnterRound(r)
+        contributions = yield from self.exchange(r, payload, info, send=not info.get("sat_out"))
+        core.note_heard(r)  # told to the others with our next contribution
+        contributions = {p: c for p, c in contributions.items() if p not in core.equivocators}
+        if payload is not None and payload.kind != "none":
+            contributions[core.id] = payload
+        result = yield Aggregate(r, dict(sorted(contributions.items())))
+        info.update(aggregator=core.id, epoch=0, learned_from=0)
+        if result is None:
+            return {}
+        excluded = set(result.meta.get("excluded", ()))
+        used = sorted(p for p in contributions if p not in excluded)
+        info.update(contributors=len(used))
+        quorum = core.quorum()
+        if len(used) < quorum:
+            return (yield from self.short_of_quorum(r, len(used), quorum, info,
+                                                    "keeping the local model"))
+        info.update(learned_from=len(set(used) - {core.id}))
+        return {core.id: result}
+
+    # ---------------------------------------------------------------- elected aggregator
+
+    def candidates(self, r: int, epoch: int) -> set[str]:
+        """The other peers the rotation names for round r's epochs 0 .. ``epoch``: whom
+        this peer's round depends on (and who waits on it)."""
+        core = self.core
+        order = core.membership.rotation_order()
+        return {core.candidate(order, r, e) for e in range(min(epoch + 1, len(order)))} - {core.id}
+
+    def aggregate_round(self, r: int, payload: Payload | None, info: dict) -> Procedure:
+        """Server-style round on the aggregator elected for (r, epoch), with fail-over."""
+        core = self.core
+        mem, timing = core.membership, self.timing
+        core.epoch = 0
+        if r <= core.sit_out_through:
+            return (yield from self.sit_out(r, info))
+        yield EnterRound(r)
+        began_at = None
+        for _attempt in range(len(mem.rotation_order()) + 1):
+            elected = core.elect(r)
+            if elected is None:
+                break
+            if elected[1] != began_at:  # reached a new epoch now
+                began_at, core.epoch_began = elected[1], self.now()
+            aggregator, core.epoch = elected
+            info.update(aggregator=aggregator, epoch=core.epoch)
+            core.contacts = self.candidates(r, core.epoch)
+            if aggregator == core.id:
+                return (yield from self.serve(r, payload, info))
+            knowledge = core.knowledge(r, payload, core.epoch)
+            core.sent_knowledge = (aggregator, knowledge)  # an "awaiting" asks for it again
+            yield Send(aggregator, knowledge, to_member=True)
+            # An aggregator still behind round r (restarted, paused, catching up) may lose
+            # what it got meanwhile (or never get it: it was not listening yet): once its
+            # heartbeats show it in round r, the knowledge goes once more (an exact repeat
+            # of a copy the receiver holds is ignored there, not counted as a drop).
+            # With swim the aggregator's round is known from its last answer, which may
+            # predate this round: only fresh word that it is behind counts (else a
+            # thousand members would all send twice).
+            resend = core.behind(aggregator, r) and (
+                not core.swim or mem.members[aggregator].round_heard >= core.round_began)
+            yield CrashPoint(r, ("wait", "serve"))
+            deadline = self.now() + timing.round_timeout_s + timing.aggregate_grace_s
+            extended = False
+            # A restart of the aggregator (a new incarnation, faster than dead_after_s)
+            # lost what its earlier life got: the knowledge goes to the new life again,
+            # once its heartbeats show it in round r (else a whole round_timeout_s).
+            sent_life = core.incarnation_of(aggregator)
+            while True:
+                yield Wait(lambda a=aggregator, again=resend, life=sent_life: (
+                    core.stop_waiting_for(a, r, again) or core.incarnation_of(a) != life),
+                    deadline)
+                if core.incarnation_of(aggregator) != sent_life:
+                    sent_life, resend = core.incarnation_of(aggregator), True
+                    yield self.say(INFO, "round %d: aggregator %s restarted; our knowledge goes "
+                                   "to its new life once it is in the round", r, aggregator)
+                    continue
+                if (resend and not core.behind(aggregator, r)
+                        and core.usable_result(r) is None and mem.is_live(aggregator)):
+                    resend = False
+                    yield self.say(INFO, "round %d: %s reached the round; sending it our "
+                                   "knowledge again", r, aggregator)
+                    yield Send(aggregator, knowledge, to_member=True)
+                    continue
+                if (not extended and core.usable_result(r) is None
+                        and core.serving(aggregator, r)):
+                    # Its heartbeats say it is alive and serving this very epoch: it may be
+                    # waiting for our knowledge (lost), or be late. Once: send it again and
+                    # wait another round_timeout_s + aggregate_grace_s before failing over
+                    # (found by hfl-sim --buggify seed 3022: failing over from a live, late
+                    # aggregator cost the whole cohort its round).
+                    extended = True
+                    yield self.say(INFO, "round %d: aggregator %s (epoch %d) is late but "
+                                   "serving; sending our knowledge again and waiting once more",
+                                   r, aggregator, core.epoch)
+                    yield Send(aggregator, knowledge, to_member=True)
+                    deadline = self.now() + timing.round_timeout_s + timing.aggregate_grace_s
+                    continue
+                break
+            if core.usable_result(r) is None and core.moved_on(r, aggregator):
+                # A heartbeat can overtake the result it follows (a delayed or retried
+                # send): give the result a short grace before leaving the round.
+                grace = max(2 * timing.heartbeat_interval_s, 0.25)
+                yield Wait(lambda: core.usable_result(r) is not None, self.now() + grace)
+            result = core.usable_result(r)
+            if result is not None:
+                order = mem.rotation_order()
+                yield Note("took", dict(
+                    round=r, epoch=result.epoch, own_epoch=core.epoch,
+                    passed=[(c, "self" if c == core.id else mem.members[c].status
+                             if c in mem.members else "unknown")
+                            for c in (core.candidate(order, r, e)
+                                      for e in range(core.epoch, result.epoch))]))
+                core.epoch = result.epoch
+                if result.kind == "none":
+                    yield self.say(WARNING, "round %d: aggregator %s (epoch %d) abstained: a "
+                                   "result of an earlier epoch may be committed and it holds no "
+                                   "copy; leaving the round without a result", r, result.sender,
+                                   result.epoch)
+                    info.update(aggregator=None, abstained=True)
+                    yield from self.discard_unused_results(r, result.epoch)
+                    return {}
+                committed = yield from self.await_commit(r, result)
+                if committed is not None:
+                    info.update(aggregator=result.sender, epoch=result.epoch,
+                                contributors=len(result.contributors),
+                                learned_from=len(set(result.contributors) - {core.id}))
+                    yield from self.discard_unused_results(r, result.epoch)
+                    return {result.sender: payload_of(result)}
+                if not core.moved_on(r, result.sender):
+                    why = ("is dead" if not mem.is_live(result.sender)
+                           else "did not commit in time")
+                    yield self.say(WARNING, "round %d: aggregator %s (epoch %d) %s; failing over "
+                                   "with its result accepted", r, result.sender, result.epoch, why)
+                    core.epoch += 1
+                    continue
+            if core.moved_on(r, aggregator):
+                # Its result went out while we lagged (paused, restarted, partitioned) and
+                # will not come again: follow the cohort instead of failing over alone.
+                yield self.say(WARNING, "round %d: the cohort is already in round %d; leaving "
+                               "round %d without its result", r, mem.max_live_round(), r)
+                info.update(aggregator=None, behind=True)
+                yield from self.discard_unused_results(r, None)
+                return {}
+            yield self.say(WARNING, "round %d: aggregator %s (epoch %d) %s; failing over",
+                           r, aggregator, core.epoch, core.failover_reason(aggregator, r))
+            core.epoch += 1
+        yield self.say(ERROR, "round %d: no aggregator could be reached; keeping the local "
+                       "model", r)
+        info.update(aggregator=None)
+        yield from self.discard_unused_results(r, None)
+        return {}
+
+    def sit_out(self, r: int, info: dict) -> Procedure:
+        """An earlier life of this peer entered round r and may have acked a result it no
+        longer knows: no contribution, no ack (as an acceptor that crashed for good).
+        It waits with the cohort, and absorbs the round's result only if its aggregator
+        commits it (a committed value is the round's one); it never drags the cohort on."""
+        core = self.core
+        yield self.say(WARNING, "round %d: an earlier life of this peer was in this round and "
+                       "may have acked a result it no longer knows: sitting the round out", r)
+        core.contacts = self.candidates(r, 0)
+        deadline = self.now() + self.timing.round_timeout_s + self.timing.aggregate_grace_s
+        yield Wait(lambda: core.committed_result(r) is not None or core.cohort_past(r), deadline)
+        info.update(aggregator=None, sat_out=True)
+        result = core.committed_result(r)
+        if result is None:
+            return {}
+        info.update(aggregator=result.sender, epoch=result.epoch,
+                    contributors=len(result.contributors),
+                    learned_from=len(set(result.contributors) - {core.id}))
+        return {result.sender: payload_of(result)}
+
+    def await_commit(self, r: int, result: AggregateResult
+                     ) -> Generator[Instruction, Any, AggregateResult | None]:
+        """Accept ``result`` (ack it to its aggregator) and wait until the aggregator
+        commits it (a commit, or its heartbeat saying it absorbed it), dies, or the
+        cohort moves past round r. Returns the committed result, or None."""
+        core, aggregator, timing = self.core, result.sender, self.timing
+        digest = core.accept(result)
+        yield Send(aggregator, Ack(**core.envelope(), round=r, epoch=result.epoch, digest=digest,
+                                   sig=core.sign_ack(r, result.epoch, digest)), to_member=True)
+        # The aggregator decides within max(aggregate_grace_s, 4 heartbeats) of publishing
+        # (see serve); then its commit, or its next heartbeat, travels.
+        hb = timing.heartbeat_interval_s
+        deadline = self.now() + max(timing.aggregate_grace_s, 4 * hb) + 4 * hb
+        yield Wait(lambda: core.committed(r) is not None
+                   or not core.membership.is_live(aggregator)
+                   or core.moved_on(r, aggregator), deadline)
+        if core.committed(r) is None and core.moved_on(r, aggregator):
+            # A heartbeat may overtake the commit it follows: a short grace.
+            grace = max(2 * hb, 0.25)
+            yield Wait(lambda: core.committed(r) is not None, self.now() + grace)
+        return core.committed(r)
+
+    def short_of_quorum(self, r: int, count: int, quorum: int, info: dict,
+                        outcome: str) -> Procedure:
+        """Say (and record) that round r's contributions fell short of the quorum."""
+        yield self.say(WARNING, "round %d: %d contribution(s), below the quorum of %d: %s",
+                       r, count, quorum, outcome)
+        info.update(below_quorum=True)
+        return {}
+
+    def discard_unused_results(self, r: int, used_epoch: int | None
+                               ) -> Generator[Instruction, Any, None]:
+        """Results of round ``r`` for epochs this peer never reached are dropped, loudly:
+        it never saw the failures that would have made them current."""
+        for res in self.core.unused_results(r, used_epoch):
+            yield Dropped("unjustified_epoch", f"result for round {r} epoch {res.epoch} from "
+                          f"{res.sender} not used: the candidates before it were alive in this "
+                          "peer's view")
+
+    def serve(self, r: int, payload: Payload | None, info: dict) -> Procedure:
+        """This peer is the aggregator of (r, epoch): wait for the contributions,
+        publish (its own aggregate, or a result accepted at an earlier epoch again, or
+        an abstention: PeerCore.proposal), then commit once a quorum acked it."""
+        core = self.core
+        mem, timing = core.membership, self.timing
+        deadline = self.now() + timing.round_timeout_s
+        # A contribution lost on the way (a lossy link, a reconnect) cost the whole
+        # round_timeout_s: after 4, 8, 8, ... heartbeats the members still awaited are
+        # asked for it (a heartbeat with ``awaiting``; one that has sent it here sends
+        # it again, one still training ignores it).
+        hb = timing.heartbeat_interval_s
+        ask_after, paused0 = 4 * hb, self.paused()
+        while True:
+            end = deadline + (self.paused() - paused0)  # a pause moves the deadline on
+            complete = yield Wait(lambda: not core.awaited(r), min(end, self.now() + ask_after))
+            if complete or self.now() >= deadline + (self.paused() - paused0):
+                break
+            ask_after = 8 * hb
+            if self.reading_behind():
+                # Messages wait unread here (an overloaded peer, a thousand contributions
+                # at once): what we would ask for may be among them, and every answer is
+                # a second copy on top (hfl-launch --in-process with 1,000 peers: the
+                # asks and their answers kept the aggregator from ever catching up).
+                continue
+            yield Broadcast(tuple(core.awaited(r)), core.heartbeat(awaiting=r), 0.05)
+        promised = core.promises(r)
+        decision, earlier, refused = core.proposal(r, promised)
+        for liar, why in refused.items():
+            yield Dropped("lying_claim", f"round {r}: left out {liar}'s contribution: {why}")
+            del promised[liar]
+        quorum = core.quorum()
+        yield CrashPoint(r, ("serve",))
+        info.update(timed_out=not complete)
+        if 1 + len(promised) < quorum:
+            # A minority (one side of a partition, a lone restarted peer) never publishes.
+            info.update(aggregator=None, contributors=1 + len(promised))
+            yield from self.discard_unused_results(r, core.epoch)
+            return (yield from self.short_of_quorum(r, 1 + len(promised), quorum, info, NO_RESULT))
+        if decision == "abstain":
+            yield self.say(WARNING, "round %d: a contributor accepted a result of an earlier "
+                           "epoch that this peer holds no copy of; abstaining at epoch %d",
+                           r, core.epoch)
+            yield Broadcast(tuple(mem.live_peers()), AggregateResult(
+                **core.envelope(), round=r, epoch=core.epoch, kind="none"))
+            info.update(aggregator=None, abstained=True)
+            yield from self.discard_unused_results(r, core.epoch)
+            return {}
+        if decision == "repeat":
+            yield self.say(INFO, "round %d: publishing %s's result of epoch %d again at epoch %d "
+                           "(a contributor accepted it)", r, earlier.sender, earlier.epoch,
+                           core.epoch)
+            result = payload_of(earlier)
+            used = list(earlier.contributors)
+        else:
+            contributions = {p: payload_of(m) for p, m in promised.items() if m.kind != "none"}
+            if payload is not None:
+                contributions[core.id] = payload
+            result = yield Aggregate(r, contributions)
+            if result is None:
+                yield from self.discard_unused_results(r, core.epoch)
+                return {}
+            excluded = set(result.meta.get("excluded", ()))
+            used = sorted(p for p in contributions if p not in excluded)  # only what went in
+        yield from self.discard_unused_results(r, core.epoch)
+        info.update(contributors=len(used))
+        if len(used) < quorum:
+            info.update(aggregator=None)
+            return (yield from self.short_of_quorum(r, len(used), quorum, info, NO_RESULT))
+        msg = AggregateResult(**core.envelope(), round=r, epoch=core.epoch, kind=result.kind,
+                              contributors=used, meta=result.meta, tensors=result.tensors)
+        digest = core.accept(msg)
+        core.expect_acks(r, core.epoch, digest)
+        yield Note("published", dict(round=r, epoch=core.epoch, contributors=len(used),
+                                     quorum=quorum, digest=digest))
+        yield Broadcast(tuple(mem.live_peers()), msg)
+        # Acks come one round trip after the result arrives: wait aggregate_grace_s (the
+        # time a result is given to travel), at least four heartbeats, and send the
+        # result again to the live members that have not acked (a lost result or a lost
+        # ack must not cost the whole cohort its round) after 1, 2, 4, 4, ... heartbeats:
+        # acks that are only slow (a loaded machine, a big cohort) must not be answered
+        # with a copy of the result per member each heartbeat, queued for each of them.
+        epoch = core.epoch
+        deadline = self.now() + max(timing.aggregate_grace_s, 4 * hb)
+        wait = hb
+        while True:
+            acked = yield Wait(lambda: (core.acked(r, epoch, digest) >= quorum
+                                        or core.acks_out_of_reach(r, epoch, digest, quorum)),
+                               min(deadline, self.now() + wait))
+            if acked or self.now() >= deadline:
+                break
+            yield Broadcast(tuple(core.not_acked(r, epoch, digest)), msg)
+            wait = min(2 * wait, 4 * hb)  # (a copy lost late still gets another)
+        if core.acked(r, epoch, digest) < quorum:
+            yield self.say(WARNING, "round %d: %d of the %d acks a commit needs %s; not "
+                           "committing, keeping the local model", r, core.acked(r, epoch, digest),
+                           quorum, "arrived in time" if not acked else "before the cohort moved on")
+            info.update(aggregator=None, uncommitted=True)
+            return {}
+        core.commits.add((r, digest))
+        yield Note("committed", dict(round=r, epoch=epoch, digest=digest))
+        commit = core.last_commit = Commit(**core.envelope(), round=r, epoch=epoch, digest=digest,
+                                           certificate=core.certificate(r, epoch, digest))
+        yield Broadcast(tuple(mem.live_peers()), commit)
+        info.update(learned_from=len(set(used) - {core.id}))
+        return {core.id: result}

@@ -1,0 +1,313 @@
+"""The round procedures (hfl.peer.procedures) driven by hand on a bare core.
+
+No sockets, tasks or event loop: each test builds a core of three peers, steps one
+procedure, answers what it asks (a wait with whether its condition came true, the
+method's aggregate with a payload) and reads off the instructions what it decided:
+whom it sent what, when it asked again, when it failed over, published, committed.
+Each test names the PROTOCOL.md rule it checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hfl.algorithms.base import Payload
+from hfl.peer.config import TimingConfig
+from hfl.peer.core import PeerCore
+from hfl.peer.instructions import (
+    Aggregate,
+    Broadcast,
+    CrashPoint,
+    Dropped,
+    EnterRound,
+    Note,
+    Say,
+    Send,
+    Wait,
+)
+from hfl.peer.membership import Membership
+from hfl.peer.procedures import RoundProcedures
+from hfl.protocol import Ack, AggregateResult, Commit, Knowledge
+
+HB = TimingConfig().heartbeat_interval_s
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+def peer(me: str = "p0", members: tuple[str, ...] = ("p1", "p2"), everywhere: bool = False,
+         mode: str = "aggregator") -> tuple[PeerCore, RoundProcedures, Clock]:
+    """A core of a cohort of ``me`` and ``members`` (all heard from in round 1), and
+    its procedures on a hand-moved clock."""
+    core = PeerCore(me, mode=mode, everywhere=everywhere, lookahead=2, cohort_size=3)
+    core.membership = Membership(me, f"mem://{me}", 0, 2.0, 5.0)
+    core.timing = TimingConfig()
+    for p in members:
+        core.membership.heard_from(p, 0, 0.0, address=f"mem://{p}", round=1)
+    clock = Clock()
+    return core, RoundProcedures(core, now=clock.now), clock
+
+
+class Stepper:
+    """Steps a procedure: :meth:`until` answers every instruction that needs no answer
+    (sends, notes, log lines) with None and stops at the first of the given types."""
+
+    def __init__(self, procedure) -> None:
+        self.gen, self.seen, self.value, self.done = procedure, [], None, False
+        self.ins = self._step(next, procedure)
+
+    def _step(self, fn, *args):
+        try:
+            ins = fn(*args)
+        except StopIteration as stop:
+            self.done, self.value = True, stop.value
+            return None
+        self.seen.append(ins)
+        return ins
+
+    def answer(self, value=None):
+        self.ins = self._step(self.gen.send, value)
+        return self.ins
+
+    def until(self, *types):
+        while not self.done and not isinstance(self.ins, types):
+            self.answer(None)
+        return self.ins
+
+    def sent(self, since: int = 0) -> list[tuple[tuple[str, ...], str]]:
+        """(to whom, message type) of each send since the ``since``-th instruction."""
+        out = []
+        for ins in self.seen[since:]:
+            if isinstance(ins, Send):
+                out.append(((ins.address,), ins.msg.TYPE))
+            elif isinstance(ins, Broadcast):
+                out.append((tuple(ins.peer_ids), ins.msg.TYPE))
+        return out
+
+
+def weights(v: float) -> Payload:
+    return Payload(kind="weights", tensors={"w": np.full(3, v, dtype=np.float32)})
+
+
+def enter(core: PeerCore, r: int) -> None:
+    """Put the core and, by their heartbeats, its members in round r."""
+    core.round = r
+    for p in list(core.membership.members):
+        core.membership.heard_from(p, 0, 0.0, round=r)
+
+
+def contribution(core: PeerCore, sender: str, r: int, v: float, epoch: int = 0) -> None:
+    msg = Knowledge(sender=sender, incarnation=0, round=r, kind="weights", epoch=epoch,
+                    tensors={"w": np.full(3, v, dtype=np.float32)})
+    assert core.handle(sender, msg, 0.0) is not None
+    assert sender in core.buffer.received(r)
+
+
+def serving(r: int = 1):
+    """p0 as round r's elected aggregator (epoch 0 of the rotation names it)."""
+    core, procs, clock = peer()
+    order = core.membership.rotation_order()
+    while core.candidate(order, r, 0) != "p0":
+        r += 1
+    enter(core, r)
+    return core, procs, clock, r
+
+
+def test_an_aggregator_publishes_once_the_contributions_are_in_and_commits_on_a_quorum_of_acks():
+    # PROTOCOL.md, Commit: publish, collect acks, commit with a quorum, the commit to all.
+    core, procs, clock, r = serving()
+    info: dict = {}
+    s = Stepper(procs.aggregate_round(r, weights(1.0), info))
+    assert isinstance(s.ins, EnterRound) and s.ins.round == r  # recorded before anything goes out
+    wait = s.until(Wait)
+    assert not wait.done()  # p1 and p2 awaited
+    contribution(core, "p1", r, 2.0)
+    contribution(core, "p2", r, 3.0)
+    assert wait.done()
+    s.answer(True)
+    agg = s.until(Aggregate)
+    assert isinstance(agg, Aggregate) and sorted(agg.contributions) == ["p0", "p1", "p2"]
+    mark = len(s.seen)
+    s.answer(weights(2.0))
+    acks = s.until(Wait)
+    assert [i.kind for i in s.seen[mark:] if isinstance(i, Note)] == ["published"]
+    assert s.sent(mark) == [(("p1", "p2"), "aggregate")]
+    result = next(i.msg for i in s.seen if isinstance(i, Broadcast))
+    assert result.contributors == ["p0", "p1", "p2"]
+    digest = core.accepted[r][1]
+    assert not acks.done()  # only its own ack so far
+    core.handle("p1", Ack(sender="p1", incarnation=0, round=r, epoch=0, digest=digest), 0.0)
+    assert acks.done()  # 2 of 3: a majority
+    mark = len(s.seen)
+    s.answer(True)
+    s.until()
+    assert s.done and list(s.value) == ["p0"]
+    assert [i.kind for i in s.seen[mark:] if isinstance(i, Note)] == ["committed"]
+    assert s.sent(mark) == [(("p1", "p2"), "commit")]
+    assert (r, digest) in core.commits
+    assert info["learned_from"] == 2 and info["contributors"] == 3
+
+
+def test_an_aggregator_asks_for_a_missing_contribution_after_four_heartbeats_then_every_eight():
+    # PROTOCOL.md, Rounds: a contribution lost on the way is asked for (a heartbeat with
+    # "awaiting") instead of costing the whole round_timeout_s.
+    core, procs, clock, r = serving()
+    s = Stepper(procs.serve(r, weights(1.0), {}))
+    first = s.until(Wait)
+    assert first.deadline == 4 * HB
+    contribution(core, "p1", r, 2.0)
+    clock.t = first.deadline
+    mark = len(s.seen)
+    s.answer(False)
+    second = s.until(Wait)
+    assert s.sent(mark) == [(("p2",), "heartbeat")]
+    assert next(i for i in s.seen[mark:] if isinstance(i, Broadcast)).msg.awaiting == r
+    assert second.deadline == clock.t + 8 * HB
+
+
+def test_a_minority_never_publishes():
+    # PROTOCOL.md, Commit: below the quorum no result goes out (one side of a partition).
+    core, procs, clock, r = serving()
+    info: dict = {}
+    s = Stepper(procs.serve(r, weights(1.0), info))
+    wait = s.until(Wait)
+    clock.t = core.timing.round_timeout_s + 1
+    while not s.done:
+        s.answer(False)
+        s.until(Wait)
+    assert s.value == {} and info["below_quorum"] and info["aggregator"] is None
+    assert not [i for i in s.seen if isinstance(i, Aggregate)] and not s.sent()
+    assert any(isinstance(i, Say) and "below the quorum" in i.template for i in s.seen)
+    assert wait.deadline < clock.t
+
+
+def test_a_result_a_quorum_did_not_ack_is_sent_again_to_the_silent_and_never_committed():
+    # PROTOCOL.md, Commit: the result goes again after 1, 2, 4, 4 ... heartbeats to the
+    # members that have not acked; without a quorum by the deadline, no commit.
+    core, procs, clock, r = serving()
+    info: dict = {}
+    s = Stepper(procs.serve(r, weights(1.0), info))
+    s.until(Wait)
+    contribution(core, "p1", r, 2.0)
+    contribution(core, "p2", r, 3.0)
+    s.answer(True)
+    s.until(Aggregate)
+    s.answer(weights(2.0))
+    waits = [s.until(Wait)]
+    while not s.done:
+        clock.t = waits[-1].deadline
+        s.answer(False)
+        if s.until(Wait) is not None:
+            waits.append(s.ins)
+    resent = [i for i in s.seen if isinstance(i, Broadcast) and i.msg.TYPE == "aggregate"]
+    assert [tuple(i.peer_ids) for i in resent[1:]] == [("p1", "p2")] * (len(resent) - 1)
+    gaps = [round(b.deadline - a.deadline, 6) for a, b in zip(waits, waits[1:], strict=False)]
+    assert gaps[:2] == [2 * HB, 4 * HB]  # 1, 2, 4 heartbeats (the last wait ends at the deadline)
+    assert s.value == {} and info["uncommitted"]
+    assert not [i for i in s.seen if isinstance(i, Broadcast) and i.msg.TYPE == "commit"]
+    assert not core.commits
+
+
+def test_a_member_sends_to_the_elected_aggregator_and_fails_over_when_it_dies():
+    # PROTOCOL.md, Rounds (fail-over): the next candidate of the rotation serves epoch 1.
+    core, procs, clock = peer()
+    order = core.membership.rotation_order()
+    r = next(r for r in range(1, 10) if core.candidate(order, r, 0) == "p1"
+             and core.candidate(order, r, 1) == "p2")
+    enter(core, r)
+    info: dict = {}
+    s = Stepper(procs.aggregate_round(r, weights(1.0), info))
+    wait = s.until(Wait)
+    assert s.sent() == [(("p1",), "knowledge")] and info["aggregator"] == "p1"
+    assert isinstance(next(i for i in s.seen if isinstance(i, CrashPoint)), CrashPoint)
+    assert not wait.done()
+    core.membership.members["p1"].status = "dead"
+    assert wait.done()  # a dead aggregator ends the wait
+    mark = len(s.seen)
+    s.answer(True)
+    s.until(Wait)
+    assert core.epoch == 1 and info["aggregator"] == "p2" and info["epoch"] == 1
+    assert s.sent(mark) == [(("p2",), "knowledge")]
+    sent = next(i.msg for i in s.seen[mark:] if isinstance(i, Send))
+    assert sent.epoch == 1
+    assert any(isinstance(i, Say) and "failing over" in i.template for i in s.seen[mark:])
+
+
+def test_a_member_acks_a_result_and_absorbs_it_only_once_committed():
+    # PROTOCOL.md, Commit: accept (ack) first; the result is used once its aggregator
+    # committed it.
+    core, procs, clock = peer()
+    order = core.membership.rotation_order()
+    r = next(r for r in range(1, 10) if core.candidate(order, r, 0) == "p1")
+    enter(core, r)
+    info: dict = {}
+    s = Stepper(procs.aggregate_round(r, weights(1.0), info))
+    wait = s.until(Wait)
+    res = AggregateResult(sender="p1", incarnation=0, round=r, epoch=0, kind="weights",
+                          contributors=["p0", "p1", "p2"], tensors={"w": np.ones(3, np.float32)})
+    core.handle("p1", res, 0.0)
+    assert wait.done()
+    mark = len(s.seen)
+    commit_wait = s.answer(True)
+    s.until(Wait)
+    commit_wait = s.ins
+    assert s.sent(mark) == [(("p1",), "ack")]
+    assert [i.kind for i in s.seen[mark:] if isinstance(i, Note)] == ["took"]
+    assert not commit_wait.done()
+    digest = core.accepted[r][1]
+    core.handle("p1", Commit(sender="p1", incarnation=0, round=r, epoch=0, digest=digest), 0.0)
+    assert commit_wait.done()
+    s.answer(True)
+    s.until()
+    assert list(s.value) == ["p1"] and info["contributors"] == 3 and info["learned_from"] == 2
+
+
+def test_a_decentralized_round_sends_to_every_live_peer_and_takes_what_arrived_by_the_deadline():
+    # PROTOCOL.md, Rounds: broadcast mode.
+    core, procs, clock = peer(mode="broadcast")
+    info: dict = {}
+    s = Stepper(procs.exchange(1, weights(1.0), info))
+    wait = s.until(Wait)
+    assert s.sent() == [(("p1", "p2"), "knowledge")]
+    assert wait.deadline == core.timing.round_timeout_s
+    contribution(core, "p1", 1, 2.0)
+    assert not wait.done()
+    s.answer(False)  # p2's never came
+    assert s.done and sorted(s.value) == ["p1"]
+    assert info == {"received_from": 1, "timed_out": True, "learned_from": 1}
+
+
+def test_every_peer_aggregating_uses_a_result_only_if_it_covers_the_quorum():
+    # PROTOCOL.md, Rounds (every peer aggregating): no result below the quorum.
+    core, procs, clock = peer(everywhere=True)
+    info: dict = {}
+    s = Stepper(procs.round(1, weights(1.0), info))
+    s.until(Wait)
+    s.answer(False)  # nobody's knowledge came
+    agg = s.until(Aggregate)
+    assert list(agg.contributions) == ["p0"]
+    s.answer(weights(1.0))
+    s.until()
+    assert s.value == {} and info["below_quorum"]
+
+
+def test_results_of_epochs_this_peer_never_reached_are_dropped_loudly():
+    # PROTOCOL.md, Rounds (fail-over): a result of a later epoch is used only when this
+    # peer saw the candidates before it fail.
+    core, procs, clock = peer()
+    order = core.membership.rotation_order()
+    r = next(r for r in range(1, 10) if core.candidate(order, r, 0) == "p1"
+             and core.candidate(order, r, 1) == "p2")
+    late = AggregateResult(sender="p2", incarnation=0, round=r, epoch=1, kind="weights",
+                           contributors=["p0", "p1", "p2"], tensors={"w": np.ones(3, np.float32)})
+    enter(core, r)
+    core.handle("p2", late, 0.0)
+    s = Stepper(procs.discard_unused_results(r, 0))
+    s.until()
+    assert [(i.code, "epoch 1 from p2" in i.reason) for i in s.seen if isinstance(i, Dropped)] == [
+        ("unjustified_epoch", True)]
