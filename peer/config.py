@@ -354,7 +354,8 @@ class FaultConfig:
     """
 
     crash_at_round: int | None = field(default=None, metadata={"min": 1})
-    crash_phase: Literal["train", "wait", "serve"] = "train"
+    # commit: an aggregator killed once it decided to commit, before the commit went out
+    crash_phase: Literal["train", "wait", "serve", "commit"] = "train"
     exit_code: int = field(default=137, metadata={"min": 1, "max": 255})
 
 

@@ -121,6 +121,13 @@ class Membership:
     #: Peers we never met that a member reported as left (a late joiner counts them
     #: as having been in the cohort; nothing else trusts this third-party word).
     reported_left: set[str] = field(default_factory=set)
+    #: Peers we never heard from ourselves that members reported as cohort members no
+    #: longer alive (suspect, dead or left in the reporter's view, which only holds
+    #: such a record for a member it knew by its own evidence: :meth:`records`):
+    #: peer -> the members that reported it. With ``reports_needed`` reporters it joins
+    #: the rotation order (a late joiner must elect as the members that saw it die).
+    reported: dict[str, set[str]] = field(default_factory=dict)
+    reports_needed: int = 1  # the node sets f + 1: f malicious members cannot add an id
     mode: str = "full"  # "full" or "swim" (module docstring)
     rng: random.Random = field(default_factory=random.Random)
     #: swim: news of failures and departures to piggyback: peer id -> [record, sends left]
@@ -134,6 +141,10 @@ class Membership:
     _owing: set[str] = field(default_factory=set)  # swim: members with expect_since set
     _order: tuple = ((-1, -1), ())
     _max_round: int | None = None
+    _at: tuple = (-1, {})  # (members indexed, address -> peer ids): _members_at
+    #: bumped when a member greets us back or forgets our greeting (a restart): the
+    #: join's counts are cached on it (RoundProcedures.cohort_so_far)
+    greetings: int = 0
     #: swim: how long the latest answers to our probes took (seconds), for patience()
     answer_times: deque = field(default_factory=lambda: deque(maxlen=ANSWER_WINDOW))
     _answers: int = 0  # answer times ever taken: the key of the cached percentile
@@ -180,14 +191,13 @@ class Membership:
         if m is None:
             if address is None:
                 return None  # unknown and no address: cannot add it
-            self.members[peer_id] = Member(peer_id, address, incarnation, ALIVE, now,
-                                           confirmed=incarnation >= 0, remembered=incarnation < 0)
+            self._add(Member(peer_id, address, incarnation, ALIVE, now,
+                             confirmed=incarnation >= 0, remembered=incarnation < 0))
             if round is not None:
                 self.members[peer_id].round = round
                 self.members[peer_id].epoch = epoch or 0
                 self.members[peer_id].epoch_heard = now
                 self.members[peer_id].round_heard = now
-            self._ids.append(peer_id)
             self._touch()
             return Change(peer_id, "unknown", ALIVE, "joined")
         may_move = self.address_conflict(peer_id, incarnation, address) is None
@@ -208,11 +218,12 @@ class Membership:
             change = Change(peer_id, m.status, ALIVE, reason)
             m.incarnation = incarnation
             m.greeted = False
+            self.greetings += 1
             m.round = 0
         elif m.status != ALIVE:
             change = Change(peer_id, m.status, ALIVE, "heard from again")
         if address and may_move:
-            m.address = address
+            self._moved(m, address)
             m.lead = None
         m.status = ALIVE
         m.last_heard = now
@@ -245,6 +256,33 @@ class Membership:
             self._touch()
         return change
 
+    def _members_at(self, address: str) -> list[Member]:
+        """The members whose address is ``address`` (an index, rebuilt when members were
+        added: a check per message must not scan a thousand members)."""
+        if self._at[0] != len(self.members):  # (members added other than by _add)
+            at: dict[str, list[str]] = {}
+            for m in self.members.values():
+                at.setdefault(m.address, []).append(m.peer_id)
+            self._at = (len(self.members), at)
+        return [self.members[p] for p in self._at[1].get(address, ()) if p in self.members]
+
+    def _add(self, m: Member) -> None:
+        """A new member in the view (and in the address index)."""
+        fresh = self._at[0] == len(self.members)
+        self.members[m.peer_id] = m
+        self._ids.append(m.peer_id)
+        if fresh:
+            self._at[1].setdefault(m.address, []).append(m.peer_id)
+            self._at = (len(self.members), self._at[1])
+
+    def _moved(self, m: Member, address: str) -> None:
+        """``m`` is at ``address`` from now on (its own word)."""
+        at = self._at[1]
+        if m.address in at and m.peer_id in at[m.address]:
+            at[m.address].remove(m.peer_id)
+        at.setdefault(address, []).append(m.peer_id)
+        m.address = address
+
     def address_conflict(self, peer_id: str, incarnation: int, address: str | None) -> str | None:
         """Why ``peer_id`` may not claim ``address`` at ``incarnation`` (None: it may).
 
@@ -253,7 +291,7 @@ class Membership:
         it is the same process somewhere else is an impostor or a stale copy.)
         """
         if address:
-            for other in self.members.values():
+            for other in self._members_at(address):
                 if (other.peer_id != peer_id and other.address == address and other.confirmed
                         and other.status in (ALIVE, SUSPECT)):
                     # Another live member's own address (issue 35): taken, the claim cost
@@ -298,7 +336,8 @@ class Membership:
         self._spread(m)
         return Change(peer_id, old, LEFT, "left")
 
-    def merge(self, records: list[MemberRecord], now: float) -> list[str]:
+    def merge(self, records: list[MemberRecord], now: float, reporter: str | None = None
+              ) -> list[str]:
         """Take suggestions from a member's gossiped view. Returns the ids new to us.
 
         Only peers we do not know are learned (alive, fresh timestamp, to be
@@ -306,9 +345,18 @@ class Membership:
         and status are never taken from a third party, and neither is a departure;
         for a member silent to us that gossip places elsewhere at a later
         incarnation, that place is kept as its ``lead``: we greet it there too.
+        A member ``reporter`` knows as no longer alive, and we never heard from,
+        is counted as one of its reports (:attr:`reported`).
         """
         new = []
         for r in records:
+            if (reporter is not None and r.status != ALIVE and r.peer_id != self.self_id
+                    and not (r.peer_id in self.members and self.members[r.peer_id].vouched)):
+                reporters = self.reported.setdefault(r.peer_id, set())
+                if reporter not in reporters:
+                    reporters.add(reporter)
+                    if len(reporters) == self.reports_needed:
+                        self._touch()  # it joins the rotation order
             known = self.members.get(r.peer_id)
             if (known is not None and known.status in (SUSPECT, DEAD) and r.status == ALIVE
                     and r.incarnation > known.incarnation and r.address != known.address):
@@ -319,8 +367,7 @@ class Membership:
             if r.status == LEFT:
                 self.reported_left.add(r.peer_id)
                 continue
-            self.members[r.peer_id] = Member(r.peer_id, r.address, r.incarnation, ALIVE, now)
-            self._ids.append(r.peer_id)
+            self._add(Member(r.peer_id, r.address, r.incarnation, ALIVE, now))
             new.append(r.peer_id)
         if new:
             self._touch()
@@ -598,12 +645,20 @@ class Membership:
         restart with SIGTERM cost a round timeout per peer while a departure shrank
         the order). A peer only suggested by gossip enters it once it speaks for
         itself: ids that never run, gossiped to some peers, can neither split the
-        cohort's elections nor raise the quorum out of reach.
+        cohort's elections nor raise the quorum out of reach. One exception: a
+        member that ``reports_needed`` members report as no longer alive (each knew
+        it by its own evidence: :meth:`records`) is in the order although we never
+        heard from it. A peer that joins after a member died or left must elect as
+        the members that saw it (found by the protocol-level simulator, hfl.sim:
+        two members lost, then a late joiner; the joiner's order lacked the dead
+        member, its elections never matched the others', and no round had a result
+        again).
         """
         key = (self._version, len(self.members))
         if self._order[0] != key:
-            self._order = (key, tuple(sorted([self.self_id, *(p for p, m in self.members.items()
-                                                             if m.vouched)])))
+            ids = {self.self_id, *(p for p, m in self.members.items() if m.vouched),
+                   *(p for p, by in self.reported.items() if len(by) >= self.reports_needed)}
+            self._order = (key, tuple(sorted(ids)))
         return list(self._order[1])
 
     def gossip_targets(self) -> list[str]:
@@ -627,12 +682,22 @@ class Membership:
         else:
             members = sorted(self.members.values(), key=lambda m: m.peer_id)
         # A member restored from a checkpoint has incarnation -1 until heard from;
-        # the wire only carries incarnations >= 0.
+        # the wire only carries incarnations >= 0. A suggestion that never answered us
+        # is passed on only while alive: a record of a member no longer alive says it
+        # was in the cohort (merge counts it towards the rotation order), which only
+        # our own evidence can say.
         return [own] + [
             MemberRecord(peer_id=m.peer_id, address=m.address, incarnation=max(m.incarnation, 0),
                          status=m.status)
-            for m in members
+            for m in members if m.vouched or m.status == ALIVE
         ]
+
+    def welcomed(self, peer_id: str) -> None:
+        """``peer_id`` answered our hello (a welcome): it knows us."""
+        m = self.members.get(peer_id)
+        if m is not None and not m.greeted:
+            m.greeted = True
+            self.greetings += 1
 
     def max_live_round(self) -> int:
         if self._max_round is None:

@@ -76,6 +76,8 @@ class RoundProcedures:
         self.reading_behind = reading_behind
         self.fanout = fanout
         self.plan_key = plan_key
+        self._joined_key: tuple | None = None  # _join_counts' cache
+        self._joined: tuple[list[str], int, int] = ([], 0, 0)
 
     @property
     def timing(self):
@@ -88,14 +90,30 @@ class RoundProcedures:
     # ---------------------------------------------------------------- joining
 
     def cohort_so_far(self) -> tuple[list[str], int]:
-        """(members greeted and alive, members that already said goodbye): a peer that
-        said goodbye was in the cohort (fast solo peers can finish before a slow one
-        has greeted them): nothing to wait for."""
+        """(members greeted and alive, members gone): a peer that said goodbye was in
+        the cohort (fast solo peers can finish before a slow one has greeted them),
+        and so was one the members report dead (Membership.reported: it joins the
+        rotation order): nothing to wait for."""
+        return self._join_counts()[:2]
+
+    def _join_counts(self) -> tuple[list[str], int, int]:
+        """(greeted and alive, gone, arrived: greeted whatever its status now, or gone),
+        cached until the view changes: the join re-checks them on every message, and
+        a thousand peers joining at once must not cost a scan of the view each."""
         mem = self.core.membership
+        key = (id(mem), mem._version, len(mem.members), mem.greetings, len(mem.reported_left))
+        if self._joined_key == key:
+            return self._joined
         greeted = [m.peer_id for m in mem.members.values() if m.status == "alive" and m.greeted]
         departed = sum(1 for m in mem.members.values() if m.status == "left")
         departed += len(mem.reported_left - set(mem.members))
-        return greeted, departed
+        departed += sum(1 for p, by in mem.reported.items() if len(by) >= mem.reports_needed
+                        and p not in greeted and p not in mem.reported_left
+                        and (p not in mem.members or mem.members[p].status != "left"))
+        arrived = (sum(1 for m in mem.members.values() if m.greeted or m.status == "left")
+                   + len(mem.reported_left - set(mem.members)))
+        self._joined_key, self._joined = key, (greeted, departed, arrived)
+        return self._joined
 
     def join(self, need: int, resumed: bool, remembered: bool,
              seeds_ready: Callable[[list[str]], bool] = lambda greeted: True
@@ -121,8 +139,7 @@ class RoundProcedures:
             return resumed and remembered and not mem.live_peers()
 
         def arrived() -> int:  # greeted (whatever its status now) or departed: only grows
-            return (sum(1 for m in mem.members.values() if m.greeted or m.status == "left")
-                    + len(mem.reported_left - set(mem.members)))
+            return self._join_counts()[2]
 
         count, since = arrived(), self.now()
         while (yield Wait(lambda c=count: joined() or arrived() > c,
@@ -498,6 +515,7 @@ class RoundProcedures:
             return {}
         core.commits.add((r, digest))
         yield Note("committed", dict(round=r, epoch=epoch, digest=digest))
+        yield CrashPoint(r, ("commit",))  # decided, and nobody told yet
         commit = core.last_commit = Commit(**core.envelope(), round=r, epoch=epoch, digest=digest,
                                            certificate=core.certificate(r, epoch, digest))
         yield Broadcast(tuple(mem.live_peers()), commit)

@@ -195,3 +195,15 @@ def test_a_dropped_link_is_a_hint_that_probes_and_never_a_death():
     assert out[-1] == WAKE
     assert core.membership.is_live("p1")  # a hint is not a failure
     assert core.link_changed("mem://p1", "p1", up=True, now=1.2) == []  # the link is back
+
+
+def test_a_goodbye_after_the_last_round_ends_the_last_round_for_a_straggler():
+    # PROTOCOL.md, Rounds: no later round follows the last one for the cohort to be seen
+    # in; a member that ran every round and said goodbye shows it is over.
+    core = bare(round=3, last_round=3)
+    assert not core.cohort_past(3)
+    core.handle("p1", Leave(sender="p1", incarnation=0, reason="stopped", round=2), 1.0)
+    assert not core.cohort_past(3)  # stopped mid-run: says nothing of round 3
+    core.handle("p2", Leave(sender="p2", incarnation=0, reason="finished", round=4), 1.0)
+    assert core.cohort_past(3)
+    assert not bare(round=2, last_round=3).cohort_past(2)

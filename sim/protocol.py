@@ -1,0 +1,669 @@
+"""The protocol-level simulator: N protocol cores on one discrete-event heap.
+
+Each simulated peer is a :class:`~hfl.peer.core.PeerCore` (membership, election,
+quorum, commit rules: the same code ``hfl-peer`` runs) driven by its round
+procedures (:class:`~hfl.peer.procedures.RoundProcedures`, the same generators
+``Node`` carries out). What this module replaces is everything the shell does:
+
+- **time**: one heap of events; nobody sleeps. Each peer reads its own clock,
+  ``offset + t * (1 + skew)`` (clock skew between peers: a seed draws both);
+- **the network**: every message goes through :class:`Network` (latency, loss,
+  duplicates, reordering, long delays: :class:`hfl.launch.simnet.NetworkFaults`,
+  the system simulator's model), plus partitions and **one-way** link loss;
+- **the method**: a peer's knowledge in round r is a small vector drawn from
+  (seed, peer, round); its aggregate is the mean of the contributions, and
+  training and aggregating cost a drawn compute time. No torch, no files;
+- **faults**: members **lost for good** (the cohort shrinks below its start),
+  **late joiners**, partitions, one-way loss, slow peers, and faults that may
+  last **until the last round**.
+
+Process crashes with restarts from a checkpoint, pauses and files stay with the
+system-level simulator (``hfl-sim``, :mod:`hfl.launch.sim`). The history is
+checked with the same :class:`hfl.launch.sim.Checker` (agreement, quorum,
+justified epochs, liveness after the last fault), plus *learning* and *exit*
+(below).
+
+    python -m hfl.sim.protocol --seeds 0-999                  # 5 peers, 10 rounds
+    python -m hfl.sim.protocol --seeds 0-499 --buggify
+    python -m hfl.sim.protocol --peers 1000 --rounds 3 --seeds 0   # a big cohort
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import heapq
+import itertools
+import logging
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hfl.algorithms.base import Payload
+from hfl.launch.sim import Checker, Violation, parse_seeds
+from hfl.launch.simnet import NetworkFaults
+from hfl.peer import instructions as do
+from hfl.peer.config import SWIM_FROM, TimingConfig
+from hfl.peer.core import PeerCore, payload_digest
+from hfl.peer.membership import Membership
+from hfl.peer.procedures import RoundProcedures
+from hfl.protocol import Message
+
+MODES = ("aggregator", "everywhere", "broadcast")
+
+
+# =================================================================== scenario
+
+
+@dataclass(frozen=True)
+class ProtocolFault:
+    """One scheduled fault at simulated time ``t``, lasting ``duration`` seconds
+    (``lost``: for good; ``late``: the peer starts at ``t``)."""
+
+    t: float
+    kind: str  # lost, late, partition, oneway, slow
+    peers: tuple[str, ...]
+    duration: float = 0.0
+    to: tuple[str, ...] = ()  # oneway: the receivers ``peers``' messages no longer reach
+    factor: float = 1.0  # slow: how many times slower its compute is
+    #: lost: at the first crash point of this phase from ``t`` on (None: at ``t``):
+    #: train, wait, serve, commit (an aggregator that decided to commit, before the
+    #: commit went out): fault.crash_phase's phases
+    phase: str | None = None
+
+    def __str__(self) -> str:
+        who = ",".join(self.peers)
+        at = f" at its next '{self.phase}' point" if self.phase else ""
+        return {"lost": f"t={self.t:.1f}s {who}: lost for good{at}",
+                "late": f"t={self.t:.1f}s {who}: starts late",
+                "partition": f"t={self.t:.1f}s {who}: cut off from the rest for {self.duration:.1f}s",
+                "oneway": f"t={self.t:.1f}s {who} -> {','.join(self.to)}: every message lost for "
+                          f"{self.duration:.1f}s (the other way works)",
+                "slow": f"t={self.t:.1f}s {who}: {self.factor:.0f}x slower for {self.duration:.1f}s",
+                }[self.kind]
+
+
+@dataclass
+class ProtocolScenario:
+    seed: int
+    network: NetworkFaults
+    faults: list[ProtocolFault]
+    timing: TimingConfig
+    skew: dict[str, tuple[float, float]]  # peer -> (offset, rate skew) of its clock
+    calm_at: float  # faults and network noise have ended by then (inf: until the end)
+
+    def describe(self) -> list[str]:
+        n = self.network
+        worst = max((abs(s) for _, s in self.skew.values()), default=0.0)
+        calm = "never" if self.calm_at == float("inf") else f"t={self.calm_at:.1f}s"
+        return ([f"network: drop {n.drop:.3f}, duplicate {n.duplicate:.3f}, reorder "
+                 f"{n.reorder:.3f}, long delay {n.delay:.3f} (clean from {calm}); clock rates "
+                 f"differ by up to {100 * worst:.2f}%"] + [str(f) for f in self.faults])
+
+
+def plan(seed: int, peers: list[str], rounds: int, buggify: bool = False,
+         train_s: float = 0.3, quorum: int | None = None) -> ProtocolScenario:
+    """Draw a seed's faults. At most ``len(peers) - quorum`` members are lost for good
+    (fewer could not make a result any more, whatever the protocol did); one seed in
+    eight keeps faults and network noise until the end (no liveness bound is checked
+    there, only safety)."""
+    rng = random.Random(f"protocol-scenario:{seed}")
+    n = len(peers)
+    quorum = quorum or n // 2 + 1
+    timing = dict(heartbeat_interval_s=0.5, suspect_after_s=2.0, dead_after_s=5.0,
+                  round_timeout_s=10.0, aggregate_grace_s=2.0, join_timeout_s=30.0)
+    if buggify:
+        hb = rng.choice([0.1, 0.2, 0.3])
+        timing.update(heartbeat_interval_s=hb, suspect_after_s=hb * rng.uniform(2.5, 4),
+                      dead_after_s=hb * rng.uniform(5, 9),
+                      round_timeout_s=rng.uniform(max(1.5, 4 * train_s), 6),
+                      aggregate_grace_s=rng.uniform(0, 1.5))
+    scale = 2.5 if buggify else 1.0
+    net = NetworkFaults(
+        drop=rng.choice([0.0, 0.0, 0.01, 0.03, 0.08]) * scale,
+        duplicate=rng.choice([0.0, 0.02, 0.05]) * scale,
+        reorder=rng.choice([0.0, 0.05, 0.1]) * scale,
+        delay=rng.choice([0.0, 0.0, 0.01, 0.03]) * scale,
+        delay_s=rng.uniform(0.5, 2.0) * timing["dead_after_s"])
+    # A fault-free round takes about two compute steps and a heartbeat; faults begin in
+    # the first 60% of the run, none lasts over a fifth of it, and those touching one
+    # peer add up to at most a quarter (a peer cut off for most of the run cannot learn
+    # in most rounds whatever the protocol does).
+    length = rounds * (2 * train_s + timing["heartbeat_interval_s"])
+    dead = timing["dead_after_s"]
+    skew = {p: (rng.uniform(0, 1000), rng.uniform(-0.02, 0.02) * scale) for p in peers}
+    faults: list[ProtocolFault] = []
+    budget = {p: 0.25 * length for p in peers}
+    lost_left = max(0, n - quorum)
+    late_left = 1 if n >= 3 else 0
+    for _attempt in range(200):
+        if len(faults) >= (rng.randint(1, 3) if not buggify else rng.randint(2, 6)):
+            break
+        kind = rng.choice(["partition", "oneway", "oneway", "slow", "lost", "late"])
+        t = round(rng.uniform(1.0, max(1.0, 0.6 * length)), 2)
+        d = round(min(rng.uniform(0.5, 3) * dead, 0.2 * length), 2)
+        if kind == "lost" and lost_left:
+            lost_left -= 1
+            faults.append(ProtocolFault(t, "lost", (rng.choice(peers),),
+                                        phase=rng.choice([None, None, "wait", "serve", "commit"])))
+        elif kind == "late" and late_left:
+            late_left -= 1
+            faults.append(ProtocolFault(round(rng.uniform(0.5, 0.3 * length), 2), "late",
+                                        (rng.choice(peers[1:]),)))
+        elif kind == "partition":
+            side = tuple(sorted(rng.sample(peers, rng.randint(1, max(1, n // 2)))))
+            if all(budget[p] >= d for p in peers):
+                faults.append(ProtocolFault(t, "partition", side, d))
+                for p in peers:
+                    budget[p] -= d
+        elif kind == "oneway":
+            src = rng.choice(peers)
+            to = tuple(sorted(rng.sample([p for p in peers if p != src],
+                                         rng.randint(1, max(1, (n - 1) // 2)))))
+            if budget[src] >= d:
+                faults.append(ProtocolFault(t, "oneway", (src,), d, to=to))
+                budget[src] -= d
+        elif kind == "slow":
+            p = rng.choice(peers)
+            if budget[p] >= d:
+                faults.append(ProtocolFault(t, "slow", (p,), d, factor=rng.choice([3.0, 10.0])))
+                budget[p] -= d
+    # Members lost for good, and late joiners, are not the same peer twice.
+    seen: set[str] = set()
+    faults = [f for f in faults if f.kind not in ("lost", "late") or not (
+        f.peers[0] in seen or seen.add(f.peers[0]))]
+    faults.sort(key=lambda f: (f.t, f.kind, f.peers))
+    until_end = rng.random() < 0.125
+    calm_at = float("inf") if until_end else max(
+        (f.t + f.duration for f in faults if f.kind not in ("lost", "late")), default=1.0)
+    return ProtocolScenario(seed, net, faults, TimingConfig(**timing), skew, calm_at)
+
+
+# =================================================================== network
+
+
+class Network:
+    """Delivers messages between simulated peers on the heap, with the fault model."""
+
+    def __init__(self, sim: ProtocolSim, seed: int, faults: NetworkFaults, calm_at: float):
+        self.sim = sim
+        self.rng = random.Random(f"protocol-net:{seed}")
+        self.faults, self.calm_at = faults, calm_at
+        self.cut: Counter[frozenset[str]] = Counter()  # links partitions cut
+        self.oneway: Counter[tuple[str, str]] = Counter()  # (from, to) losing every message
+        self.counts: Counter[str] = Counter()
+        self.history = hashlib.sha256()
+        self.delivered = 0
+
+    def send(self, src: str, dst: str | None, msg: Message) -> None:
+        if dst is None or dst == src:
+            return
+        self.counts[f"sent:{msg.TYPE}"] += 1
+        if frozenset((src, dst)) in self.cut or (src, dst) in self.oneway:
+            self.counts["cut"] += 1
+            return
+        f, rng, now = self.faults, self.rng, self.sim.t
+        noisy = now < self.calm_at
+        if noisy and rng.random() < f.drop:
+            self.counts["dropped"] += 1
+            return
+        copies = 2 if noisy and rng.random() < f.duplicate else 1
+        for _ in range(copies):
+            latency = rng.uniform(*f.latency_s)
+            if noisy and rng.random() < f.reorder:
+                latency += rng.uniform(0, f.reorder_s)
+            if noisy and rng.random() < f.delay:
+                latency += rng.uniform(0, f.delay_s)
+            self.sim.at(now + latency, self.deliver, src, dst, msg)
+
+    def deliver(self, src: str, dst: str, msg: Message) -> None:
+        peer = self.sim.peers.get(dst)
+        if peer is None or not peer.running:
+            self.counts["undelivered"] += 1
+            return
+        self.delivered += 1
+        self.history.update(f"{self.sim.t:.9f} {src} {dst} {msg.TYPE}\n".encode())
+        peer.receive(src, msg)
+
+
+# =================================================================== one peer
+
+
+@dataclass(frozen=True)
+class Train:
+    """The simulated method's local update of ``round`` (the sim's own instruction)."""
+
+    round: int
+
+
+class SimPeer:
+    """One peer: its core, its procedures and a generator for its whole life (join,
+    rounds, the last round's linger, goodbye) whose instructions this class carries
+    out on the simulator's heap, as :class:`hfl.peer.node.Node` does on a socket."""
+
+    def __init__(self, sim: ProtocolSim, peer_id: str, mode: str, min_peers: int,
+                 bootstrap: tuple[str, ...]) -> None:
+        self.sim, self.id = sim, peer_id
+        sc, timing = sim.scenario, sim.scenario.timing
+        self.offset, self.skew = sc.skew[peer_id]
+        self.incarnation = 0
+        swim = sim.swim
+        everywhere = mode == "everywhere"
+        core = self.core = PeerCore(
+            peer_id, mode="broadcast" if mode == "broadcast" else "aggregator",
+            everywhere=everywhere, lookahead=timing.lookahead_rounds, cohort_size=min_peers,
+            cohort="sim", last_round=sim.rounds)
+        core.incarnation, core.swim, core.timing = 0, swim, timing
+        core.rng = random.Random(f"{sc.seed}:{peer_id}")
+        core.bootstrap = tuple((b, address(b)) for b in bootstrap)
+        core.keeps_seeds = False
+        core.capabilities = [core.mode]
+        core.hello_terms = {"cohort": "sim", "algorithm": "mean", "num_classes": 2,
+                            "rounds": sim.rounds, "shared": {"everywhere": int(everywhere)}}
+        core.epoch_news_after_s = 1.5 * timing.heartbeat_interval_s
+        core.membership = Membership(peer_id, address(peer_id), 0, timing.suspect_after_s,
+                                     timing.dead_after_s, mode="swim" if swim else "full",
+                                     rng=random.Random(f"{sc.seed}:{peer_id}:membership"))
+        core.membership.hint_dead_s = min(2 * timing.heartbeat_interval_s,
+                                          (timing.suspect_after_s + timing.dead_after_s) / 2)
+        self.procedures = RoundProcedures(core, now=self.now)
+        self.min_peers = min_peers
+        self.rng = random.Random(f"{sc.seed}:{peer_id}:compute")
+        self.running = False
+        self.outcome = "not started"
+        self.slow = 1.0
+        self.lost_at: str | None = None  # a phase: lost at its next crash point there
+        self.started_at = self.ended_at = 0.0
+        self.gen: Generator | None = None
+        self.waiting: tuple[Callable[[], bool], int] | None = None
+        self.tokens = itertools.count()
+        self.tick_n = 0
+        self.said: Counter[int] = Counter()  # log lines by level
+        self.dropped: Counter[str] = Counter()
+
+    # ---------------------------------------------------------------- clock
+
+    def now(self) -> float:
+        return self.offset + self.sim.t * (1 + self.skew)
+
+    def at_local(self, local: float) -> float:
+        """The simulated time at which this peer's clock reads ``local``."""
+        return (local - self.offset) / (1 + self.skew)
+
+    # ---------------------------------------------------------------- life
+
+    def start(self) -> None:
+        if self.sim.t > 0:
+            self.sim.perturbed()  # a late joiner: the cohort's elections change
+        self.sim.unstarted -= 1
+        self.sim.running += 1
+        self.running, self.outcome, self.started_at = True, "running", self.sim.t
+        self.gen = self.life()
+        self.sim.at(self.sim.t, self.tick)
+        self.step(None)
+
+    def lose(self) -> None:
+        """Gone for good, mid-whatever: nothing more is sent or received."""
+        self.sim.running -= self.running
+        self.running, self.outcome, self.gen, self.waiting = False, "lost", None, None
+        self.sim.perturbed()
+
+    def life(self) -> Generator:
+        core, procs, last = self.core, self.procedures, self.sim.rounds
+        if not (yield from procs.join(self.min_peers, resumed=False, remembered=False)):
+            greeted, departed = procs.cohort_so_far()
+            if not greeted and not departed:
+                self.outcome = "alone"  # as hfl-peer with node.stop_if_alone
+                return
+            # as hfl-peer: "only k of n peers joined ...; starting anyway"
+            self.said[logging.WARNING] += 1
+        self.note("started", round=core.round)
+        while core.round <= last:
+            target = core.catch_up(last)
+            if target != core.round:
+                core.round = target
+                core.buffer.advance(target)
+            r = core.round
+            core.round_began, core.epoch = self.now(), 0
+            yield Train(r)
+            info: dict[str, Any] = {}
+            received = {}
+            if core.communicates(r):
+                received = yield from procs.round(r, self.knowledge(r), info)
+                info.setdefault("learned_from", 0)
+            if received and core.mode == "aggregator":
+                (source, result), = received.items()
+                core.absorbed = (r, payload_digest(result), source)
+                self.note("absorbed", round=r, source=source, epoch=info.get("epoch"),
+                          digest=core.absorbed[1], contributors=info.get("contributors"),
+                          quorum=core.quorum())
+            self.note("round", round=r, learned_from=info.get("learned_from"),
+                      behind=bool(info.get("behind")))
+            core.contacts = set()
+            core.round += 1
+            core.buffer.advance(core.round)
+            core.forget_before(core.round)
+        if core.lacking_last_result(last):
+            yield do.Wait(lambda: not core.lacking_last_result(last),
+                          self.now() + self.sim.scenario.timing.aggregate_grace_s)
+        bye = core.goodbye("finished")
+        if bye is not None:
+            yield bye
+        self.outcome = "ok"
+
+    def knowledge(self, r: int) -> Payload:
+        """This peer's knowledge in round r: a vector fixed by (seed, peer, round)."""
+        rng = np.random.default_rng([self.sim.scenario.seed, int(self.id[1:]), r])
+        return Payload(kind="weights", tensors={"w": rng.standard_normal(4).astype(np.float32)})
+
+    @staticmethod
+    def aggregate(contributions: dict[str, Payload]) -> Payload | None:
+        """The mean of the contributions, in the order of their senders."""
+        if not contributions:
+            return None
+        w = np.mean([contributions[p].tensors["w"] for p in sorted(contributions)], axis=0)
+        return Payload(kind="weights", tensors={"w": w.astype(np.float32)})
+
+    def note(self, kind: str, **fields: Any) -> None:
+        self.sim.checker.observe(kind, self, **fields)
+
+    # ---------------------------------------------------------------- carrying out
+
+    def step(self, value: Any) -> None:
+        """Run the life generator until it waits (for a condition, a compute, time)."""
+        while self.running and self.gen is not None:
+            try:
+                ins = self.gen.send(value)
+            except StopIteration:
+                self.sim.running -= 1
+                self.gen, self.running, self.ended_at = None, False, self.sim.t
+                return
+            if isinstance(ins, do.Wait):
+                if ins.done():
+                    value = True
+                    continue
+                token = next(self.tokens)
+                self.waiting = (ins.done, token)
+                self.sim.at(max(self.sim.t, self.at_local(ins.deadline)), self.timeout, token)
+                return
+            if isinstance(ins, Train | do.Aggregate):
+                cost = self.rng.uniform(0.5, 1.5) * (self.sim.train_s if isinstance(ins, Train)
+                                                     else 0.05 * self.sim.train_s) * self.slow
+                out = self.aggregate(ins.contributions) if isinstance(ins, do.Aggregate) else None
+                token = next(self.tokens)
+                self.waiting = (None, token)
+                self.sim.at(self.sim.t + cost, self.resume, token, out)
+                return
+            self.execute([ins])
+            value = None
+
+    def resume(self, token: int, value: Any) -> None:
+        if self.waiting is not None and self.waiting[1] == token:
+            self.waiting = None
+            self.step(value)
+
+    def timeout(self, token: int) -> None:
+        if self.waiting is not None and self.waiting[1] == token:
+            done = self.waiting[0]
+            self.waiting = None
+            self.step(done())
+
+    def recheck(self) -> None:
+        """Something a wait may be waiting for changed (a Wake), or a tick passed."""
+        if self.waiting is not None and self.waiting[0] is not None and self.waiting[0]():
+            self.waiting = None
+            self.step(True)
+
+    def receive(self, src: str, msg: Message) -> None:
+        self.execute(self.core.handle(src, msg, self.now()))
+
+    def tick(self) -> None:
+        if not self.running:
+            return
+        core, n = self.core, self.tick_n
+        self.tick_n += 1
+        self.execute(core.tick_greetings(n, self.now()))
+        self.execute(core.tick_sends(n, self.now()))
+        self.recheck()
+        interval = self.sim.scenario.timing.heartbeat_interval_s / (1 + self.skew)
+        self.sim.at(self.sim.t + interval, self.tick)
+
+    def execute(self, instructions: list) -> None:
+        net, mem = self.sim.net, self.core.membership
+        wake = False
+        for ins in instructions:
+            if isinstance(ins, do.Send):
+                dst = (ins.address if ins.to_member else ins.peer_id or peer_of(ins.address))
+                net.send(self.id, dst, ins.msg)
+            elif isinstance(ins, do.Broadcast):
+                for p in ins.peer_ids:
+                    net.send(self.id, p, ins.msg)
+            elif isinstance(ins, do.Reply | do.SendTo):
+                net.send(self.id, ins.peer_id, ins.msg)
+            elif isinstance(ins, do.Wake):
+                wake = True
+            elif isinstance(ins, do.Dropped):
+                self.dropped[ins.code] += 1
+            elif isinstance(ins, do.Refused):
+                self.dropped["refused"] += 1
+            elif isinstance(ins, do.Say):
+                self.said[ins.level] += 1
+            elif isinstance(ins, do.MemberChanged):
+                self.said[logging.INFO] += 1
+            elif isinstance(ins, do.NamedEquivocator):
+                self.note("equivocator", peer_named=ins.peer, round=ins.round)
+            elif isinstance(ins, do.Note):
+                self.note(ins.kind, **ins.fields)
+            elif isinstance(ins, do.CrashPoint):
+                if self.lost_at in ins.phases:
+                    self.lose()
+                    return
+            elif isinstance(ins, do.EnterRound | do.Forget | do.RequestSeeds | do.ServeSeeds
+                            | do.StoreSeedChunk):
+                pass  # no durable record, no links, no seed sets here
+            else:
+                raise TypeError(f"unknown instruction {ins!r}")
+        del mem
+        if wake:
+            self.recheck()
+
+
+def address(peer_id: str) -> str:
+    return f"sim://{peer_id}"
+
+
+def peer_of(address_: str | None) -> str | None:
+    return address_.split("://", 1)[-1] if address_ else None
+
+
+# =================================================================== one run
+
+
+@dataclass
+class ProtocolResult:
+    seed: int
+    scenario: ProtocolScenario
+    violations: list[Violation]
+    outcomes: dict[str, str]
+    digest: str  # the delivery history: bit-identical for a seed on every run
+    end_t: float
+    delivered: int
+    rounds_without_result: list[int]
+    wall_s: float
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class ProtocolSim:
+    """One seed: the peers, the heap, the network, the faults, the checker."""
+
+    def __init__(self, seed: int, peers: int = 5, rounds: int = 10, mode: str = "aggregator",
+                 buggify: bool = False, swim: bool | None = None, train_s: float = 0.3,
+                 scenario: ProtocolScenario | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode: {mode!r}; allowed: {', '.join(MODES)}")
+        if peers < 2:
+            raise ValueError(f"peers: {peers}; a cohort needs 2 at least")
+        names = [f"p{i}" for i in range(peers)]
+        self.rounds, self.train_s, self.mode = rounds, train_s, mode
+        self.swim = peers >= SWIM_FROM if swim is None else swim
+        self.scenario = scenario or plan(seed, names, rounds, buggify, train_s)
+        self.t = 0.0
+        # when the last fault ended: the scenario's, or later, when a member was lost at a
+        # crash point or joined late (perturbed)
+        self.calm_at = self.scenario.calm_at
+        self._heap: list = []
+        self._seq = itertools.count()
+        self.net = Network(self, seed, self.scenario.network, self.scenario.calm_at)
+        timing = self.scenario.timing
+        bound = 2 * (timing.round_timeout_s + timing.aggregate_grace_s) + 2 * timing.dead_after_s
+        self.checker = Checker(mode="broadcast" if mode == "broadcast" else "aggregator",
+                               everywhere=mode == "everywhere", bound_s=bound, clock=lambda: self.t)
+        late = {f.peers[0]: f.t for f in self.scenario.faults if f.kind == "late"}
+        min_peers = peers - len(late)
+        bootstrap = tuple(n for n in names if n not in late)[:2]
+        self.peers = {n: SimPeer(self, n, mode, min_peers, bootstrap) for n in names}
+        self.unstarted, self.running = len(names), 0  # peers not started yet, running now
+        for n in names:
+            self.at(late.get(n, 0.0), self.peers[n].start)
+        for f in self.scenario.faults:
+            self.at(f.t, self.fault_begins, f)
+
+    def perturbed(self) -> None:
+        """A member was lost or joined now: liveness is owed only from here on."""
+        self.calm_at = max(self.calm_at, self.t)
+
+    def at(self, t: float, fn: Callable, *args: Any) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), fn, args))
+
+    def fault_begins(self, f: ProtocolFault) -> None:
+        net = self.net
+        if f.kind == "lost" and f.phase is None:
+            self.peers[f.peers[0]].lose()
+        elif f.kind == "lost":
+            self.peers[f.peers[0]].lost_at = f.phase  # at its next crash point of that phase
+        elif f.kind == "partition":
+            rest = [p for p in self.peers if p not in f.peers]
+            links = {frozenset((a, b)) for a in f.peers for b in rest}
+            net.cut.update(links)
+            self.at(self.t + f.duration, self._heal_cut, links)
+        elif f.kind == "oneway":
+            links = {(f.peers[0], b) for b in f.to}
+            net.oneway.update(links)
+            self.at(self.t + f.duration, self._heal_oneway, links)
+        elif f.kind == "slow":
+            self.peers[f.peers[0]].slow = f.factor
+            self.at(self.t + f.duration, setattr, self.peers[f.peers[0]], "slow", 1.0)
+
+    def _heal_cut(self, links) -> None:
+        self.net.cut.subtract(links)
+        self.net.cut = +self.net.cut
+
+    def _heal_oneway(self, links) -> None:
+        self.net.oneway.subtract(links)
+        self.net.oneway = +self.net.oneway
+
+    def run(self, limit_s: float | None = None) -> ProtocolResult:
+        wall = time.perf_counter()
+        timing = self.scenario.timing
+        limit = limit_s or (self.rounds * 3 * (timing.round_timeout_s + timing.aggregate_grace_s)
+                            + timing.join_timeout_s + 60)
+        heap = self._heap
+        while heap:
+            t, _, fn, args = heapq.heappop(heap)
+            if t > limit:
+                break
+            self.t = t
+            fn(*args)
+            if not self.unstarted and not self.running:
+                break
+        outcomes = {n: ("stuck" if p.outcome == "running" else p.outcome)
+                    for n, p in self.peers.items()}
+        return ProtocolResult(
+            seed=self.scenario.seed, scenario=self.scenario,
+            violations=self.check(outcomes), outcomes=outcomes,
+            digest=self.net.history.hexdigest()[:16], end_t=self.t, delivered=self.net.delivered,
+            rounds_without_result=self.checker.rounds_without_result(self.rounds),
+            wall_s=time.perf_counter() - wall, counts=dict(self.net.counts))
+
+    def check(self, outcomes: dict[str, str]) -> list[Violation]:
+        """The Checker's protocol invariants, then *exit* (every peer not lost ends its
+        run: none stuck, none alone but a late joiner whose cohort finished within
+        ``join_timeout_s`` of its start) and *learning* (each peer that ended learned from
+        others in most of its exchanging rounds; not checked where faults last to the
+        end)."""
+        c = self.checker
+        calm = self.calm_at
+        c.check_protocol({p: o for p, o in outcomes.items() if o != "lost"},
+                         calm if calm != float("inf") else c.events[-1]["t"] + 1 if c.events else 0)
+        ended = [p.ended_at for p in self.peers.values() if p.outcome == "ok"]
+        for p, o in sorted(outcomes.items()):
+            if o == "alone" and self.peers[p].started_at > 0 and all(
+                    t < self.peers[p].started_at + self.scenario.timing.join_timeout_s
+                    for t in ended):
+                continue  # a late joiner the cohort finished without (its join was cut off)
+            if o not in ("ok", "lost"):
+                c.fail("exit", f"{p}: {o} at simulated t={self.t:.1f}s")
+        if calm == float("inf"):
+            return c.violations
+        for p, o in sorted(outcomes.items()):
+            if o == "ok":
+                c.check_learning(p, [e for e in c.events if e["event"] == "round"
+                                     and e["peer"] == p and e["learned_from"] is not None])
+        return c.violations
+
+
+def run_seed(seed: int, **kw: Any) -> ProtocolResult:
+    return ProtocolSim(seed, **kw).run()
+
+
+# =================================================================== command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hfl.sim.protocol", description=__doc__.split(
+        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0-99", help="e.g. 0-999 or 3,17,42 (default 0-99)")
+    ap.add_argument("--peers", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--mode", choices=MODES, default="aggregator",
+                    help="an elected aggregator (default), every peer aggregating, or broadcast")
+    ap.add_argument("--buggify", action="store_true", help="short timeouts, denser faults")
+    ap.add_argument("--swim", choices=["auto", "on", "off"], default="auto",
+                    help=f"SWIM failure detection (auto: from {SWIM_FROM} peers)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="each seed's faults")
+    args = ap.parse_args(argv)
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as err:
+        ap.error(f"--seeds: {err}")
+    swim = None if args.swim == "auto" else args.swim == "on"
+    failed, t0 = [], time.perf_counter()
+    for seed in seeds:
+        res = run_seed(seed, peers=args.peers, rounds=args.rounds, mode=args.mode,
+                       buggify=args.buggify, swim=swim)
+        if args.verbose or res.violations:
+            print(f"seed {seed}: {len(res.violations)} violation(s), simulated {res.end_t:.1f}s, "
+                  f"{res.delivered} messages, {res.wall_s:.2f}s, history {res.digest}")
+            for line in res.scenario.describe():
+                print(f"    {line}")
+            for v in res.violations:
+                print(f"    VIOLATION {v}")
+        if res.violations:
+            failed.append(seed)
+    wall = time.perf_counter() - t0
+    n = len(seeds)
+    print(f"{n} seed(s), {args.peers} peers, {args.rounds} rounds, {args.mode}"
+          f"{' (buggify)' if args.buggify else ''}: {len(failed)} violating "
+          f"({', '.join(map(str, failed[:20]))}{' ...' if len(failed) > 20 else ''}); "
+          f"{wall:.1f}s, {60 * n / wall:.0f} seeds/min")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
