@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from hfl.algorithms.base import Payload
-from hfl.launch.sim import Checker, Violation, parse_seeds
+from hfl.launch.sim import Checker, Violation, parse_seeds, parse_twins, sim_keys, twin_sends
 from hfl.launch.simnet import NetworkFaults
 from hfl.peer import instructions as do
 from hfl.peer.config import SWIM_FROM, TimingConfig
@@ -132,7 +132,7 @@ def plan(seed: int, peers: list[str], rounds: int, buggify: bool = False,
         delay=rng.choice([0.0, 0.0, 0.01, 0.03]) * scale,
         delay_s=rng.uniform(0.5, 2.0) * timing["dead_after_s"])
     # A fault-free round takes about two compute steps and a heartbeat; faults begin in
-    # the first 60% of the run, none lasts over a fifth of it, and those touching one
+    # the first 45% of the run, none lasts over a fifth of it, and those touching one
     # peer add up to at most a quarter (a peer cut off for most of the run cannot learn
     # in most rounds whatever the protocol does).
     length = rounds * (2 * train_s + timing["heartbeat_interval_s"])
@@ -146,7 +146,7 @@ def plan(seed: int, peers: list[str], rounds: int, buggify: bool = False,
         if len(faults) >= (rng.randint(1, 3) if not buggify else rng.randint(2, 6)):
             break
         kind = rng.choice(["partition", "oneway", "oneway", "slow", "lost", "late"])
-        t = round(rng.uniform(1.0, max(1.0, 0.6 * length)), 2)
+        t = round(rng.uniform(1.0, max(1.0, 0.45 * length)), 2)
         d = round(min(rng.uniform(0.5, 3) * dead, 0.2 * length), 2)
         if kind == "lost" and lost_left:
             lost_left -= 1
@@ -248,7 +248,8 @@ class SimPeer:
     out on the simulator's heap, as :class:`hfl.peer.node.Node` does on a socket."""
 
     def __init__(self, sim: ProtocolSim, peer_id: str, mode: str, min_peers: int,
-                 bootstrap: tuple[str, ...]) -> None:
+                 bootstrap: tuple[str, ...], keys: tuple | None = None,
+                 twin: str | None = None) -> None:
         self.sim, self.id = sim, peer_id
         sc, timing = sim.scenario, sim.scenario.timing
         self.offset, self.skew = sc.skew[peer_id]
@@ -258,7 +259,9 @@ class SimPeer:
         core = self.core = PeerCore(
             peer_id, mode="broadcast" if mode == "broadcast" else "aggregator",
             everywhere=everywhere, lookahead=timing.lookahead_rounds, cohort_size=min_peers,
-            cohort="sim", last_round=sim.rounds)
+            cohort="sim", last_round=sim.rounds, signer=keys[0] if keys else None,
+            verify_keys=dict(keys[1]) if keys else None)
+        self.twin = twin  # a Byzantine twin's kind (hfl.launch.sim.TWIN_KINDS), or None
         core.incarnation, core.swim, core.timing = 0, swim, timing
         core.rng = random.Random(f"{sc.seed}:{peer_id}")
         core.bootstrap = tuple((b, address(b)) for b in bootstrap)
@@ -442,8 +445,13 @@ class SimPeer:
                 dst = (ins.address if ins.to_member else ins.peer_id or peer_of(ins.address))
                 net.send(self.id, dst, ins.msg)
             elif isinstance(ins, do.Broadcast):
-                for p in ins.peer_ids:
-                    net.send(self.id, p, ins.msg)
+                sends = [(ins.peer_ids, ins.msg)]
+                if self.twin is not None:  # the same transform hfl-sim's twins apply
+                    victim = min((p for p in mem.members if p != self.id), default=None)
+                    sends = twin_sends(self.twin, self.core, victim, list(ins.peer_ids), ins.msg)
+                for peer_ids, msg in sends:
+                    for p in peer_ids:
+                        net.send(self.id, p, msg)
             elif isinstance(ins, do.Reply | do.SendTo):
                 net.send(self.id, ins.peer_id, ins.msg)
             elif isinstance(ins, do.Wake):
@@ -469,7 +477,6 @@ class SimPeer:
                 pass  # no durable record, no links, no seed sets here
             else:
                 raise TypeError(f"unknown instruction {ins!r}")
-        del mem
         if wake:
             self.recheck()
 
@@ -504,15 +511,20 @@ class ProtocolSim:
 
     def __init__(self, seed: int, peers: int = 5, rounds: int = 10, mode: str = "aggregator",
                  buggify: bool = False, swim: bool | None = None, train_s: float = 0.3,
-                 scenario: ProtocolScenario | None = None) -> None:
+                 scenario: ProtocolScenario | None = None, byzantine: list[str] = ()) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r}; allowed: {', '.join(MODES)}")
         if peers < 2:
             raise ValueError(f"peers: {peers}; a cohort needs 2 at least")
         names = [f"p{i}" for i in range(peers)]
+        twins = parse_twins(list(byzantine), names)  # ValueError naming the part
         self.rounds, self.train_s, self.mode = rounds, train_s, mode
         self.swim = peers >= SWIM_FROM if swim is None else swim
-        self.scenario = scenario or plan(seed, names, rounds, buggify, train_s)
+        # Signed (twins): f = 1 where commits are certified, and a larger quorum
+        # (PeerCore.quorum): the planner loses at most n - quorum members for good.
+        f = 1 if twins and mode == "aggregator" else 0
+        self.scenario = scenario or plan(seed, names, rounds, buggify, train_s,
+                                         quorum=(peers + f) // 2 + 1)
         self.t = 0.0
         # when the last fault ended: the scenario's, or later, when a member was lost at a
         # crash point or joined late (perturbed)
@@ -523,11 +535,14 @@ class ProtocolSim:
         timing = self.scenario.timing
         bound = 2 * (timing.round_timeout_s + timing.aggregate_grace_s) + 2 * timing.dead_after_s
         self.checker = Checker(mode="broadcast" if mode == "broadcast" else "aggregator",
-                               everywhere=mode == "everywhere", bound_s=bound, clock=lambda: self.t)
+                               everywhere=mode == "everywhere", bound_s=bound, twins=twins,
+                               clock=lambda: self.t)
         late = {f.peers[0]: f.t for f in self.scenario.faults if f.kind == "late"}
         min_peers = peers - len(late)
         bootstrap = tuple(n for n in names if n not in late)[:2]
-        self.peers = {n: SimPeer(self, n, mode, min_peers, bootstrap) for n in names}
+        keys = sim_keys(seed, names) if twins else {}  # signed: the defenses need keys
+        self.peers = {n: SimPeer(self, n, mode, min_peers, bootstrap, keys.get(n), twins.get(n))
+                      for n in names}
         self.unstarted, self.running = len(names), 0  # peers not started yet, running now
         for n in names:
             self.at(late.get(n, 0.0), self.peers[n].start)
@@ -594,9 +609,9 @@ class ProtocolSim:
     def check(self, outcomes: dict[str, str]) -> list[Violation]:
         """The Checker's protocol invariants, then *exit* (every peer not lost ends its
         run: none stuck, none alone but a late joiner whose cohort finished within
-        ``join_timeout_s`` of its start) and *learning* (each peer that ended learned from
-        others in most of its exchanging rounds; not checked where faults last to the
-        end)."""
+        ``join_timeout_s`` of its start) and *learning* (each peer that ended, and
+        started with the others, learned from others in most of its exchanging rounds;
+        not checked where faults last to the end)."""
         c = self.checker
         calm = self.calm_at
         c.check_protocol({p: o for p, o in outcomes.items() if o != "lost"},
@@ -612,7 +627,8 @@ class ProtocolSim:
         if calm == float("inf"):
             return c.violations
         for p, o in sorted(outcomes.items()):
-            if o == "ok":
+            # (A late joiner's rounds are what was left of the run: liveness holds it.)
+            if o == "ok" and p not in c.twins and self.peers[p].started_at == 0:
                 c.check_learning(p, [e for e in c.events if e["event"] == "round"
                                      and e["peer"] == p and e["learned_from"] is not None])
         return c.violations
@@ -636,6 +652,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--buggify", action="store_true", help="short timeouts, denser faults")
     ap.add_argument("--swim", choices=["auto", "on", "off"], default="auto",
                     help=f"SWIM failure detection (auto: from {SWIM_FROM} peers)")
+    ap.add_argument("--byzantine", action="append", default=[], metavar="PEER:KIND",
+                    help="a Byzantine twin under PEER's identity: equivocate (other knowledge "
+                         "to one peer; with --mode everywhere) or commit (another result and a "
+                         "forged commit to one peer)")
     ap.add_argument("-v", "--verbose", action="store_true", help="each seed's faults")
     args = ap.parse_args(argv)
     try:
@@ -645,8 +665,11 @@ def main(argv: list[str] | None = None) -> int:
     swim = None if args.swim == "auto" else args.swim == "on"
     failed, t0 = [], time.perf_counter()
     for seed in seeds:
-        res = run_seed(seed, peers=args.peers, rounds=args.rounds, mode=args.mode,
-                       buggify=args.buggify, swim=swim)
+        try:
+            res = run_seed(seed, peers=args.peers, rounds=args.rounds, mode=args.mode,
+                           buggify=args.buggify, swim=swim, byzantine=args.byzantine)
+        except ValueError as err:
+            ap.error(str(err))
         if args.verbose or res.violations:
             print(f"seed {seed}: {len(res.violations)} violation(s), simulated {res.end_t:.1f}s, "
                   f"{res.delivered} messages, {res.wall_s:.2f}s, history {res.digest}")

@@ -145,3 +145,29 @@ def test_the_command_line_reports_and_fails_on_a_violation(capsys, monkeypatch):
     assert "VIOLATION agreement" in out and "1 violating (12)" in out
     with pytest.raises(SystemExit):
         main(["--mode", "server"])
+
+
+@pytest.mark.parametrize("kind, mode, defense, invariant", [
+    # a member's twin under the same identity sends one peer other (signed) knowledge
+    ("equivocate", "everywhere", "conviction", "named"),
+    # ... or another result and a forged commit
+    ("commit", "aggregator", "certificates", "agreement"),
+])
+def test_byzantine_twins_are_survived_and_caught_without_the_defenses(monkeypatch, kind, mode,
+                                                                      defense, invariant):
+    twin = ["p4:equivocate"] if kind == "equivocate" else ["p2:commit"]
+    for seed in range(8):
+        res = run_seed(seed, mode=mode, byzantine=twin)
+        assert not res.violations, (seed, [str(v) for v in res.violations])
+    if defense == "conviction":
+        monkeypatch.setattr(PeerCore, "_convicted", lambda self, peer, r, a, b: None)
+    else:
+        monkeypatch.setattr(PeerCore, "certifying", property(lambda self: False))
+    assert invariant in {v.invariant for v in run_seed(0, mode=mode, byzantine=twin).violations}
+
+
+def test_a_bad_twin_spec_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="kind 'lie' is not one of equivocate, commit"):
+        ProtocolSim(0, byzantine=["p1:lie"])
+    with pytest.raises(ValueError, match="the honest ones must be a majority"):
+        ProtocolSim(0, peers=4, byzantine=["p1:commit", "p2:commit"])
