@@ -97,11 +97,10 @@ class Scenario:
                 + [str(f) for f in self.faults])
 
 
-def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, float],
-                  buggify: bool = False, compute_s: float = 0.5) -> Scenario:
-    """Draw a seed's faults. Faults start while rounds are running and all have healed
-    by ``calm_at``. ``buggify`` shrinks the timeouts and makes faults denser and longer."""
-    rng = random.Random(f"scenario:{seed}")
+def draw_network(rng: random.Random, timing: dict[str, float], buggify: bool,
+                 compute_s: float) -> tuple[dict[str, float], NetworkFaults]:
+    """A seed's timing (``buggify``: shrunk timeouts) and network fault rates, drawn
+    from ``rng`` in this order (both simulators: hfl.sim.protocol too)."""
     timing = dict(timing)
     if buggify:  # the round timeout stays above one round's compute (4 steps)
         hb = rng.choice([0.1, 0.2, 0.3])
@@ -110,13 +109,21 @@ def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, fl
                       round_timeout_s=rng.uniform(max(1.5, 4 * compute_s), 6),
                       aggregate_grace_s=rng.uniform(0, 1.5))
     scale = 2.5 if buggify else 1.0
-    net = NetworkFaults(
+    return timing, NetworkFaults(
         drop=rng.choice([0.0, 0.0, 0.01, 0.03, 0.08]) * scale,
         duplicate=rng.choice([0.0, 0.02, 0.05]) * scale,
         reorder=rng.choice([0.0, 0.05, 0.1]) * scale,
         delay=rng.choice([0.0, 0.0, 0.01, 0.03]) * scale,
         delay_s=rng.uniform(0.5, 2.0) * timing["dead_after_s"],
     )
+
+
+def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, float],
+                  buggify: bool = False, compute_s: float = 0.5) -> Scenario:
+    """Draw a seed's faults. Faults start while rounds are running and all have healed
+    by ``calm_at``. ``buggify`` shrinks the timeouts and makes faults denser and longer."""
+    rng = random.Random(f"scenario:{seed}")
+    timing, net = draw_network(rng, timing, buggify, compute_s)
     # A fault-free run lasts about `length` (four compute steps a round); faults begin
     # in its first 60% and none lasts over a quarter of it, and the faults touching one
     # peer add up to at most 30% of it: a peer cut off for most of the run cannot learn

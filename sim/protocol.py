@@ -46,7 +46,15 @@ from typing import Any
 import numpy as np
 
 from hfl.algorithms.base import Payload
-from hfl.launch.sim import Checker, Violation, parse_seeds, parse_twins, sim_keys, twin_sends
+from hfl.launch.sim import (
+    Checker,
+    Violation,
+    draw_network,
+    parse_seeds,
+    parse_twins,
+    sim_keys,
+    twin_sends,
+)
 from hfl.launch.simnet import NetworkFaults
 from hfl.peer import instructions as do
 from hfl.peer.config import SWIM_FROM, TimingConfig
@@ -118,19 +126,8 @@ def plan(seed: int, peers: list[str], rounds: int, buggify: bool = False,
     quorum = quorum or n // 2 + 1
     timing = dict(heartbeat_interval_s=0.5, suspect_after_s=2.0, dead_after_s=5.0,
                   round_timeout_s=10.0, aggregate_grace_s=2.0, join_timeout_s=30.0)
-    if buggify:
-        hb = rng.choice([0.1, 0.2, 0.3])
-        timing.update(heartbeat_interval_s=hb, suspect_after_s=hb * rng.uniform(2.5, 4),
-                      dead_after_s=hb * rng.uniform(5, 9),
-                      round_timeout_s=rng.uniform(max(1.5, 4 * train_s), 6),
-                      aggregate_grace_s=rng.uniform(0, 1.5))
+    timing, net = draw_network(rng, timing, buggify, train_s)
     scale = 2.5 if buggify else 1.0
-    net = NetworkFaults(
-        drop=rng.choice([0.0, 0.0, 0.01, 0.03, 0.08]) * scale,
-        duplicate=rng.choice([0.0, 0.02, 0.05]) * scale,
-        reorder=rng.choice([0.0, 0.05, 0.1]) * scale,
-        delay=rng.choice([0.0, 0.0, 0.01, 0.03]) * scale,
-        delay_s=rng.uniform(0.5, 2.0) * timing["dead_after_s"])
     # A fault-free round takes about two compute steps and a heartbeat; faults begin in
     # the first 45% of the run, none lasts over a fifth of it, and those touching one
     # peer add up to at most a quarter (a peer cut off for most of the run cannot learn
