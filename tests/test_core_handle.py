@@ -207,3 +207,20 @@ def test_a_goodbye_after_the_last_round_ends_the_last_round_for_a_straggler():
     core.handle("p2", Leave(sender="p2", incarnation=0, reason="finished", round=4), 1.0)
     assert core.cohort_past(3)
     assert not bare(round=2, last_round=3).cohort_past(2)
+
+
+def test_every_function_protocol_md_names_behind_a_rule_exists():
+    # PROTOCOL.md names the function behind each rule; a rename must not leave it pointing
+    # at nothing.
+    import re
+
+    from hfl.peer import membership, node, procedures
+    spec = (Path(__file__).resolve().parent.parent / "PROTOCOL.md").read_text()
+    owners = {"PeerCore": PeerCore, "Membership": Membership, "Node": node.Node,
+              "RoundProcedures": procedures.RoundProcedures, "RoundBuffer": None}
+    named = set(re.findall(r"`(PeerCore|Membership|Node|RoundProcedures)\.(\w+)`", spec))
+    assert len(named) > 30
+    missing = sorted(f"{cls}.{attr}" for cls, attr in named
+                     if not hasattr(owners[cls], attr) and not (
+                         cls == "Membership" and attr in membership.Membership.__dataclass_fields__))
+    assert not missing, f"PROTOCOL.md names what does not exist: {missing}"
