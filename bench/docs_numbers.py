@@ -475,11 +475,18 @@ FEDH2L_MNIST_ROWS = {"FedH2L": "FedH2L", "FedH2L, no KL": "FedH2L no KL",
                      "FedH2L, PCGrad": "FedH2L PCGrad"}
 
 
-def measure_compare_fedh2l_mnist(out_dir: Path) -> dict:
+FEDH2L_MNIST_OTHERS = "**Table 2's other rows, every round.**"
+FEDH2L_MNIST_OTHERS_ARGS = ["--data", "mnist", "--methods", "FedMD", "FedAvg", "FedProx", "--reuse"]
+FEDH2L_MNIST_OTHERS_ROWS = {"FedMD (`fedmd`)": "FedMD", "FedAvg, every round": "FedAvg",
+                            "FedProx, every round": "FedProx"}
+
+
+def measure_compare_fedh2l_mnist(out_dir: Path, args: list[str] = FEDH2L_MNIST_ARGS,
+                                 name: str = "compare_fedh2l_mnist") -> dict:
     """bench/compare_fedh2l.py --data mnist --methods FedH2L --ablation (Table 5 on real
     Rotated MNIST, 12 launches of 10,000 rounds; --reuse takes the finished runs under
-    runs/bench/fedh2l_mnist/, so only what is missing runs)."""
-    res = _bench_json("compare_fedh2l.py", FEDH2L_MNIST_ARGS, out_dir / "compare_fedh2l_mnist.json")
+    runs/bench/fedh2l_mnist/, so only what is missing runs), or other ``args``."""
+    res = _bench_json("compare_fedh2l.py", args, out_dir / f"{name}.json")
     return _mean_std({f"{label}/{stat}": [r[stat] for r in runs]
                       for label, runs in res["results"].items() for stat in (runs or [{}])[0]},
                      len(res["seeds"]))
@@ -639,6 +646,12 @@ CHECKS = [
           measure_compare_fedh2l_mnist,
           _pm_table("docs/fedh2l.md", FEDH2L_MNIST_TABLE5, FEDH2L_MNIST_ROWS,
                     ["ACC", "BWT", "FWT", "final ACC"]), minutes=330),
+    Check("compare_fedh2l_mnist_others",
+          "python bench/compare_fedh2l.py " + shlex.join(FEDH2L_MNIST_OTHERS_ARGS),
+          lambda out_dir: measure_compare_fedh2l_mnist(out_dir, FEDH2L_MNIST_OTHERS_ARGS,
+                                                       "compare_fedh2l_mnist_others"),
+          _pm_table("docs/fedh2l.md", FEDH2L_MNIST_OTHERS, FEDH2L_MNIST_OTHERS_ROWS,
+                    ["ACC", "BWT", "FWT", "final ACC"]), minutes=190),
     Check("compare_fedin", "; ".join("python bench/compare_fedin.py " + shlex.join(args)
                                      for args in FEDIN_RUNS),
           measure_compare_fedin, _fedin_quotes(), minutes=25),
