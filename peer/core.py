@@ -184,6 +184,23 @@ class PeerCore:
     # (hfl.peer.instructions): what goes back, what is dropped and why, whose status
     # changed, when a waiting round should look again. The shell decodes and executes.
 
+    def set_timing(self, timing: Any) -> None:
+        """The peer's ``timing`` section, and what the rules derive from it."""
+        self.timing = timing
+        self.epoch_news_after_s = 1.5 * timing.heartbeat_interval_s
+
+    def open_view(self, address: str, rng: random.Random) -> Membership:
+        """This peer's membership view, reachable at ``address`` (after :meth:`set_timing`,
+        ``swim`` and ``incarnation``). Crash hints (issue 36): a link that drops makes
+        its peer dead after two heartbeats of silence, probes included, rather than
+        ``dead_after_s``."""
+        t = self.timing
+        self.membership = Membership(self.id, address, self.incarnation, t.suspect_after_s,
+                                     t.dead_after_s, mode="swim" if self.swim else "full", rng=rng)
+        self.membership.hint_dead_s = min(2 * t.heartbeat_interval_s,
+                                          (t.suspect_after_s + t.dead_after_s) / 2)
+        return self.membership
+
     def envelope(self) -> dict[str, Any]:
         return {"sender": self.id, "incarnation": self.incarnation}
 

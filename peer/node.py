@@ -34,7 +34,6 @@ from hfl.peer import instructions as do
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
 from hfl.peer.core import PeerCore, clip, payload_digest
-from hfl.peer.membership import Membership
 from hfl.peer.procedures import RoundProcedures
 from hfl.peer.rounds import fold_rounds
 from hfl.peer.security import split_bootstrap
@@ -167,7 +166,8 @@ class Node:
                                 **({"fanout": fanout} if fanout is not None else {}),
                                 **({"communicate_every": every} if every != 1 else {})}
         self.core.incarnation, self.core.swim = incarnation, self.swim
-        self.core.timing, self.core.rng, self.core.bootstrap = timing, self.rng, self.bootstrap
+        self.core.set_timing(timing)
+        self.core.rng, self.core.bootstrap = self.rng, self.bootstrap
         self.core.keeps_seeds = seeds is not None
         self.core.capabilities = [algorithm.mode, f"protocol:{PROTOCOL_VERSION}"]
         self.core.hello_terms = {"cohort": cohort.name, "algorithm": cohort.algorithm,
@@ -205,7 +205,6 @@ class Node:
         # rounds its earlier life entered (PeerCore.sit_out_through).
         self._on_enter_round = on_enter_round
         self.core.sit_out_through = sit_out_through
-        self.core.epoch_news_after_s = 1.5 * timing.heartbeat_interval_s
         # The round procedures decide; this shell carries their instructions out (_drive).
         self.procedures = RoundProcedures(
             self.core, now=self.clock.now, paused=lambda: self._paused_s,
@@ -224,16 +223,8 @@ class Node:
 
     async def run(self) -> NodeResult:
         await self.transport.start()
-        self.membership = Membership(
-            self.id, advertised_address(self.transport.address, self.advertise), self.incarnation,
-            self.timing.suspect_after_s, self.timing.dead_after_s,
-            mode="swim" if self.swim else "full", rng=random.Random(f"{self.rng.random()}"),
-        )
-        # Crash hints (issue 36): a link that drops makes its peer dead after two
-        # heartbeats of silence, probes included, rather than dead_after_s.
-        t = self.timing
-        self.membership.hint_dead_s = min(2 * t.heartbeat_interval_s,
-                                          (t.suspect_after_s + t.dead_after_s) / 2)
+        self.core.open_view(advertised_address(self.transport.address, self.advertise),
+                            random.Random(f"{self.rng.random()}"))
         self.transport.on_link = self._on_link
         now = self.clock.now()
         for peer_id, address in self.known_members:  # from a checkpoint

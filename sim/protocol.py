@@ -59,7 +59,6 @@ from hfl.launch.simnet import NetworkFaults
 from hfl.peer import instructions as do
 from hfl.peer.config import SWIM_FROM, TimingConfig
 from hfl.peer.core import PeerCore, payload_digest
-from hfl.peer.membership import Membership
 from hfl.peer.procedures import RoundProcedures
 from hfl.protocol import Message
 
@@ -259,19 +258,15 @@ class SimPeer:
             cohort="sim", last_round=sim.rounds, signer=keys[0] if keys else None,
             verify_keys=dict(keys[1]) if keys else None)
         self.twin = twin  # a Byzantine twin's kind (hfl.launch.sim.TWIN_KINDS), or None
-        core.incarnation, core.swim, core.timing = 0, swim, timing
+        core.incarnation, core.swim = 0, swim
+        core.set_timing(timing)
         core.rng = random.Random(f"{sc.seed}:{peer_id}")
         core.bootstrap = tuple((b, address(b)) for b in bootstrap)
         core.keeps_seeds = False
         core.capabilities = [core.mode]
         core.hello_terms = {"cohort": "sim", "algorithm": "mean", "num_classes": 2,
                             "rounds": sim.rounds, "shared": {"everywhere": int(everywhere)}}
-        core.epoch_news_after_s = 1.5 * timing.heartbeat_interval_s
-        core.membership = Membership(peer_id, address(peer_id), 0, timing.suspect_after_s,
-                                     timing.dead_after_s, mode="swim" if swim else "full",
-                                     rng=random.Random(f"{sc.seed}:{peer_id}:membership"))
-        core.membership.hint_dead_s = min(2 * timing.heartbeat_interval_s,
-                                          (timing.suspect_after_s + timing.dead_after_s) / 2)
+        core.open_view(address(peer_id), random.Random(f"{sc.seed}:{peer_id}:membership"))
         self.procedures = RoundProcedures(core, now=self.now)
         self.min_peers = min_peers
         self.rng = random.Random(f"{sc.seed}:{peer_id}:compute")
