@@ -28,23 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from hfl.algorithms.payload import Payload  # noqa: F401 (re-exported: where methods find it)
 from hfl.algorithms.settings import SelectionConfig, TrainConfig
 from hfl.algorithms.training import evaluate, make_optimizer, train_epochs
 
 Mode = Literal["local", "broadcast", "aggregator"]
-
-
-@dataclass(frozen=True)
-class Payload:
-    """Knowledge produced by an algorithm: named arrays plus small metadata."""
-
-    kind: str
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(t.nbytes) for t in self.tensors.values())
 
 
 @dataclass

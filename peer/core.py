@@ -162,9 +162,9 @@ class PeerCore:
         self.hello_terms: dict[str, Any] = {}
         # swim: members may wait for our hello (the shell scans the view on its tick)
         self.to_greet = True
-        #: (aggregator, knowledge) this peer sent last with an elected aggregator: sent
-        #: again when that aggregator says it is still awaiting it (heartbeat ``awaiting``)
-        self.sent_knowledge: tuple[str, Knowledge] | None = None
+        #: (the peers it went to, knowledge): this peer's latest knowledge, sent again to
+        #: one of them that says it is still awaiting it (heartbeat ``awaiting``)
+        self.sent_knowledge: tuple[frozenset[str], Knowledge] | None = None
         # Ticking (:meth:`tick_greetings`, :meth:`tick_sends`, :meth:`link_changed`): set by
         # the shell. ``timing`` is the peer's TimingConfig; ``rng`` the peer's seeded draws.
         self.timing: Any = None
@@ -567,11 +567,11 @@ class PeerCore:
             if address is not None and to != self.id:
                 out.append(Reply(address, self.heartbeat(), to))
         if msg.awaiting and self.sent_knowledge is not None:
-            aggregator, knowledge = self.sent_knowledge
-            if self.asks_again(msg, aggregator, knowledge):
-                out += [Say(logging.INFO, "%s: round %d: aggregator %s has not got our knowledge; "
+            sent_to, knowledge = self.sent_knowledge
+            if self.asks_again(msg, sent_to, knowledge):
+                out += [Say(logging.INFO, "%s: round %d: %s has not got our knowledge; "
                             "sending it again", (self.id, msg.awaiting, msg.sender)),
-                        SendTo(aggregator, knowledge, "knowledge again")]
+                        SendTo(msg.sender, knowledge, "knowledge again")]
         if msg.target and msg.target not in (self.id, msg.sender):
             # An indirect probe: ask the target to answer the sender itself, over its own
             # link (our word that it lives would be a third party's).
@@ -957,12 +957,14 @@ class PeerCore:
                 return "repeat", res, refused
         return "abstain", None, refused
 
-    def asks_again(self, msg: Heartbeat, aggregator: str, knowledge: Knowledge) -> bool:
-        """``msg`` (a heartbeat with ``awaiting``) is the aggregator this peer sent
-        ``knowledge`` to, for that round and epoch, saying it has not arrived: send it
-        again. Anyone else's ask, or one for another round or epoch, changes nothing."""
-        return (msg.sender == aggregator and msg.awaiting == knowledge.round == self.round
-                and msg.epoch == knowledge.epoch)
+    def asks_again(self, msg: Heartbeat, sent_to: frozenset[str], knowledge: Knowledge) -> bool:
+        """``msg`` (a heartbeat with ``awaiting``) is from a peer this peer sent
+        ``knowledge`` to (its aggregator; in a decentralized round, any of the round's
+        receivers), for that round and epoch, saying it has not arrived: send it again.
+        Anyone else's ask, or one for another round or epoch, changes nothing."""
+        finished = knowledge.round == self.last_round == self.round - 1  # (staying: above)
+        return (msg.sender in sent_to and msg.awaiting == knowledge.round
+                and (knowledge.round == self.round or finished) and msg.epoch == knowledge.epoch)
 
     def statement(self, what: str, r: int, epoch: int, digest: str, *extra: int) -> bytes:
         """What a signed statement signs: ``b"hfl-" + what + b"\\0"`` and msgpack [cohort,
@@ -1101,6 +1103,22 @@ class PeerCore:
         if c is None or c.round != last:
             return []
         return [p for p in self.membership.live_peers() if self.absorbed_by.get(p, 0) < last]
+
+    def still_in_last_round(self, last: int) -> list[str]:
+        """In a decentralized round (broadcast mode, every peer aggregating), after this
+        peer finished round ``last`` (the cohort's last): the live members it sent its
+        knowledge of that round to that are still in it, or behind it. Until they finish
+        (their goodbye) or die, the peer stays, for ``aggregate_grace_s`` at most, and
+        answers their asks for that knowledge (heartbeat ``awaiting``): a peer that
+        closed its links at once took with it what was still queued for a slow member,
+        which then aggregated the last round without it, silently."""
+        if self.mode == "aggregator" and not self.everywhere or self.sent_knowledge is None:
+            return []
+        sent_to, knowledge = self.sent_knowledge
+        if knowledge.round != last:
+            return []
+        mem = self.membership
+        return [p for p in sorted(sent_to) if mem.is_live(p) and mem.members[p].round <= last]
 
     def commit_of(self, msg: Ack) -> Commit | None:
         """The commit to send again when ``msg`` acks the result this peer committed last

@@ -6,10 +6,11 @@ so every decision about a message is made in the core, where a test can read it 
 the list without sockets, tasks or a clock.
 
 The round procedures (:mod:`hfl.peer.procedures`) are generators that yield these one
-at a time; the last group below (:class:`Wait`, :class:`Aggregate`, :class:`EnterRound`,
-:class:`CrashPoint`, :class:`Note`) exists only there, and the value the shell sends
-back into the generator is the instruction's answer (:class:`Wait`: whether the
-condition came true; :class:`Aggregate`: the method's aggregate).
+at a time; the last group below (:class:`Wait`, :class:`Aggregate`, :class:`Compute`,
+:class:`RoundBegins`, :class:`RoundDone`, :class:`EnterRound`, :class:`CrashPoint`,
+:class:`Note`) exists only there, and the value the shell sends back into the
+generator is the instruction's answer (:class:`Wait`: whether the condition came true;
+:class:`Aggregate`, :class:`Compute`: the method's value).
 """
 
 from __future__ import annotations
@@ -172,6 +173,37 @@ class Aggregate:
 
 
 @dataclass(frozen=True)
+class Compute:
+    """Run one of the method's calls off the event loop (hfl.algorithms.base.Algorithm):
+    ``call`` is ``local_update``, ``share``, ``absorb`` or ``evaluate``, with ``args``;
+    answered with its value."""
+
+    call: str
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
+class RoundBegins:
+    """Round ``round`` starts (before its training): the shell starts the round's
+    accounting (time, bytes, the method's CPU) and hands the method what arrived
+    meanwhile (members' public seed sets)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """Round ``round`` ended: the shell writes its record from the method's ``metrics``,
+    ``evaluation`` (None: not evaluated this round, ``node.evaluate_every``) and the
+    exchange's ``info`` (learned_from, epoch, ...), and checkpoints after an evaluation."""
+
+    round: int
+    metrics: dict
+    evaluation: dict | None
+    info: dict
+
+
+@dataclass(frozen=True)
 class EnterRound:
     """Record, durably, that this life entered ``round`` before it contributes or acks
     there (a restarted life sits out the rounds an earlier one may have acked)."""
@@ -199,4 +231,5 @@ class Note:
 
 Instruction = (Reply | SendTo | Send | Broadcast | RequestSeeds | Forget | Dropped
                | Refused | MemberChanged | Say | NamedEquivocator | ServeSeeds | StoreSeedChunk
-               | Wake | Wait | Aggregate | EnterRound | CrashPoint | Note)
+               | Wake | Wait | Aggregate | Compute | RoundBegins | RoundDone | EnterRound
+               | CrashPoint | Note)

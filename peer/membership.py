@@ -52,6 +52,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from hfl.protocol.messages import MemberRecord
@@ -142,9 +143,16 @@ class Membership:
     _order: tuple = ((-1, -1), ())
     _max_round: int | None = None
     _at: tuple = (-1, {})  # (members indexed, address -> peer ids): _members_at
-    #: bumped when a member greets us back or forgets our greeting (a restart): the
-    #: join's counts are cached on it (RoundProcedures.cohort_so_far)
-    greetings: int = 0
+    #: The join's counts (:meth:`join_counts`), kept up to date as members are added and
+    #: change status or greeting (:meth:`_set`: a member's ``status`` and ``greeted`` are
+    #: written nowhere else, :meth:`set_status` for tests): the join asks on every message,
+    #: and a thousand peers greeting each other must not cost a scan of the view each
+    #: (the protocol-level simulator's 1,000-peer cohort spent most of its time there).
+    #: Members alive and greeted (ids, in the order they came to be), members that
+    #: left, members greeted or left.
+    _greeted_alive: dict[str, None] = field(default_factory=dict)
+    _left_n: int = 0
+    _arrived_n: int = 0
     #: swim: how long the latest answers to our probes took (seconds), for patience()
     answer_times: deque = field(default_factory=lambda: deque(maxlen=ANSWER_WINDOW))
     _answers: int = 0  # answer times ever taken: the key of the cached percentile
@@ -217,15 +225,14 @@ class Membership:
                       else "heard from (known from our checkpoint)")
             change = Change(peer_id, m.status, ALIVE, reason)
             m.incarnation = incarnation
-            m.greeted = False
-            self.greetings += 1
+            self._set(m, greeted=False)
             m.round = 0
         elif m.status != ALIVE:
             change = Change(peer_id, m.status, ALIVE, "heard from again")
         if address and may_move:
             self._moved(m, address)
             m.lead = None
-        m.status = ALIVE
+        self._set(m, status=ALIVE)
         m.last_heard = now
         if m.asked_at is not None and answer and same_life:  # how long our probe waited
             took = now - m.asked_at
@@ -267,13 +274,66 @@ class Membership:
         return [self.members[p] for p in self._at[1].get(address, ()) if p in self.members]
 
     def _add(self, m: Member) -> None:
-        """A new member in the view (and in the address index)."""
+        """A new member in the view (and in the address index and the join's counts)."""
         fresh = self._at[0] == len(self.members)
+        self._count(m.peer_id, m.status, m.greeted, +1)
         self.members[m.peer_id] = m
         self._ids.append(m.peer_id)
         if fresh:
             self._at[1].setdefault(m.address, []).append(m.peer_id)
             self._at = (len(self.members), self._at[1])
+
+    def _set(self, m: Member, status: str | None = None, greeted: bool | None = None) -> None:
+        """``m``'s status or greeting changes: every such change goes through here, so
+        the join's counts follow (:meth:`join_counts`)."""
+        if (status is None or status == m.status) and (greeted is None or greeted == m.greeted):
+            return
+        self._count(m.peer_id, m.status, m.greeted, -1)
+        if status is not None:
+            m.status = status
+        if greeted is not None:
+            m.greeted = greeted
+        self._count(m.peer_id, m.status, m.greeted, +1)
+
+    def set_status(self, peer_id: str, status: str) -> None:
+        """Force a member's status, as a test or a tool sets up a view (the protocol
+        itself changes it only on evidence: heard_from, tick, hear_news, left)."""
+        self._set(self.members[peer_id], status=status)
+
+    def set_greeted(self, peer_id: str, greeted: bool = True) -> None:
+        """Force whether our handshake with a member completed (tests, tools)."""
+        self._set(self.members[peer_id], greeted=greeted)
+
+    def _count(self, peer_id: str, status: str, greeted: bool, sign: int) -> None:
+        if status == ALIVE and greeted:
+            if sign > 0:
+                self._greeted_alive[peer_id] = None
+            else:
+                self._greeted_alive.pop(peer_id, None)
+        if status == LEFT:
+            self._left_n += sign
+        if greeted or status == LEFT:
+            self._arrived_n += sign
+
+    def join_counts(self) -> tuple[Collection[str], int, int]:
+        """(members greeted and alive, members gone, members arrived), for the join.
+
+        *Greeted*: we completed a handshake with it. *Gone*: it said goodbye (to us, or
+        to a member that told us of a peer we never met: a fast solo peer can finish
+        before a slow one greets it), or ``reports_needed`` members report it no
+        longer alive (:attr:`reported`: it joins the rotation order); either way it
+        was in the cohort and there is nothing to wait for. *Arrived*: greeted
+        (whatever its status now) or gone, a count that only grows. O(1) but for the
+        peers only reported (few: each is one no member of ours ever greeted).
+        The first is a live view of the view's set: read it, do not keep it."""
+        if not self.reported_left and not self.reported:
+            return self._greeted_alive.keys(), self._left_n, self._arrived_n
+        unknown_left = [p for p in self.reported_left if p not in self.members]
+        departed = self._left_n + len(unknown_left)
+        departed += sum(1 for p, by in self.reported.items() if len(by) >= self.reports_needed
+                        and p not in self._greeted_alive and p not in self.reported_left
+                        and (p not in self.members or self.members[p].status != LEFT))
+        return self._greeted_alive.keys(), departed, self._arrived_n + len(unknown_left)
 
     def _moved(self, m: Member, address: str) -> None:
         """``m`` is at ``address`` from now on (its own word)."""
@@ -326,7 +386,8 @@ class Membership:
         m = self.members.get(peer_id)
         if m is None or incarnation < m.incarnation:
             return None
-        old, m.status, m.incarnation = m.status, LEFT, incarnation
+        old, m.incarnation = m.status, incarnation
+        self._set(m, status=LEFT)
         if old == LEFT:
             return None
         m.expect_since = m.asked_at = None
@@ -440,7 +501,7 @@ class Membership:
             if silent >= dead_s:
                 changes.append(Change(m.peer_id, m.status, DEAD,
                                       f"{what} for {silent:.1f}s{stretched}"))
-                m.status = DEAD
+                self._set(m, status=DEAD)
                 m.expect_since = None  # nothing more owed: greeted again, not probed
                 m.probes = 0
                 self._owing.discard(m.peer_id)
@@ -452,7 +513,7 @@ class Membership:
             elif silent >= suspect_s and m.status == ALIVE:
                 changes.append(Change(m.peer_id, m.status, SUSPECT,
                                       f"{what} for {silent:.1f}s{stretched}"))
-                m.status = SUSPECT
+                self._set(m, status=SUSPECT)
             else:
                 continue
             if self.mode == "swim":
@@ -468,7 +529,7 @@ class Membership:
             del self._hinted[peer]
             changes.append(Change(peer, m.status, DEAD, f"its link dropped {silent:.1f}s ago and "
                                   f"nothing came since, probes included{stretched}"))
-            m.status = DEAD
+            self._set(m, status=DEAD)
             m.expect_since = None
             m.probes = 0
             self._owing.discard(peer)
@@ -582,7 +643,7 @@ class Membership:
             if (m.status != ALIVE or (m.confirmed and r.incarnation < m.incarnation)
                     or now - m.last_heard < self.suspect_after_s * patience):
                 continue
-            m.status = SUSPECT
+            self._set(m, status=SUSPECT)
             # No credit for the reporter's silence: on a loaded machine one peer's two
             # seconds unanswered, credited to everyone it told, had the whole cohort
             # declare a live aggregator dead two seconds later.
@@ -696,8 +757,7 @@ class Membership:
         """``peer_id`` answered our hello (a welcome): it knows us."""
         m = self.members.get(peer_id)
         if m is not None and not m.greeted:
-            m.greeted = True
-            self.greetings += 1
+            self._set(m, greeted=True)
 
     def max_live_round(self) -> int:
         if self._max_round is None:

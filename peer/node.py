@@ -33,7 +33,7 @@ from hfl.algorithms.base import Algorithm, aggregates_everywhere
 from hfl.peer import instructions as do
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
-from hfl.peer.core import PeerCore, clip, payload_digest
+from hfl.peer.core import PeerCore, clip
 from hfl.peer.procedures import RoundProcedures
 from hfl.peer.rounds import fold_rounds
 from hfl.peer.security import split_bootstrap
@@ -183,6 +183,10 @@ class Node:
         self._stopping = False
         self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
         self._cpu_mark: float | None = None  # process CPU at the last round's record
+        # The round in progress: (clock, wall time, bytes sent, received, membership
+        # messages sent) when it began; the method's wall and CPU seconds in it.
+        self._round_start: tuple = (0.0, 0.0, 0, 0, 0)
+        self._compute = [0.0, 0.0]
         self._reading_behind = False  # the receive loop holds (or left) messages unread
         self._essential: set[asyncio.Task] = set()  # the receive and tick loops
         self._runner: asyncio.Task | None = None  # the task in run(), cancelled if one dies
@@ -239,17 +243,7 @@ class Node:
         self._runner = asyncio.current_task()
         try:
             await self._run_rounds()
-            # The last round's aggregator stays until its members hold the result, or for
-            # aggregate_grace_s: a commit lost on the way can only come from it now.
-            last = self.cohort.rounds
-            if self.core.lacking_last_result(last) and not await self._wait_until(
-                    lambda: not self.core.lacking_last_result(last),
-                    self.clock.now() + self.timing.aggregate_grace_s):
-                log.warning("%s: round %d: %s still showed no sign of the last result after "
-                            "timing.aggregate_grace_s=%gs; leaving", self.id, last,
-                            ", ".join(self.core.lacking_last_result(last)),
-                            self.timing.aggregate_grace_s)
-            await self._leave("finished")
+            await self._drive(self.procedures.finish(self.cohort.rounds))
         except asyncio.CancelledError:
             # Stopped from outside (SIGTERM, Ctrl-C), or a loop of its own died: tell the
             # others, briefly.
@@ -604,7 +598,7 @@ class Node:
         need = self.peers_needed()
         joined = await self._drive(self.procedures.join(
             need, resumed, bool(self.known_members),
-            lambda greeted: self.seeds is None or self.seeds.has_all(greeted)), None)
+            lambda greeted: self.seeds is None or self.seeds.has_all(greeted)))
         if not joined:
             causes = sorted({c for c in (self.transport.dial_failure(a) for a in
                                          [a for _, a in self.bootstrap]
@@ -627,83 +621,56 @@ class Node:
         if self.stopped_alone:
             return
         self._observe("started", self, round=self.round)
-        while self.round <= self.cohort.rounds:
-            target = self.core.catch_up(self.cohort.rounds)
-            if target != self.round:
-                log.info("%s: catching up from round %d to the cohort's round %d",
-                         self.id, self.round, target)
-                self.round = target
-                self.buffer.advance(self.round)
-            await self._one_round(self.round)
-            self.core.contacts = set()
-            self.round += 1
-            self.buffer.advance(self.round)
-            self.core.forget_before(self.round)
+        await self._drive(self.procedures.rounds(self.cohort.rounds, self.evaluate_every))
 
-    async def _one_round(self, r: int) -> None:
-        t_start, wall_start = self.clock.now(), time.time()
+    def _begin_round(self) -> None:
+        """RoundBegins: the round's accounting starts; members' seed sets that arrived
+        meanwhile go to the method."""
+        self._round_start = (self.clock.now(), time.time(), self.transport.stats.bytes_sent,
+                             self.transport.stats.bytes_received,
+                             sum(self.sent[t] for t in MEMBERSHIP_TYPES))
+        self._compute = [0.0, 0.0]  # the method's wall and CPU seconds this round
         if self._cpu_mark is None:
             self._cpu_mark = time.process_time()
-        self.core.round_began = t_start
-        self.epoch = 0  # heartbeats say epoch 0 until this round fails over
-        sent0, recv0 = self.transport.stats.bytes_sent, self.transport.stats.bytes_received
-        membership0 = sum(self.sent[t] for t in MEMBERSHIP_TYPES)
-        compute, compute_cpu = 0.0, [0.0]
-
-        async def work(fn, *args):
-            nonlocal compute
-
-            def cpu_timed(*args):  # in the worker thread: that thread's CPU is the method's
-                c = time.thread_time()
-                try:
-                    return fn(*args)
-                finally:
-                    compute_cpu[0] += time.thread_time() - c
-
-            cpu_timed.__wrapped__ = fn  # a run_blocking may look at what it runs (hfl-sim)
-            t = time.perf_counter()
-            out = await self._run_blocking(cpu_timed, *args)
-            compute += time.perf_counter() - t
-            return out
-
-        self._maybe_crash(r, "train")
         if self.seeds is not None:
             for owner, (x, y) in sorted(self.seeds.take_completed().items()):
                 self.alg.add_peer_seeds(owner, x, y)
-        metrics: dict[str, Any] = dict(await work(self.alg.local_update, r))
-        info: dict[str, Any] = {}
-        exchanges = self.core.communicates(r)  # cohort.communicate_every: else a local step
-        payload = await work(self.alg.share, r) if exchanges else None
-        received = (await self._drive(self.procedures.round(r, payload, info), work)
-                    if exchanges else {})
-        if self.alg.mode != "local" and exchanges:
-            info.setdefault("learned_from", 0)  # no other peer's knowledge this round
-        if received:
-            metrics.update(await work(self.alg.absorb, r, received))
-            if self.alg.mode == "aggregator":
-                (source, result), = received.items()
-                self.core.absorbed = (r, payload_digest(result), source)
-                self._observe("absorbed", self, round=r, source=source, epoch=info.get("epoch"),
-                              digest=self.core.absorbed[1], contributors=info.get("contributors"),
-                              quorum=self.core.quorum())
+
+    async def _compute_call(self, fn, *args) -> Any:
+        """One of the method's calls, off the event loop, its time and CPU counted."""
+        def cpu_timed(*args):  # in the worker thread: that thread's CPU is the method's
+            c = time.thread_time()
+            try:
+                return fn(*args)
+            finally:
+                self._compute[1] += time.thread_time() - c
+
+        cpu_timed.__wrapped__ = fn  # a run_blocking may look at what it runs (hfl-sim)
+        t = time.perf_counter()
+        out = await self._run_blocking(cpu_timed, *args)
+        self._compute[0] += time.perf_counter() - t
+        return out
+
+    async def _round_done(self, done: do.RoundDone) -> None:
+        """RoundDone: the round's record; with an evaluation, its line in metrics.jsonl
+        (the rounds between folded in), the checkpoint and ``on_round``."""
+        r, metrics = done.round, dict(done.metrics)
         self._rounds_run += 1
-        self._observe("round", self, round=r, learned_from=info.get("learned_from"),
-                      behind=bool(info.get("behind")))
-        evaluated = r % self.evaluate_every == 0 or r >= self.cohort.rounds
-        if evaluated:
-            self._window_keys.update(metrics)
-            metrics.update(await work(self.alg.evaluate))
+        self._window_keys.update(metrics)
+        if done.evaluation is not None:
+            metrics.update(done.evaluation)
+        t_start, wall_start, sent0, recv0, membership0 = self._round_start
         stats = self.transport.stats
         membership_sent = sum(self.sent[t] for t in MEMBERSHIP_TYPES)
         record = {
             "peer": self.id, "round": r, "time": wall_start,
-            "round_time_s": self.clock.now() - t_start, "compute_s": compute,
+            "round_time_s": self.clock.now() - t_start, "compute_s": self._compute[0],
             # CPU: the method's calls (training, sharing, absorbing, evaluating) and the
             # whole process's since the last record (the runtime's part is the difference:
             # messages, event loop, checkpoints; with several peers in one process,
             # hfl-launch --in-process, cpu_s is all of theirs)
-            "compute_cpu_s": compute_cpu[0], "cpu_s": self._cpu_since_record(),
-            **metrics, **info,
+            "compute_cpu_s": self._compute[1], "cpu_s": self._cpu_since_record(),
+            **metrics, **done.info,
             "live_peers": len(self.membership.live_view()),
             "bytes_sent": stats.bytes_sent - sent0, "bytes_received": stats.bytes_received - recv0,
             "total_bytes_sent": stats.bytes_sent, "total_bytes_received": stats.bytes_received,
@@ -714,8 +681,7 @@ class Node:
             # (round, peer) pairs seen so far whose aggregate differed from ours
             "aggregate_disagreements": sum(len(p) for p in self.disagreements.values()),
         }
-        if not evaluated:  # no line, no checkpoint: folded into the next evaluated round's
-            self._window_keys.update(metrics)
+        if done.evaluation is None:  # no line, no checkpoint: folded into the next evaluated round's
             self._window.append(record)
             return
         if self.evaluate_every > 1:
@@ -738,7 +704,7 @@ class Node:
         self._cpu_mark = now
         return since
 
-    async def _drive(self, procedure, work) -> Any:
+    async def _drive(self, procedure) -> Any:
         """Carry out a round procedure (hfl.peer.procedures): each instruction it yields,
         in order, its answer sent back in; an exception (a cancellation, an injected
         crash) is thrown into it where it waits. Returns the procedure's value."""
@@ -749,21 +715,27 @@ class Node:
             except StopIteration as done:
                 return done.value
             try:
-                value, step = await self._perform(ins, work), procedure.send
+                value, step = await self._perform(ins), procedure.send
             except BaseException as err:  # noqa: BLE001 -- raised again inside the procedure
                 value, step = err, procedure.throw
 
-    async def _perform(self, ins: do.Instruction, work) -> Any:
-        """One instruction of a round procedure; only waits, sends, the method's
-        aggregate and the entered-round record suspend the round."""
+    async def _perform(self, ins: do.Instruction) -> Any:
+        """One instruction of a round procedure; only waits, sends, the method's calls,
+        the entered-round record and the round's record suspend the round."""
         if isinstance(ins, do.Wait):
             return await self._wait_until(ins.done, ins.deadline)
         if isinstance(ins, do.Send):
             return await self._send_to(ins.address, ins.msg, ins.timeout_s)
         if isinstance(ins, do.Broadcast):
             return await self._broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s)
+        if isinstance(ins, do.Compute):
+            return await self._compute_call(getattr(self.alg, ins.call), *ins.args)
         if isinstance(ins, do.Aggregate):
-            return await work(self.alg.aggregate, ins.round, ins.contributions)
+            return await self._compute_call(self.alg.aggregate, ins.round, ins.contributions)
+        if isinstance(ins, do.RoundBegins):
+            return self._begin_round()
+        if isinstance(ins, do.RoundDone):
+            return await self._round_done(ins)
         if isinstance(ins, do.EnterRound):
             if self._on_enter_round is not None:
                 await self._run_blocking(self._on_enter_round, ins.round)

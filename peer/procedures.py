@@ -25,19 +25,22 @@ The procedures are PROTOCOL.md's *Rounds* and *Commit* sections:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Collection, Generator
 from typing import Any
 
-from hfl.algorithms.base import Payload
-from hfl.peer.core import PeerCore
+from hfl.algorithms.payload import Payload
+from hfl.peer.core import PeerCore, payload_digest
 from hfl.peer.instructions import (
     Aggregate,
     Broadcast,
+    Compute,
     CrashPoint,
     Dropped,
     EnterRound,
     Instruction,
     Note,
+    RoundBegins,
+    RoundDone,
     Say,
     Send,
     Wait,
@@ -76,8 +79,6 @@ class RoundProcedures:
         self.reading_behind = reading_behind
         self.fanout = fanout
         self.plan_key = plan_key
-        self._joined_key: tuple | None = None  # _join_counts' cache
-        self._joined: tuple[list[str], int, int] = ([], 0, 0)
 
     @property
     def timing(self):
@@ -89,34 +90,12 @@ class RoundProcedures:
 
     # ---------------------------------------------------------------- joining
 
-    def cohort_so_far(self) -> tuple[list[str], int]:
-        """(members greeted and alive, members gone): a peer that said goodbye was in
-        the cohort (fast solo peers can finish before a slow one has greeted them),
-        and so was one the members report dead (Membership.reported: it joins the
-        rotation order): nothing to wait for."""
-        return self._join_counts()[:2]
-
-    def _join_counts(self) -> tuple[list[str], int, int]:
-        """(greeted and alive, gone, arrived: greeted whatever its status now, or gone),
-        cached until the view changes: the join re-checks them on every message, and
-        a thousand peers joining at once must not cost a scan of the view each."""
-        mem = self.core.membership
-        key = (id(mem), mem._version, len(mem.members), mem.greetings, len(mem.reported_left))
-        if self._joined_key == key:
-            return self._joined
-        greeted = [m.peer_id for m in mem.members.values() if m.status == "alive" and m.greeted]
-        departed = sum(1 for m in mem.members.values() if m.status == "left")
-        departed += len(mem.reported_left - set(mem.members))
-        departed += sum(1 for p, by in mem.reported.items() if len(by) >= mem.reports_needed
-                        and p not in greeted and p not in mem.reported_left
-                        and (p not in mem.members or mem.members[p].status != "left"))
-        arrived = (sum(1 for m in mem.members.values() if m.greeted or m.status == "left")
-                   + len(mem.reported_left - set(mem.members)))
-        self._joined_key, self._joined = key, (greeted, departed, arrived)
-        return self._joined
+    def cohort_so_far(self) -> tuple[Collection[str], int]:
+        """(members greeted and alive, members gone): Membership.join_counts."""
+        return self.core.membership.join_counts()[:2]
 
     def join(self, need: int, resumed: bool, remembered: bool,
-             seeds_ready: Callable[[list[str]], bool] = lambda greeted: True
+             seeds_ready: Callable[[Collection[str]], bool] = lambda greeted: True
              ) -> Generator[Instruction, Any, bool]:
         """Wait until ``need`` members (ourselves included) completed a handshake (and,
         for methods that learn on peers' public samples, ``seeds_ready``: we hold
@@ -139,7 +118,7 @@ class RoundProcedures:
             return resumed and remembered and not mem.live_peers()
 
         def arrived() -> int:  # greeted (whatever its status now) or departed: only grows
-            return self._join_counts()[2]
+            return mem.join_counts()[2]
 
         count, since = arrived(), self.now()
         while (yield Wait(lambda c=count: joined() or arrived() > c,
@@ -148,6 +127,81 @@ class RoundProcedures:
                 return True
             count, since = arrived(), self.now()
         return False
+
+    # ---------------------------------------------------------------- the run
+
+    def rounds(self, last: int, evaluate_every: int = 1) -> Generator[Instruction, Any, None]:
+        """The rounds from the core's round through ``last``, after the join: a peer that
+        finds the live cohort ahead jumps to its round (PeerCore.catch_up); each round
+        trains, shares and exchanges (where it communicates), absorbs what the exchange
+        returned, and evaluates every ``evaluate_every`` rounds and after the last."""
+        core = self.core
+        while core.round <= last:
+            target = core.catch_up(last)
+            if target != core.round:
+                yield self.say(INFO, "catching up from round %d to the cohort's round %d",
+                               core.round, target)
+                core.round = target
+                core.buffer.advance(target)
+            yield from self.one_round(core.round, last, evaluate_every)
+            core.contacts = set()
+            core.round += 1
+            core.buffer.advance(core.round)
+            core.forget_before(core.round)
+
+    def one_round(self, r: int, last: int, evaluate_every: int = 1
+                  ) -> Generator[Instruction, Any, None]:
+        """Round r: the method's local update, its share and the exchange (where the
+        round communicates: ``cohort.communicate_every``), its absorb of what came back,
+        its evaluation when due; the shell records the round (:class:`RoundDone`)."""
+        core = self.core
+        yield RoundBegins(r)
+        core.round_began, core.epoch = self.now(), 0  # heartbeats say epoch 0 until a fail-over
+        yield CrashPoint(r, ("train",))
+        metrics: dict[str, Any] = dict((yield Compute("local_update", (r,))))
+        info: dict[str, Any] = {}
+        received: dict[str, Payload] = {}
+        if core.communicates(r):
+            payload = yield Compute("share", (r,))
+            received = yield from self.round(r, payload, info)
+            if core.mode != "local":
+                info.setdefault("learned_from", 0)  # no other peer's knowledge this round
+        if received:
+            metrics.update((yield Compute("absorb", (r, received))))
+            if core.mode == "aggregator":
+                (source, result), = received.items()
+                core.absorbed = (r, payload_digest(result), source)
+                yield Note("absorbed", {"round": r, "source": source, "epoch": info.get("epoch"),
+                                        "digest": core.absorbed[1],
+                                        "contributors": info.get("contributors"),
+                                        "quorum": core.quorum()})
+        yield Note("round", {"round": r, "learned_from": info.get("learned_from"),
+                             "behind": bool(info.get("behind"))})
+        evaluation = (dict((yield Compute("evaluate")))
+                      if r % evaluate_every == 0 or r >= last else None)
+        yield RoundDone(r, metrics, evaluation, info)
+
+    def finish(self, last: int) -> Generator[Instruction, Any, None]:
+        """After the last round: its aggregator stays until its members hold the result,
+        or for ``timing.aggregate_grace_s`` (a commit lost on the way can only come from
+        it now); in a decentralized round a peer stays while members it sent its knowledge
+        to are still in the round, as long at most (PeerCore.still_in_last_round); then
+        this peer says goodbye."""
+        core = self.core
+        if core.lacking_last_result(last) and not (yield Wait(
+                lambda: not core.lacking_last_result(last),
+                self.now() + self.timing.aggregate_grace_s)):
+            yield self.say(WARNING, "round %d: %s still showed no sign of the last result after "
+                           "timing.aggregate_grace_s=%gs; leaving", last,
+                           ", ".join(core.lacking_last_result(last)), self.timing.aggregate_grace_s)
+        if core.still_in_last_round(last):
+            yield Wait(lambda: not core.still_in_last_round(last),
+                       self.now() + self.timing.aggregate_grace_s)
+        bye = core.goodbye("finished")
+        if bye is not None:
+            yield bye
+
+    # ---------------------------------------------------------------- exchanging
 
     def round(self, r: int, payload: Payload | None, info: dict) -> Procedure:
         """Round r's exchange, by the method's mode (a ``local`` method has none)."""
@@ -174,11 +228,12 @@ class RoundProcedures:
             scheduled, core.sources = core.exchange_plan(r, self.fanout, self.plan_key)
             targets = [p for p in scheduled if mem.is_live(p)]
         if send:
-            yield Broadcast(tuple(targets), core.knowledge(r, payload))
+            knowledge = core.knowledge(r, payload)
+            core.sent_knowledge = (frozenset(targets), knowledge)  # an "awaiting" asks again
+            yield Broadcast(tuple(targets), knowledge)
         yield CrashPoint(r, ("wait",))
-        deadline = self.now() + self.timing.round_timeout_s
         try:
-            complete = yield Wait(lambda: not core.awaited(r), deadline)
+            complete = yield from self.await_knowledge(r, self.now() + self.timing.round_timeout_s)
         finally:
             core.sources = None
         got = core.buffer.received(r)
@@ -186,6 +241,33 @@ class RoundProcedures:
         info.update(received_from=len(got), timed_out=not complete,
                     learned_from=len(set(knowledge) - {core.id}))
         return knowledge
+
+    def await_knowledge(self, r: int, deadline: float) -> Generator[Instruction, Any, bool]:
+        """Wait for the round-r knowledge of the members :meth:`PeerCore.awaited` names,
+        until ``deadline`` (moved on by any time the peer stood still); True once none is
+        awaited. A contribution lost on the way (a lossy link, a reconnect) would cost
+        the whole round_timeout_s: after 4, 8, 8, ... heartbeats the members still
+        awaited are asked for it (a heartbeat with ``awaiting``; one that has sent it to
+        us sends it again, one still training ignores it). In a decentralized round two
+        peers that each lost the other's knowledge waited for each other until the
+        timeout, while a partitioned peer ran the rest of the run ahead of them alone
+        (found by hfl.sim.protocol, broadcast mode, buggify seed 106)."""
+        core = self.core
+        hb = self.timing.heartbeat_interval_s
+        ask_after, paused0 = 4 * hb, self.paused()
+        while True:
+            end = deadline + (self.paused() - paused0)  # a pause moves the deadline on
+            complete = yield Wait(lambda: not core.awaited(r), min(end, self.now() + ask_after))
+            if complete or self.now() >= deadline + (self.paused() - paused0):
+                return complete
+            ask_after = 8 * hb
+            if self.reading_behind():
+                # Messages wait unread here (an overloaded peer, a thousand contributions
+                # at once): what we would ask for may be among them, and every answer is
+                # a second copy on top (hfl-launch --in-process with 1,000 peers: the
+                # asks and their answers kept the aggregator from ever catching up).
+                continue
+            yield Broadcast(tuple(core.awaited(r)), core.heartbeat(awaiting=r), 0.05)
 
     def aggregate_everywhere(self, r: int, payload: Payload | None, info: dict) -> Procedure:
         """A round with no aggregator: everyone's knowledge to everyone (as in broadcast
@@ -252,7 +334,7 @@ class RoundProcedures:
             if aggregator == core.id:
                 return (yield from self.serve(r, payload, info))
             knowledge = core.knowledge(r, payload, core.epoch)
-            core.sent_knowledge = (aggregator, knowledge)  # an "awaiting" asks for it again
+            core.sent_knowledge = (frozenset({aggregator}), knowledge)  # an "awaiting" asks again
             yield Send(aggregator, knowledge, to_member=True)
             # An aggregator still behind round r (restarted, paused, catching up) may lose
             # what it got meanwhile (or never get it: it was not listening yet): once its
@@ -425,21 +507,7 @@ class RoundProcedures:
         # round_timeout_s: after 4, 8, 8, ... heartbeats the members still awaited are
         # asked for it (a heartbeat with ``awaiting``; one that has sent it here sends
         # it again, one still training ignores it).
-        hb = timing.heartbeat_interval_s
-        ask_after, paused0 = 4 * hb, self.paused()
-        while True:
-            end = deadline + (self.paused() - paused0)  # a pause moves the deadline on
-            complete = yield Wait(lambda: not core.awaited(r), min(end, self.now() + ask_after))
-            if complete or self.now() >= deadline + (self.paused() - paused0):
-                break
-            ask_after = 8 * hb
-            if self.reading_behind():
-                # Messages wait unread here (an overloaded peer, a thousand contributions
-                # at once): what we would ask for may be among them, and every answer is
-                # a second copy on top (hfl-launch --in-process with 1,000 peers: the
-                # asks and their answers kept the aggregator from ever catching up).
-                continue
-            yield Broadcast(tuple(core.awaited(r)), core.heartbeat(awaiting=r), 0.05)
+        complete = yield from self.await_knowledge(r, deadline)
         promised = core.promises(r)
         decision, earlier, refused = core.proposal(r, promised)
         for liar, why in refused.items():
@@ -496,7 +564,7 @@ class RoundProcedures:
         # ack must not cost the whole cohort its round) after 1, 2, 4, 4, ... heartbeats:
         # acks that are only slow (a loaded machine, a big cohort) must not be answered
         # with a copy of the result per member each heartbeat, queued for each of them.
-        epoch = core.epoch
+        epoch, hb = core.epoch, timing.heartbeat_interval_s
         deadline = self.now() + max(timing.aggregate_grace_s, 4 * hb)
         wait = hb
         while True:

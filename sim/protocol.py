@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from hfl.algorithms.base import Payload
+from hfl.algorithms.payload import Payload
 from hfl.launch.sim import (
     Checker,
     Violation,
@@ -58,7 +58,7 @@ from hfl.launch.sim import (
 from hfl.launch.simnet import NetworkFaults
 from hfl.peer import instructions as do
 from hfl.peer.config import SWIM_FROM, TimingConfig
-from hfl.peer.core import PeerCore, payload_digest
+from hfl.peer.core import PeerCore
 from hfl.peer.procedures import RoundProcedures
 from hfl.protocol import Message
 
@@ -231,13 +231,6 @@ class Network:
 # =================================================================== one peer
 
 
-@dataclass(frozen=True)
-class Train:
-    """The simulated method's local update of ``round`` (the sim's own instruction)."""
-
-    round: int
-
-
 class SimPeer:
     """One peer: its core, its procedures and a generator for its whole life (join,
     rounds, the last round's linger, goodbye) whose instructions this class carries
@@ -319,37 +312,8 @@ class SimPeer:
             # as hfl-peer: "only k of n peers joined ...; starting anyway"
             self.said[logging.WARNING] += 1
         self.note("started", round=core.round)
-        while core.round <= last:
-            target = core.catch_up(last)
-            if target != core.round:
-                core.round = target
-                core.buffer.advance(target)
-            r = core.round
-            core.round_began, core.epoch = self.now(), 0
-            yield Train(r)
-            info: dict[str, Any] = {}
-            received = {}
-            if core.communicates(r):
-                received = yield from procs.round(r, self.knowledge(r), info)
-                info.setdefault("learned_from", 0)
-            if received and core.mode == "aggregator":
-                (source, result), = received.items()
-                core.absorbed = (r, payload_digest(result), source)
-                self.note("absorbed", round=r, source=source, epoch=info.get("epoch"),
-                          digest=core.absorbed[1], contributors=info.get("contributors"),
-                          quorum=core.quorum())
-            self.note("round", round=r, learned_from=info.get("learned_from"),
-                      behind=bool(info.get("behind")))
-            core.contacts = set()
-            core.round += 1
-            core.buffer.advance(core.round)
-            core.forget_before(core.round)
-        if core.lacking_last_result(last):
-            yield do.Wait(lambda: not core.lacking_last_result(last),
-                          self.now() + self.sim.scenario.timing.aggregate_grace_s)
-        bye = core.goodbye("finished")
-        if bye is not None:
-            yield bye
+        yield from procs.rounds(last)
+        yield from procs.finish(last)
         self.outcome = "ok"
 
     def knowledge(self, r: int) -> Payload:
@@ -387,10 +351,14 @@ class SimPeer:
                 self.waiting = (ins.done, token)
                 self.sim.at(max(self.sim.t, self.at_local(ins.deadline)), self.timeout, token)
                 return
-            if isinstance(ins, Train | do.Aggregate):
-                cost = self.rng.uniform(0.5, 1.5) * (self.sim.train_s if isinstance(ins, Train)
+            if isinstance(ins, do.Compute) and ins.call != "local_update":
+                # no time: the knowledge is drawn, absorbing and evaluating learn nothing
+                value = self.knowledge(*ins.args) if ins.call == "share" else {}
+                continue
+            if isinstance(ins, do.Compute | do.Aggregate):  # training, aggregating: time
+                cost = self.rng.uniform(0.5, 1.5) * (self.sim.train_s if isinstance(ins, do.Compute)
                                                      else 0.05 * self.sim.train_s) * self.slow
-                out = self.aggregate(ins.contributions) if isinstance(ins, do.Aggregate) else None
+                out = self.aggregate(ins.contributions) if isinstance(ins, do.Aggregate) else {}
                 token = next(self.tokens)
                 self.waiting = (None, token)
                 self.sim.at(self.sim.t + cost, self.resume, token, out)
@@ -465,7 +433,7 @@ class SimPeer:
                     self.lose()
                     return
             elif isinstance(ins, do.EnterRound | do.Forget | do.RequestSeeds | do.ServeSeeds
-                            | do.StoreSeedChunk):
+                            | do.StoreSeedChunk | do.RoundBegins | do.RoundDone):
                 pass  # no durable record, no links, no seed sets here
             else:
                 raise TypeError(f"unknown instruction {ins!r}")

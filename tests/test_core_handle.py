@@ -108,7 +108,7 @@ def test_an_aggregator_still_awaiting_our_knowledge_gets_it_again():
     # PROTOCOL.md, Rounds: "each that sent its knowledge to it for that (r, e) sends it again".
     core = bare(round=3)
     sent = Knowledge(sender="p0", incarnation=0, round=3, kind="weights")
-    core.sent_knowledge = ("p1", sent)
+    core.sent_knowledge = (frozenset({"p1"}), sent)
     out = core.handle("p1", Heartbeat(sender="p1", incarnation=0, round=3, awaiting=3), 1.0)
     again = [i for i in out if isinstance(i, SendTo)]
     assert again == [SendTo("p1", sent, "knowledge again")]
@@ -173,7 +173,7 @@ def test_heartbeats_go_only_to_members_that_know_us_and_gossip_every_other_tick(
     from hfl.peer.instructions import Broadcast
 
     core = ticking()
-    core.membership.members["p1"].greeted = True  # p2 never answered our hello
+    core.membership.set_greeted("p1")  # p2 never answered our hello
     out = core.tick_sends(2, now=1.0)
     assert [(i.peer_ids, i.msg.TYPE) for i in out if isinstance(i, Broadcast)] == [
         (("p1",), "heartbeat"), (("p1",), "gossip")]
@@ -186,7 +186,7 @@ def test_a_dropped_link_is_a_hint_that_probes_and_never_a_death():
     core = ticking(members=("p1", "p2", "p3"))
     core.membership.hint_dead_s = 1.0  # as the node sets it: 2 heartbeat intervals
     for p in ("p1", "p2", "p3"):
-        core.membership.members[p].greeted = True
+        core.membership.set_greeted(p)
     assert core.link_changed("mem://p9", None, up=False, now=1.0) == []  # not a member's link
     out = core.link_changed("mem://p1", None, up=False, now=1.0)  # found by its address
     sends = [i for i in out if isinstance(i, SendTo)]

@@ -161,9 +161,9 @@ def test_only_the_aggregator_we_sent_to_can_ask_for_our_knowledge_again():
     c = core("p0")
     c.round = 3
     sent = Knowledge(sender="p0", incarnation=0, round=3, epoch=1, kind="weights")
-    assert c.asks_again(beat("p4", 3, epoch=1, awaiting=3), "p4", sent)
-    assert not c.asks_again(beat("p1", 3, epoch=1, awaiting=3), "p4", sent)  # not ours
-    assert not c.asks_again(beat("p4", 3, epoch=0, awaiting=3), "p4", sent)  # another epoch
-    assert not c.asks_again(beat("p4", 4, epoch=1, awaiting=4), "p4", sent)  # another round
+    assert c.asks_again(beat("p4", 3, epoch=1, awaiting=3), frozenset({"p4"}), sent)
+    assert not c.asks_again(beat("p1", 3, epoch=1, awaiting=3), frozenset({"p4"}), sent)  # not ours
+    assert not c.asks_again(beat("p4", 3, epoch=0, awaiting=3), frozenset({"p4"}), sent)  # another epoch
+    assert not c.asks_again(beat("p4", 4, epoch=1, awaiting=4), frozenset({"p4"}), sent)  # another round
     c.round = 4  # we moved on: round 3's knowledge is not sent again
-    assert not c.asks_again(beat("p4", 3, epoch=1, awaiting=3), "p4", sent)
+    assert not c.asks_again(beat("p4", 3, epoch=1, awaiting=3), frozenset({"p4"}), sent)

@@ -175,7 +175,7 @@ def test_two_aggregators_of_one_round_do_not_wait_for_each_others_peers(tmp_path
     assert p1.core.awaited(r) == ["p2"]  # p0 and p3 are served by p3, alive
     # An ordinary fail-over is not cut short: with p3 dead in p1's view, p0 (still at
     # epoch 0, about to notice) is coming to p1 and is waited for.
-    p1.membership.members["p3"].status = "dead"
+    p1.membership.set_status("p3", "dead")
     assert p1.core.awaited(r) == ["p0", "p2"]
     # And the epoch-0 aggregator p3 does not wait for peers that failed over past it.
     p3 = viewer(tmp_path, 3, {"p0": (r, 0), "p1": (r, 2), "p2": (r, 2)}, incarnation=1)
@@ -192,7 +192,7 @@ def test_a_peer_stops_waiting_for_an_aggregator_that_waits_at_an_earlier_epoch(t
     p1.epoch = 1
     assert p1.core.aggregator_waits_elsewhere("p0", r)
     # An ordinary fail-over: p3 dead in p1's view, p0 about to notice and serve epoch 1.
-    p1.membership.members["p3"].status = "dead"
+    p1.membership.set_status("p3", "dead")
     assert not p1.core.aggregator_waits_elsewhere("p0", r)
 
 

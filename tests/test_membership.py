@@ -52,6 +52,54 @@ def test_our_own_messages_never_make_us_a_member():
     assert m.live_view() == ["a"]
 
 
+def recount(m: Membership) -> tuple[set[str], int, int]:
+    """The join's counts from scratch, the definition join_counts keeps up incrementally."""
+    greeted = {p for p, x in m.members.items() if x.status == ALIVE and x.greeted}
+    unknown_left = m.reported_left - set(m.members)
+    departed = (sum(x.status == LEFT for x in m.members.values()) + len(unknown_left)
+                + sum(1 for p, by in m.reported.items() if len(by) >= m.reports_needed
+                      and p not in greeted and p not in m.reported_left
+                      and (p not in m.members or m.members[p].status != LEFT)))
+    arrived = sum(x.greeted or x.status == LEFT for x in m.members.values()) + len(unknown_left)
+    return greeted, departed, arrived
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_join_counts_kept_as_members_change_equal_a_recount(seed):
+    """Membership keeps the join's counts as it goes (the join asks on every message);
+    after any sequence of joins, greetings, restarts, deaths, goodbyes, gossip and
+    news they equal a count from scratch."""
+    import random
+
+    rng = random.Random(seed)
+    m = view()
+    m.reports_needed = 2
+    ids = [f"p{i}" for i in range(12)]
+    now = 0.0
+    for _ in range(300):
+        now += rng.uniform(0, 1.5)
+        p, kind = rng.choice(ids), rng.randrange(7)
+        if kind == 0:
+            m.heard_from(p, rng.choice([0, 0, 1, 2]), now, address=f"mem://{p}")
+        elif kind == 1:
+            m.welcomed(p)
+        elif kind == 2:
+            m.left(p, rng.choice([0, 1, 2]))
+        elif kind == 3:
+            m.tick(now)
+        elif kind == 4:
+            m.merge([rec(q, status=rng.choice([ALIVE, DEAD, LEFT])) for q in rng.sample(ids, 3)],
+                    now, reporter=rng.choice(ids))
+        elif kind == 5:
+            m.hear_news([rec(q, status=rng.choice([SUSPECT, DEAD, LEFT]))
+                         for q in rng.sample(ids, 2)], rng.choice(ids), now)
+        elif p in m.members:
+            m.set_greeted(p, rng.random() < 0.5)
+        greeted, departed, arrived = m.join_counts()
+        assert (set(greeted), departed, arrived) == recount(m)
+    assert any(recount(m))  # the walk reached a view worth counting
+
+
 # ---------------------------------------------------------------------------- failure detection
 
 
@@ -111,7 +159,7 @@ def test_a_suspect_or_dead_peer_heard_again_is_alive():
 def test_a_higher_incarnation_revives_a_dead_peer_and_resets_its_round():
     m = view()
     m.heard_from("b", 0, 0.0, address="mem://b", round=7)
-    m.members["b"].greeted = True
+    m.set_greeted("b")
     m.tick(DEAD_S)
     assert m.members["b"].status == DEAD
 
@@ -214,7 +262,7 @@ def test_gossip_never_rewrites_a_known_member():
     # with a high incarnation redirected p1's traffic. Only p1 speaks for p1.
     m = view()
     m.heard_from("b", 0, 0.0, address="mem://b", round=4)
-    m.members["b"].greeted = True
+    m.set_greeted("b")
     assert m.merge([rec("b", 7, address="mem://attacker")], now=1.0) == []
     b = m.members["b"]
     assert (b.incarnation, b.address, b.status, b.greeted, b.round) == (0, "mem://b", ALIVE, True, 4)
@@ -639,16 +687,16 @@ def test_news_per_message_is_bounded_and_freshest_first():
 
 def test_the_probe_round_robin_visits_every_member_once_per_pass():
     m = swim()
-    for member in m.members.values():
-        member.greeted = True
+    for peer in m.members:
+        m.set_greeted(peer)
     members = sorted(m.members)
     first = [m.next_probe() for _ in members]
     second = [m.next_probe() for _ in members]
     assert sorted(first) == members and sorted(second) == members
     assert first != second  # a fresh shuffle each pass
     # dead members and members that do not know us yet are not probed
-    m.members["b"].status = DEAD
-    m.members["c"].greeted = False
+    m.set_status("b", DEAD)
+    m.set_greeted("c", False)
     assert {m.next_probe() for _ in range(30)} == set(members) - {"b", "c"}
     assert swim().next_probe() is None  # nobody answered our hello yet
 

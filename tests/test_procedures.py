@@ -23,11 +23,12 @@ from hfl.peer.instructions import (
     Note,
     Say,
     Send,
+    SendTo,
     Wait,
 )
 from hfl.peer.membership import Membership
 from hfl.peer.procedures import RoundProcedures
-from hfl.protocol import Ack, AggregateResult, Commit, Knowledge
+from hfl.protocol import Ack, AggregateResult, Commit, Heartbeat, Knowledge
 
 HB = TimingConfig().heartbeat_interval_s
 
@@ -75,9 +76,11 @@ class Stepper:
         return self.ins
 
     def until(self, *types):
-        while not self.done and not isinstance(self.ins, types):
+        for _ in range(1000):  # a procedure answered None forever (a Wait in a loop) fails here
+            if self.done or isinstance(self.ins, types):
+                return self.ins
             self.answer(None)
-        return self.ins
+        raise AssertionError(f"still no {types} after 1000 instructions: {self.seen[-3:]}")
 
     def sent(self, since: int = 0) -> list[tuple[tuple[str, ...], str]]:
         """(to whom, message type) of each send since the ``since``-th instruction."""
@@ -226,7 +229,7 @@ def test_a_member_sends_to_the_elected_aggregator_and_fails_over_when_it_dies():
     assert s.sent() == [(("p1",), "knowledge")] and info["aggregator"] == "p1"
     assert [i.phases for i in s.seen if isinstance(i, CrashPoint)] == [("wait", "serve")]
     assert not wait.done()
-    core.membership.members["p1"].status = "dead"
+    core.membership.set_status("p1", "dead")
     assert wait.done()  # a dead aggregator ends the wait
     mark = len(s.seen)
     s.answer(True)
@@ -274,12 +277,71 @@ def test_a_decentralized_round_sends_to_every_live_peer_and_takes_what_arrived_b
     s = Stepper(procs.exchange(1, weights(1.0), info))
     wait = s.until(Wait)
     assert s.sent() == [(("p1", "p2"), "knowledge")]
-    assert wait.deadline == core.timing.round_timeout_s
     contribution(core, "p1", 1, 2.0)
     assert not wait.done()
-    s.answer(False)  # p2's never came
-    assert s.done and sorted(s.value) == ["p1"]
+    # p2's is lost on the way: after 4 heartbeats p2 is asked for it again (a heartbeat
+    # with "awaiting"), as an aggregator asks; then every 8, up to round_timeout_s.
+    assert wait.deadline == 4 * HB
+    clock.t = wait.deadline
+    mark = len(s.seen)
+    wait = s.answer(False)
+    assert s.sent(mark) == [(("p2",), "heartbeat")]
+    assert next(i for i in s.seen[mark:] if isinstance(i, Broadcast)).msg.awaiting == 1
+    while not s.done:  # p2's never came
+        clock.t = s.until(Wait).deadline
+        s.answer(False)
+    assert clock.t == core.timing.round_timeout_s and sorted(s.value) == ["p1"]
     assert info == {"received_from": 1, "timed_out": True, "learned_from": 1}
+
+
+def test_a_decentralized_peer_sends_its_knowledge_again_to_a_receiver_still_awaiting_it():
+    # PROTOCOL.md, Rounds: a peer that sent its knowledge for round r to the asker sends
+    # it again (in a decentralized round, any of the round's receivers may ask).
+    core, procs, clock = peer(mode="broadcast")
+    s = Stepper(procs.exchange(1, weights(1.0), {}))
+    s.until(Wait)
+    sent = next(i.msg for i in s.seen if isinstance(i, Broadcast))
+    ask = Heartbeat(sender="p2", incarnation=0, round=1, awaiting=1)
+    assert [i for i in core.handle("p2", ask, 0.1) if isinstance(i, SendTo)] == [
+        SendTo("p2", sent, "knowledge again")]
+    core.round = 2  # moved on: round 1's knowledge is not sent again
+    assert not [i for i in core.handle("p2", ask, 0.2) if isinstance(i, SendTo)]
+
+
+def test_after_the_last_round_a_decentralized_peer_stays_for_members_still_in_it():
+    # PROTOCOL.md, Rounds: a peer that finished the last round stays (aggregate_grace_s at
+    # most) while members it sent its knowledge to are still in that round, answers their
+    # asks for it, and leaves once they said goodbye. It used to close its links at once:
+    # knowledge still queued for a slow member was lost with them, silently.
+    core, procs, clock = peer(mode="broadcast")
+    core.last_round = 1
+    s = Stepper(procs.exchange(1, weights(1.0), {}))
+    sent = next(i.msg for i in s.seen if isinstance(i, Broadcast))
+    contribution(core, "p1", 1, 2.0)
+    contribution(core, "p2", 1, 3.0)
+    s.until(Wait)
+    s.answer(True)
+    s.until()
+    core.round = 2  # the round loop's end: round 1 was the last
+    assert core.still_in_last_round(1) == ["p1", "p2"]
+    fin = Stepper(procs.finish(1))
+    linger = fin.until(Wait)
+    assert linger.deadline == core.timing.aggregate_grace_s and not linger.done()
+    ask = Heartbeat(sender="p2", incarnation=0, round=1, awaiting=1)
+    assert [i for i in core.handle("p2", ask, 0.1) if isinstance(i, SendTo)] == [
+        SendTo("p2", sent, "knowledge again")]
+    core.handle("p1", Heartbeat(sender="p1", incarnation=0, round=2), 0.2)  # finished too
+    assert core.still_in_last_round(1) == ["p2"]
+    core.membership.left("p2", 0)
+    assert linger.done()
+    fin.answer(True)
+    fin.until()
+    assert fin.done and [i.msg.TYPE for i in fin.seen if isinstance(i, Broadcast)] == ["leave"]
+    # An elected aggregator's member does not stay: the aggregator's result shows its
+    # knowledge arrived (the aggregator itself stays for lacking_last_result).
+    core, procs, clock = peer()
+    core.sent_knowledge = (frozenset({"p1"}), sent)
+    assert core.still_in_last_round(1) == []
 
 
 def test_every_peer_aggregating_uses_a_result_only_if_it_covers_the_quorum():
@@ -288,6 +350,7 @@ def test_every_peer_aggregating_uses_a_result_only_if_it_covers_the_quorum():
     info: dict = {}
     s = Stepper(procs.round(1, weights(1.0), info))
     s.until(Wait)
+    clock.t = core.timing.round_timeout_s
     s.answer(False)  # nobody's knowledge came
     agg = s.until(Aggregate)
     assert list(agg.contributions) == ["p0"]

@@ -27,6 +27,17 @@ def test_a_seed_replays_bit_for_bit():
     assert run_seed(8, buggify=True).digest != a.digest
 
 
+def test_the_protocol_simulator_imports_no_deep_learning_stack():
+    # It moves vectors, not models: importing torch would cost every seed run (and every
+    # worker process) seconds, for nothing.
+    import subprocess
+    import sys
+
+    code = "import sys, hfl.sim.protocol; print(sorted({'torch', 'zmq'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize("mode", ["aggregator", "everywhere", "broadcast"])
 def test_a_soak_of_seeds_keeps_every_invariant(mode):
     # The default cohort (5 peers, 10 rounds) with the drawn faults of each seed.
@@ -99,7 +110,7 @@ def test_a_member_reported_gone_joins_the_rotation_order_only_on_enough_reports(
     reporter = Membership("p0", "sim://p0", 0, 1.0, 2.0)
     reporter.merge([MemberRecord(peer_id="ghost", address="sim://ghost", incarnation=0)], 0.0)
     assert "ghost" in {r.peer_id for r in reporter.records()}
-    reporter.members["ghost"].status = "dead"
+    reporter.set_status("ghost", "dead")
     assert "ghost" not in {r.peer_id for r in reporter.records()}
 
 

@@ -285,7 +285,7 @@ def test_a_suspected_aggregator_has_not_failed_so_a_held_result_stays_held(tmp_p
         await until(lambda: all(any(res.epoch == epoch for res in v.buffer.results_for(r))
                                 for v in victims), "the forged result held by both victims")
         for victim in victims:  # the flood's effect: p2 is late with its heartbeats
-            victim.membership.members["p2"].status = "suspect"
+            victim.membership.set_status("p2", "suspect")
             seen[victim.id] = (victim.core.usable_result(r), victim.core.epoch_unjustified(r, epoch))
             victim._wakeup.set()
         gate.release(r)
