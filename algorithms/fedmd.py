@@ -118,6 +118,12 @@ class FedMD(Algorithm):
         public = self._public_of(str(result.meta.get("owner")))
         idx, target = result.tensors.get("idx"), result.tensors.get("logits")
         if public is None or idx is None or target is None or idx.max(initial=-1) >= len(public):
+            # Loudly: a consensus this peer cannot digest is a round it learns nothing from
+            # the others (it holds no seed set of that owner, or the batch does not fit it).
+            log.warning("%s: round %d: consensus on %s's public batch not digested: %s",
+                        self.ctx.peer_id, round, result.meta.get("owner"),
+                        "no seed set of that peer here" if public is None
+                        else "the batch does not fit it")
             return {"digested": 0.0}
         x = torch.from_numpy(public.x[idx]).to(self.ctx.device)
         target_t = torch.from_numpy(np.array(target)).to(self.ctx.device)  # (B, C)
@@ -128,4 +134,4 @@ class FedMD(Algorithm):
             loss = nn.functional.l1_loss(self.model(x), target_t)
             loss.backward()
             self.optimizer.step()
-        return {"digested": 1.0, "digest_loss": float(loss)}
+        return {"digested": 1.0, "digest_loss": float(loss.detach())}

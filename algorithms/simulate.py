@@ -46,6 +46,16 @@ def simulate(
         raise ValueError("peers disagree on aggregate_at (every_peer for some, aggregator for others)")
     everywhere = everywhere.pop()
     history: dict[str, list[dict[str, Any]]] = {pid: [] for pid in ids}
+    # Methods that learn on peers' public samples hold every member's seed set before
+    # round 1, as the runtime's join waits for them (Node._join: seeds_ready): without
+    # them FedMD's peers could digest no consensus but on their own batch (3 of 4 peers
+    # trained exactly as SOLO in bench/compare_mdhfl.py until this was added).
+    for pid in ids:
+        if by_id[pid].uses_public_seeds:
+            for owner in ids:
+                public = by_id[owner].ctx.public
+                if owner != pid and public is not None and len(public):
+                    by_id[pid].add_peer_seeds(owner, np.array(public.x), np.array(public.y))
     for r in range(1, rounds + 1):
         metrics = {pid: dict(by_id[pid].local_update(r)) for pid in ids}
         payloads = {pid: p for pid in ids if (p := by_id[pid].share(r)) is not None}

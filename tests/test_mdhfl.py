@@ -249,6 +249,25 @@ def test_a_short_cohort_on_noisy_digits_learns_from_matching_public_batches():
     assert all(0.1 < r["label_noise_rate"] < 0.3 for recs in history.values() for r in recs)
 
 
+def test_simulated_fedmd_peers_each_digest_the_consensus_on_the_rounds_public_batch():
+    # FedMD's round batch comes from one owner's public set (rotating); a peer holds the
+    # others' sets once they arrived (the runtime's join waits for them). The in-process
+    # simulation handed none over, so 3 of 4 peers of bench/compare_mdhfl.py's FedMD
+    # digested nothing and trained exactly as SOLO, silently.
+    peers = [digits_peer(i, "fedmd", options={"public_batch": 16}) for i in range(3)]
+    history = simulate(peers, rounds=3)
+    assert [[r["digested"] for r in history[p]] for p in sorted(history)] == [[1.0] * 3] * 3
+
+
+def test_fedmd_says_when_it_cannot_digest_a_consensus(caplog):
+    peer = digits_peer(0, "fedmd", options={"public_batch": 16})
+    consensus = Payload("scores", {"idx": np.arange(16), "logits": np.zeros((16, 10), np.float32)},
+                        meta={"owner": "p7"})
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        assert peer.absorb(1, {"p1": consensus}) == {"digested": 0.0}
+    assert "no seed set of that peer here" in caplog.text
+
+
 def test_checkpoint_round_trip_keeps_model_optimizer_and_confidence_history(tmp_path):
     cfg = MDHFLConfig(public_batch=8, public_batches=1, weighting="confidence")
     peers = [MDHFL(context(f"p{i}", seed=i), cfg) for i in range(2)]
