@@ -33,11 +33,11 @@ def test_hfl_peer_profiles_the_rounds_of_its_event_loop_thread(tmp_path, capsys)
     assert f"profile of the event loop's thread in {out}" in capsys.readouterr().err
     functions = {f[2] for f in pstats.Stats(str(out)).stats}
     # The rounds only: not the start-up (building data and model, importing torch) ...
-    assert "_one_round" in functions and "build_algorithm" not in functions
+    assert "one_round" in functions and "build_algorithm" not in functions
     # ... and not the method's calls, which run in a worker thread.
     assert "local_update" not in functions
     costs = split([out])
-    assert sum(costs.values()) > 0 and costs.get("round engine (node)", 0) > 0
+    assert sum(costs.values()) > 0 and costs.get("round engine (node, procedures)", 0) > 0
     threads = json.loads((tmp_path / "run" / "summary.json").read_text())["rounds_cpu_by_thread_s"]
     assert {"MainThread", "hfl-work"} <= set(threads) and min(threads.values()) >= 0, threads
 
