@@ -146,9 +146,10 @@ def render(value: float, like: str) -> str:
     """``value`` printed as ``like`` is: its decimals, its sign style."""
     _, decimals = parse_number(like)
     s = f"{value:.{decimals}f}"
-    if like.startswith("+") and value >= 0:
+    signed = like.startswith(("+", "−"))  # a difference: its sign is always shown
+    if signed and value >= 0:
         s = "+" + s
-    if "−" in like or (like.startswith(("+", "−")) and s.startswith("-")):
+    if "−" in like or (signed and s.startswith("-")):
         s = s.replace("-", "−")
     return s
 

@@ -60,6 +60,7 @@ def test_signs_and_precision_follow_the_quote():
     assert dn.parse_number("−1.24") == (-1.24, 2)
     assert dn.render(-0.0110, "−1.24") == "−0.01"
     assert dn.render(0.0233 * 100, "+2.33") == "+2.33"
+    assert dn.render(0.18, "−2.03") == "+0.18"  # a difference that changed sign keeps showing it
     assert dn.render(0.92, "0.9356") == "0.9200"
 
 
