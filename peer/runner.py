@@ -170,9 +170,14 @@ class RoundRecorder:
         self.written.add(r)
 
     def _heard(self) -> int:
-        """Other members heard from in this life (not only remembered) and not dead."""
+        """Other members heard from in this life (not only remembered) and not dead: alive,
+        suspect, or gone with a goodbye (their own word; a member that finished the last
+        round while this resumed peer ran it was in the cohort with it. Not counting them
+        held such a peer's last round for join_timeout_s and then stopped it with
+        "no peer of the cohort answered", after all five had: hfl-sim, mdhfl with
+        fanout 2, seed 10)."""
         return sum(1 for m in self.node.membership.members.values()
-                   if m.status in ("alive", "suspect") and m.confirmed)
+                   if m.status in ("alive", "suspect", "left") and m.confirmed)
 
     def _check_cohort(self, r: int) -> bool:
         """True once a quorum of the cohort was heard from in this life (and stop

@@ -260,14 +260,18 @@ def cohort_shortfall(mode: str, min_peers: int, metrics: list[dict[str, Any]]) -
     """Why this run did not share as configured, or None: a sharing method (not
     ``local``) whose largest cohort seen in any round stayed below ``min_peers``
     (at least 2: sharing with nobody is training alone), or that learned from no
-    other peer (``learned_from`` 0) in more than half of its rounds."""
+    other peer (``learned_from`` 0) in more than half of its rounds. The cohort a round
+    saw counts every member met in that life (``met_peers``), not only those live when
+    it was recorded: in a short run with restarts (a rolling restart during 4 rounds)
+    no round had all members up at once, and each peer failed "the cohort was
+    incomplete" although it had met every member (hfl-sim, mdhfl, 6 peers)."""
     if mode == "local" or not metrics:
         return None
     expected = max(2, min_peers)
     # The cohort a round shared with: the peers live when it was recorded, or more: a
     # peer it learned from may have finished and left before (a cohort's last round).
-    seen = max(max(int(r.get("live_peers", 1)), int(r.get("learned_from", 0)) + 1)
-               for r in metrics)
+    seen = max(max(int(r.get("live_peers", 1)), int(r.get("learned_from", 0)) + 1,
+                   int(r.get("met_peers", 1))) for r in metrics)
     if seen >= expected:
         # A line may cover several rounds (node.evaluate_every): count rounds, not lines.
         isolated = sum(int(r.get("isolated_rounds", r.get("learned_from", 1) == 0)) for r in metrics)

@@ -180,6 +180,15 @@ def test_cohort_shortfall(mode, min_peers, live, short):
         assert "allow_solo" in got
 
 
+def test_a_cohort_met_in_full_but_never_up_at_once_is_no_shortfall():
+    # A rolling restart during a 4-round run: every member was met, none of the records
+    # saw all of them live at once. Members never met (refused handshakes) still count.
+    assert cohort_shortfall("broadcast", 6, [{"live_peers": 5, "learned_from": 2, "met_peers": 6},
+                                             {"live_peers": 4, "learned_from": 2, "met_peers": 6}]) is None
+    assert "incomplete" in cohort_shortfall("broadcast", 6, [{"live_peers": 5, "learned_from": 2,
+                                                              "met_peers": 5}])
+
+
 def test_a_last_round_partner_that_left_before_the_record_is_no_shortfall():
     # A CI flake (1 run in 50): a 2-peer, 1-round cohort; p1 finished first and said
     # goodbye before p0 recorded its round, so p0's record counted 1 live peer and the
