@@ -482,6 +482,11 @@ FEDH2L_MNIST_OTHERS_ROWS = {"FedMD (`fedmd`)": "FedMD", "FedAvg, every round": "
                             "FedProx, every round": "FedProx"}
 
 
+FEDH2L_MNIST_DRAWS = "**Over draws of the base images.**"
+FEDH2L_MNIST_DRAWS_ARGS = ["--data", "mnist", "--draw", "seed", "--seeds", "1", "2", "3", "4",
+                           "--methods", "FedH2L", "--reuse"]
+
+
 def measure_compare_fedh2l_mnist(out_dir: Path, args: list[str] = FEDH2L_MNIST_ARGS,
                                  name: str = "compare_fedh2l_mnist") -> dict:
     """bench/compare_fedh2l.py --data mnist --methods FedH2L --ablation (Table 5 on real
@@ -653,6 +658,12 @@ CHECKS = [
                                                        "compare_fedh2l_mnist_others"),
           _pm_table("docs/fedh2l.md", FEDH2L_MNIST_OTHERS, FEDH2L_MNIST_OTHERS_ROWS,
                     ["ACC", "BWT", "FWT", "final ACC"]), minutes=190),
+    Check("compare_fedh2l_mnist_draws",
+          "python bench/compare_fedh2l.py " + shlex.join(FEDH2L_MNIST_DRAWS_ARGS),
+          lambda out_dir: measure_compare_fedh2l_mnist(out_dir, FEDH2L_MNIST_DRAWS_ARGS,
+                                                       "compare_fedh2l_mnist_draws"),
+          _pm_table("docs/fedh2l.md", FEDH2L_MNIST_DRAWS, {"FedH2L, 4 draws": "FedH2L"},
+                    ["ACC", "BWT", "FWT", "final ACC", "final BWT", "final FWT"]), minutes=40),
     Check("compare_fedin", "; ".join("python bench/compare_fedin.py " + shlex.join(args)
                                      for args in FEDIN_RUNS),
           measure_compare_fedin, _fedin_quotes(), minutes=25),
