@@ -560,7 +560,9 @@ class Node:
 
     def _on_link(self, address: str, peer_id: str | None, up: bool) -> None:
         """The transport saw our link to ``address`` drop or come back: a hint
-        (PeerCore.link_changed)."""
+        (PeerCore.link_changed). Not while stopping: the members leave with us."""
+        if self._stopping:
+            return
         self._execute(self.core.link_changed(address, peer_id, up, self.clock.now()))
 
     # ================================================================ waiting

@@ -165,6 +165,7 @@ class ZmqTransport(Transport):
         self._auth = None
         self._ctx = None
         self._router = None
+        self._closing = False  # close() began: no new link is made from then on
         self._monitor_task: asyncio.Task | None = None
         self.refusals = None  # hfl.peer.security.RefusalLog: handshakes we refused
         self.dial_refusals = None  # ... and handshakes refused to our own links
@@ -420,6 +421,11 @@ class ZmqTransport(Transport):
                    peer_id: str | None = None) -> bool:
         import zmq
 
+        if self._closing:
+            # A send after close() began (a probe of a member whose link just dropped, as
+            # peers finish together) must not open a link: close() has closed the others
+            # and its context would wait for this one forever.
+            return False
         if self._router is None:
             raise RuntimeError("transport not started")
         try:
@@ -525,6 +531,7 @@ class ZmqTransport(Transport):
         self._close_dealers(address, peer_id if self.security is not None else None)
 
     async def close(self) -> None:
+        self._closing = True
         _on_sighup(self, stop=True)
         watchers = [watcher for watcher, _ in self._dial_monitors.values()]
         self._close_dealers()
@@ -546,7 +553,9 @@ class ZmqTransport(Transport):
             self._auth.stop()
             self._auth = None
         if self._ctx is not None:
-            self._ctx.term()
+            # destroy, not term: term() blocks until every socket of the context is closed,
+            # so one left open (however it came about) would hang the process at exit.
+            self._ctx.destroy(linger=0)
             self._ctx = None
 
 

@@ -154,6 +154,26 @@ def test_zmq_a_send_waiting_on_a_socket_that_is_forgotten_fails_instead_of_raisi
     asyncio.run(main())
 
 
+def test_zmq_close_finishes_even_when_a_send_comes_while_it_closes():
+    # A peer that finishes as its partners do sees their links drop and probes them; a
+    # probe sent while the transport closed made a new socket after the others were
+    # closed, and the context's term() then waited for it forever (the process hung
+    # after its last round: two fresh-clone CI runs, a launch timing out).
+    async def main():
+        a, b = await started(ZmqTransport("a", "tcp://127.0.0.1:0"),
+                             ZmqTransport("b", "tcp://127.0.0.1:0"))
+        try:
+            assert await a.send(b.address, [b"hi"], 2.0)
+            closing = asyncio.create_task(a.close())
+            await asyncio.sleep(0)  # close() closed the links and awaits their watchers
+            assert await a.send(b.address, [b"probe"], 2.0) is False  # no new link now
+            await asyncio.wait_for(closing, 5.0)
+        finally:
+            await b.close()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("address", ["tcp://not a host", "mem://elsewhere", "nonsense"])
 def test_zmq_send_to_a_malformed_address_fails_instead_of_raising(address, caplog):
     # A gossiped address is untrusted input: it must never crash the sender, and a
