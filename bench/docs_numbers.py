@@ -604,6 +604,15 @@ def _mdhfl_quotes() -> list[Quote]:
     return quotes
 
 
+def _fedh2l_mnist_check(name: str, args: list[str], anchor: str, rows: dict[str, str],
+                        columns: list[str], minutes: float) -> Check:
+    """A check of one docs/fedh2l.md table from ``bench/compare_fedh2l.py ARGS`` on real
+    Rotated MNIST (mean ± std over the seeds, per row and column)."""
+    return Check(name, "python bench/compare_fedh2l.py " + shlex.join(args),
+                 lambda out_dir: measure_compare_fedh2l_mnist(out_dir, args, name),
+                 _pm_table("docs/fedh2l.md", anchor, rows, columns), minutes=minutes)
+
+
 CHECKS = [
     Check("quickstart", "hfl-launch examples/quickstart.yaml", measure_quickstart,
           _quickstart_quotes() + [
@@ -648,22 +657,13 @@ CHECKS = [
           minutes=5),
     Check("compare_fedh2l", "python bench/compare_fedh2l.py --ablation --forms",
           measure_compare_fedh2l, _fedh2l_quotes(), minutes=15),
-    Check("compare_fedh2l_mnist", "python bench/compare_fedh2l.py " + shlex.join(FEDH2L_MNIST_ARGS),
-          measure_compare_fedh2l_mnist,
-          _pm_table("docs/fedh2l.md", FEDH2L_MNIST_TABLE5, FEDH2L_MNIST_ROWS,
-                    ["ACC", "BWT", "FWT", "final ACC"]), minutes=330),
-    Check("compare_fedh2l_mnist_others",
-          "python bench/compare_fedh2l.py " + shlex.join(FEDH2L_MNIST_OTHERS_ARGS),
-          lambda out_dir: measure_compare_fedh2l_mnist(out_dir, FEDH2L_MNIST_OTHERS_ARGS,
-                                                       "compare_fedh2l_mnist_others"),
-          _pm_table("docs/fedh2l.md", FEDH2L_MNIST_OTHERS, FEDH2L_MNIST_OTHERS_ROWS,
-                    ["ACC", "BWT", "FWT", "final ACC"]), minutes=190),
-    Check("compare_fedh2l_mnist_draws",
-          "python bench/compare_fedh2l.py " + shlex.join(FEDH2L_MNIST_DRAWS_ARGS),
-          lambda out_dir: measure_compare_fedh2l_mnist(out_dir, FEDH2L_MNIST_DRAWS_ARGS,
-                                                       "compare_fedh2l_mnist_draws"),
-          _pm_table("docs/fedh2l.md", FEDH2L_MNIST_DRAWS, {"FedH2L, 4 draws": "FedH2L"},
-                    ["ACC", "BWT", "FWT", "final ACC", "final BWT", "final FWT"]), minutes=40),
+    _fedh2l_mnist_check("compare_fedh2l_mnist", FEDH2L_MNIST_ARGS, FEDH2L_MNIST_TABLE5,
+                        FEDH2L_MNIST_ROWS, ["ACC", "BWT", "FWT", "final ACC"], 330),
+    _fedh2l_mnist_check("compare_fedh2l_mnist_others", FEDH2L_MNIST_OTHERS_ARGS, FEDH2L_MNIST_OTHERS,
+                        FEDH2L_MNIST_OTHERS_ROWS, ["ACC", "BWT", "FWT", "final ACC"], 190),
+    _fedh2l_mnist_check("compare_fedh2l_mnist_draws", FEDH2L_MNIST_DRAWS_ARGS, FEDH2L_MNIST_DRAWS,
+                        {"FedH2L, 4 draws": "FedH2L"},
+                        ["ACC", "BWT", "FWT", "final ACC", "final BWT", "final FWT"], 40),
     Check("compare_fedin", "; ".join("python bench/compare_fedin.py " + shlex.join(args)
                                      for args in FEDIN_RUNS),
           measure_compare_fedin, _fedin_quotes(), minutes=25),

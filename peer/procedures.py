@@ -194,9 +194,13 @@ class RoundProcedures:
             yield self.say(WARNING, "round %d: %s still showed no sign of the last result after "
                            "timing.aggregate_grace_s=%gs; leaving", last,
                            ", ".join(core.lacking_last_result(last)), self.timing.aggregate_grace_s)
-        if core.still_in_last_round(last):
-            yield Wait(lambda: not core.still_in_last_round(last),
-                       self.now() + self.timing.aggregate_grace_s)
+        if core.still_in_last_round(last) and not (yield Wait(
+                lambda: not core.still_in_last_round(last),
+                self.now() + self.timing.aggregate_grace_s)):
+            yield self.say(WARNING, "round %d: %s still in the last round after "
+                           "timing.aggregate_grace_s=%gs; leaving (what of ours has not reached "
+                           "them is lost to their last round)", last,
+                           ", ".join(core.still_in_last_round(last)), self.timing.aggregate_grace_s)
         bye = core.goodbye("finished")
         if bye is not None:
             yield bye

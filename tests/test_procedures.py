@@ -9,6 +9,8 @@ Each test names the PROTOCOL.md rule it checks.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from hfl.algorithms.base import Payload
@@ -337,6 +339,17 @@ def test_after_the_last_round_a_decentralized_peer_stays_for_members_still_in_it
     fin.answer(True)
     fin.until()
     assert fin.done and [i.msg.TYPE for i in fin.seen if isinstance(i, Broadcast)] == ["leave"]
+    # Members still there when aggregate_grace_s runs out: it leaves, and says so.
+    core, procs, clock = peer(mode="broadcast")
+    core.last_round, core.round = 1, 2
+    core.sent_knowledge = (frozenset({"p1", "p2"}), sent)
+    fin = Stepper(procs.finish(1))
+    fin.until(Wait)
+    fin.answer(False)
+    fin.until()
+    warned = [i for i in fin.seen if isinstance(i, Say) and i.level == logging.WARNING]
+    assert len(warned) == 1 and "p1, p2" in warned[0].template % warned[0].args
+    assert [i.msg.TYPE for i in fin.seen if isinstance(i, Broadcast)] == ["leave"]
     # An elected aggregator's member does not stay: the aggregator's result shows its
     # knowledge arrived (the aggregator itself stays for lacking_last_result).
     core, procs, clock = peer()
