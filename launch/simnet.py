@@ -19,22 +19,9 @@ import contextvars
 import hashlib
 import random
 from collections import Counter
-from dataclasses import dataclass
 
 from hfl.peer.transport import Frames, Transport, TransportOptions, frames_nbytes
-
-
-@dataclass
-class NetworkFaults:
-    """Per-message probabilities and latencies (seconds of virtual time)."""
-
-    latency_s: tuple[float, float] = (0.001, 0.02)
-    drop: float = 0.0
-    duplicate: float = 0.0
-    reorder: float = 0.0  # held back by up to reorder_s, so later messages overtake it
-    reorder_s: float = 0.5
-    delay: float = 0.0  # a long delay (a congested link), up to delay_s
-    delay_s: float = 3.0
+from hfl.sim.model import NetworkFaults
 
 
 class SimNetwork:

@@ -8,5 +8,5 @@
   method, checkpoints and metrics files) on a virtual event loop, with process
   crashes, restarts and pauses.
 
-Both check the cohort's history with the same :class:`hfl.launch.sim.Checker`.
+Both check the cohort's history with the same :class:`hfl.sim.model.Checker`.
 """

@@ -19,7 +19,7 @@ procedures (:class:`~hfl.peer.procedures.RoundProcedures`, the same generators
 
 Process crashes with restarts from a checkpoint, pauses and files stay with the
 system-level simulator (``hfl-sim``, :mod:`hfl.launch.sim`). The history is
-checked with the same :class:`hfl.launch.sim.Checker` (agreement, quorum,
+checked with the same :class:`hfl.sim.model.Checker` (agreement, quorum,
 justified epochs, liveness after the last fault), plus *learning* and *exit*
 (below).
 
@@ -46,8 +46,14 @@ from typing import Any
 import numpy as np
 
 from hfl.algorithms.payload import Payload
-from hfl.launch.sim import (
+from hfl.peer import instructions as do
+from hfl.peer.config import SWIM_FROM, TimingConfig
+from hfl.peer.core import PeerCore
+from hfl.peer.procedures import RoundProcedures
+from hfl.protocol import Message
+from hfl.sim.model import (
     Checker,
+    NetworkFaults,
     Violation,
     draw_network,
     parse_seeds,
@@ -55,12 +61,6 @@ from hfl.launch.sim import (
     sim_keys,
     twin_sends,
 )
-from hfl.launch.simnet import NetworkFaults
-from hfl.peer import instructions as do
-from hfl.peer.config import SWIM_FROM, TimingConfig
-from hfl.peer.core import PeerCore
-from hfl.peer.procedures import RoundProcedures
-from hfl.protocol import Message
 
 MODES = ("aggregator", "everywhere", "broadcast")
 

@@ -13,11 +13,11 @@ import random
 
 import pytest
 
-from hfl.launch.simnet import NetworkFaults
 from hfl.peer.config import TimingConfig
 from hfl.peer.core import PeerCore
 from hfl.peer.membership import Membership
 from hfl.protocol import MemberRecord
+from hfl.sim.model import NetworkFaults
 from hfl.sim.protocol import ProtocolFault, ProtocolScenario, ProtocolSim, main, plan, run_seed
 
 
@@ -27,13 +27,16 @@ def test_a_seed_replays_bit_for_bit():
     assert run_seed(8, buggify=True).digest != a.digest
 
 
-def test_the_protocol_simulator_imports_no_deep_learning_stack():
+def test_the_protocol_simulator_imports_no_deep_learning_stack_and_no_event_loop():
     # It moves vectors, not models: importing torch would cost every seed run (and every
-    # worker process) seconds, for nothing.
+    # worker process) seconds, for nothing. And its only clock is its event heap: the
+    # fault model and the checker it shares with hfl-sim live in hfl.sim.model, which
+    # loads no asyncio (they came from hfl.launch.sim, which does).
     import subprocess
     import sys
 
-    code = "import sys, hfl.sim.protocol; print(sorted({'torch', 'zmq'} & set(sys.modules)))"
+    code = ("import sys, hfl.sim.protocol; "
+            "print(sorted({'torch', 'zmq', 'asyncio'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -13,7 +13,8 @@ import pytest
 
 from hfl.launch import sim
 from hfl.launch.simloop import SimulationStalled, VirtualLoop, run_as
-from hfl.launch.simnet import NetworkFaults, SimNetwork, SimTransport
+from hfl.launch.simnet import SimNetwork, SimTransport
+from hfl.sim.model import NetworkFaults
 
 # ------------------------------------------------------------------ the virtual loop
 
