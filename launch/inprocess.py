@@ -16,6 +16,7 @@ peers use the device their configs name).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from pathlib import Path
@@ -86,7 +87,8 @@ def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progre
 
     async def main() -> list[Any]:
         hub = MemoryHub()
-        tasks = [asyncio.create_task(run_peer(p.config, hub=hub), name=p.id) for p in plans]
+        tasks = [asyncio.create_task(run_peer(p.config, hub=hub, freeze_heap=True), name=p.id)
+                 for p in plans]
 
         async def show() -> None:
             line = ""
@@ -114,6 +116,7 @@ def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progre
         failures.append("interrupted")
         results = []
     finally:
+        gc.unfreeze()  # the peers froze what they built (run_peer's freeze_heap): theirs to free now
         root.removeHandler(handler)
         root.setLevel(old_level)
         handler.close()

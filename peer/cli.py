@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import gc
 import logging
 import os
 import signal
@@ -104,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
 
         profiler = cProfile.Profile(time.thread_time)  # CPU, not time spent waiting
     try:
-        result = runner(_main(cfg, profiler))
+        try:
+            result = runner(_main(cfg, profiler))
+        finally:
+            gc.unfreeze()  # what the peer froze once built (run_peer's freeze_heap)
     except ConfigError as err:
         print(f"hfl-peer: invalid config: {err}", file=sys.stderr)
         return 2
@@ -230,7 +234,8 @@ async def _main(cfg, profiler=None):
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop, sig)
     try:
-        return await run_peer(cfg, observer=observer if profiler is not None else None)
+        return await run_peer(cfg, observer=observer if profiler is not None else None,
+                              freeze_heap=True)
     except asyncio.CancelledError:
         signum = stopped_by[0] if stopped_by else signal.SIGTERM
         logging.getLogger("hfl.peer").info("%s: stopped by %s", cfg.node.id,
