@@ -44,6 +44,7 @@ import asyncio
 import dataclasses
 import importlib.abc
 import importlib.util
+import inspect
 import json
 import logging
 import resource
@@ -389,8 +390,13 @@ async def run_cohort(
     rounds = plans[0].config.cohort.rounds
     ended: dict[str, float] = {}
     tasks: dict[str, asyncio.Task] = {}
+    # As hfl-launch --in-process runs them: each peer freezes what it built (a checkout
+    # older than that option, --hfl-src, runs without).
+    freeze = ({"freeze_heap": True} if "freeze_heap" in inspect.signature(run_peer).parameters
+              else {})
     for p in plans:
-        task = asyncio.create_task(run_peer(p.config, hub=hub, observer=watch.observe), name=p.id)
+        task = asyncio.create_task(run_peer(p.config, hub=hub, observer=watch.observe, **freeze),
+                                   name=p.id)
         task.add_done_callback(lambda t, pid=p.id: ended.setdefault(pid, time.monotonic()))
         tasks[p.id] = task
     state.update(started=time.monotonic(), kill_after=kill_after, ended=ended)
