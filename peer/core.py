@@ -785,8 +785,8 @@ class PeerCore:
     def accept(self, res: AggregateResult) -> str:
         """This peer accepted ``res`` (it acks it next): the highest epoch wins.
         Returns the result's digest."""
-        for p in res.contributors:  # each was in res.round: no longer "behind" (awaited)
-            self.membership.reached(p, res.round)
+        # each contributor was in res.round: no longer "behind" (awaited)
+        self.membership.reached(res.contributors, res.round)
         held = self.accepted.get(res.round)
         if held is None or res.epoch >= held[0].epoch:
             self.accepted[res.round] = (res, payload_digest(res))

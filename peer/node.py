@@ -673,7 +673,7 @@ class Node:
             # hfl-launch --in-process, cpu_s is all of theirs)
             "compute_cpu_s": self._compute[1], "cpu_s": self._cpu_since_record(),
             **metrics, **done.info,
-            "live_peers": len(self.membership.live_view()),
+            "live_peers": self.membership.live_count(),
             # ourselves and every member heard from in this life, whatever its status now
             "met_peers": 1 + sum(1 for m in self.membership.members.values() if m.confirmed),
             "bytes_sent": stats.bytes_sent - sent0, "bytes_received": stats.bytes_received - recv0,

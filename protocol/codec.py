@@ -194,7 +194,15 @@ def _list_of(item: _Validator, max_len_field: str | None = None) -> _Validator:
             _fail(ErrorCode.BAD_HEADER, f"{path}: expected array, got {type(value).__name__}")
         if max_len_field is not None and len(value) > getattr(limits, max_len_field):
             _fail(ErrorCode.TOO_LARGE, f"{path}: {len(value)} entries > {max_len_field}")
-        return [item(v, limits, f"{path}[{i}]") for i, v in enumerate(value)]
+        if item is _check_str:  # ids (a result's contributors): thousands a message
+            if all(type(v) is str for v in value):
+                return value
+        try:  # the elements' paths are formed only to name a bad one: a result's
+            return [item(v, limits, path) for v in value]  # contributors are thousands
+        except ProtocolError:
+            for i, v in enumerate(value):
+                item(v, limits, f"{path}[{i}]")  # raises again, naming the element
+            raise
 
     return check
 

@@ -97,6 +97,7 @@ def test_the_join_counts_kept_as_members_change_equal_a_recount(seed):
             m.set_greeted(p, rng.random() < 0.5)
         greeted, departed, arrived = m.join_counts()
         assert (set(greeted), departed, arrived) == recount(m)
+        assert m.live_count() == len(m.live_view())  # every round's record says it
     assert any(recount(m))  # the walk reached a view worth counting
 
 

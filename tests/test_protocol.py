@@ -530,6 +530,21 @@ def test_bad_body(type_: str, body: dict) -> None:
     rejects(frames_with(heartbeat_header(type=type_, body=body)), ErrorCode.BAD_HEADER)
 
 
+def test_a_bad_element_of_a_long_list_is_named_by_its_index() -> None:
+    # A result names its contributors, a welcome its members: lists of thousands are
+    # checked without a path per element, and a bad one is still named exactly.
+    ids = [f"p{i}" for i in range(2000)]
+    body = {"round": 1, "epoch": 0, "kind": "h", "contributors": ids}
+    assert decode(frames_with(heartbeat_header(type="aggregate", body=body))).contributors == ids
+    bad = {**body, "contributors": [*ids[:1500], 7, *ids[1500:]]}
+    with pytest.raises(ProtocolError, match=r"contributors\[1500\]: expected str, got int"):
+        decode(frames_with(heartbeat_header(type="aggregate", body=bad)))
+    members = [{"peer_id": f"p{i}", "address": "a", "incarnation": 0} for i in range(300)]
+    members[201]["incarnation"] = -1
+    with pytest.raises(ProtocolError, match=r"members\[201\]\.incarnation: negative"):
+        decode(frames_with(heartbeat_header(type="gossip", body={"members": members})))
+
+
 def test_member_status_defaults_to_alive() -> None:
     header = heartbeat_header(
         type="gossip", body={"members": [{"peer_id": "p", "address": "a", "incarnation": 0}]}
