@@ -391,7 +391,8 @@ async def run_cohort(
     ended: dict[str, float] = {}
     tasks: dict[str, asyncio.Task] = {}
     # As hfl-launch --in-process runs them: each peer freezes what it built (a checkout
-    # older than that option, --hfl-src, runs without).
+    # older than that option, --hfl-src, runs without). This worker runs one cohort and
+    # exits: nothing to unfreeze.
     freeze = ({"freeze_heap": True} if "freeze_heap" in inspect.signature(run_peer).parameters
               else {})
     for p in plans:

@@ -110,13 +110,15 @@ def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progre
             shower.cancel()
             await asyncio.gather(shower, return_exceptions=True)
 
+    frozen_before = gc.get_freeze_count()
     try:
         results = asyncio.run(main())
     except KeyboardInterrupt:
         failures.append("interrupted")
         results = []
     finally:
-        gc.unfreeze()  # the peers froze what they built (run_peer's freeze_heap): theirs to free now
+        if not frozen_before:  # the peers froze what they built (run_peer's freeze_heap)
+            gc.unfreeze()
         root.removeHandler(handler)
         root.setLevel(old_level)
         handler.close()

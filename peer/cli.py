@@ -105,10 +105,12 @@ def main(argv: list[str] | None = None) -> int:
 
         profiler = cProfile.Profile(time.thread_time)  # CPU, not time spent waiting
     try:
+        frozen_before = gc.get_freeze_count()
         try:
             result = runner(_main(cfg, profiler))
         finally:
-            gc.unfreeze()  # what the peer froze once built (run_peer's freeze_heap)
+            if not frozen_before:  # what the peer froze once built (run_peer's freeze_heap)
+                gc.unfreeze()
     except ConfigError as err:
         print(f"hfl-peer: invalid config: {err}", file=sys.stderr)
         return 2

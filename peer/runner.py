@@ -292,16 +292,18 @@ async def run_peer(
     ``signing`` (sign, verification keys) stands in for the allow-list's signing keys
     where there is no CURVE identity (the simulator's signed cohorts).
 
-    ``freeze_heap`` (``hfl-peer``, ``hfl-launch --in-process``): once built, the objects
-    that live as long as the peer (model, data, imports) leave the cycle collector's
-    view (:func:`gc.freeze`). A full collection walks every tracked object: with 256
-    peers in one process (1 GiB of them) each paused the shared event loop for 0.5-1.1 s,
-    15 times in 6 rounds (issue 36). What the rounds allocate is still collected.
+    ``freeze_heap`` (``hfl-peer``, ``hfl-launch --in-process``): once this peer is
+    built, every object the process tracks at that moment (this peer's model and data,
+    the imports; in a shared process also the other peers' objects of that moment)
+    leaves the cycle collector's view (:func:`gc.freeze`). A full collection walks
+    every tracked object: with 256 peers in one process (1 GiB of them) 15 full
+    collections in 6 rounds paused the shared event loop up to 1.1 s each, 7.0 s in all
+    (issue 36). What is allocated after the last peer's freeze is collected as usual.
     No collection first: one costs 0.36 s of start-up with torch and hfl imported
-    (340,000 objects) and found 36 unreachable ones; whatever cyclic garbage is
-    pending then stays (once per peer, bounded). Both launchers call
-    :func:`gc.unfreeze` when their run ends, so a test that runs them pins nothing
-    for the next."""
+    (340,000 objects) and found 36 unreachable ones; cyclic garbage pending at a
+    freeze stays until the launcher unfreezes. Both launchers call :func:`gc.unfreeze`
+    when their run ends (unless the process had frozen objects before: not theirs to
+    thaw), so a test that runs them pins nothing for the next."""
     run_dir = Path(cfg.run_dir)
     make_run_dir(run_dir)
     started = time.time()

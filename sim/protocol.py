@@ -8,7 +8,7 @@ procedures (:class:`~hfl.peer.procedures.RoundProcedures`, the same generators
 - **time**: one heap of events; nobody sleeps. Each peer reads its own clock,
   ``offset + t * (1 + skew)`` (clock skew between peers: a seed draws both);
 - **the network**: every message goes through :class:`Network` (latency, loss,
-  duplicates, reordering, long delays: :class:`hfl.launch.simnet.NetworkFaults`,
+  duplicates, reordering, long delays: :class:`hfl.sim.model.NetworkFaults`,
   the system simulator's model), plus partitions and **one-way** link loss;
 - **the method**: a peer's knowledge in round r is a small vector drawn from
   (seed, peer, round); its aggregate is the mean of the contributions, and
@@ -250,7 +250,7 @@ class SimPeer:
             everywhere=everywhere, lookahead=timing.lookahead_rounds, cohort_size=min_peers,
             cohort="sim", last_round=sim.rounds, signer=keys[0] if keys else None,
             verify_keys=dict(keys[1]) if keys else None)
-        self.twin = twin  # a Byzantine twin's kind (hfl.launch.sim.TWIN_KINDS), or None
+        self.twin = twin  # a Byzantine twin's kind (hfl.sim.model.TWIN_KINDS), or None
         core.incarnation, core.swim = 0, swim
         core.set_timing(timing)
         core.rng = random.Random(f"{sc.seed}:{peer_id}")
