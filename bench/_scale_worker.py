@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import importlib.abc
 import importlib.util
 import inspect
@@ -212,6 +213,27 @@ class MessageCounter:
                 "max": member_sent[-1] if member_sent else None,
             },
         }
+
+
+class FullCollections:
+    """The cycle collector's full (generation 2) collections while the cohort runs: each
+    stops the one event loop every peer shares for as long as it walks the heap."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._t = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._t)
+
+    def summary(self) -> dict[str, Any]:
+        return {"gc_full_collections": len(self.pauses), "gc_full_pause_s": sum(self.pauses),
+                "gc_full_pause_max_s": max(self.pauses, default=0.0)}
 
 
 def clip_outcomes(outcomes: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -588,10 +610,13 @@ def main(argv: list[str]) -> int:
         flush=True,
     )
     state: dict[str, Any] = {}
+    collections = FullCollections()
+    gc.callbacks.append(collections)
 
     def write(results: list[Any] | None, metrics=None) -> dict[str, Any]:
         out = summarize(plans, results, victim_index, counter, watch, state, metrics)
         out.update(
+            **collections.summary(),
             setup_s=setup_s,
             wall_s=time.monotonic() - t0,
             notes=notes,

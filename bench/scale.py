@@ -629,6 +629,10 @@ def detection_notes(res: dict[str, Any]) -> list[str]:
         )
     if res.get("slow_ticks"):
         notes.append(f"{res['slow_ticks']} 'tick took longer' warnings")
+    if res.get("gc_full_collections"):
+        notes.append(f"{res['gc_full_collections']} full garbage collections paused the loop "
+                     f"{res['gc_full_pause_s']:.2f} s in all, {res['gc_full_pause_max_s']:.2f} s "
+                     "at most")
     if res.get("victim_tasks_left"):
         notes.append(
             f"tasks of the killed peer still running 1 s later: {res['victim_tasks_left'][:5]}"

@@ -16,7 +16,6 @@ peers use the device their configs name).
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from pathlib import Path
@@ -64,7 +63,7 @@ def _progress(plans: list[PeerPlan], t0: float, rounds: int) -> str:
 def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progress: bool = True,
                    ) -> LaunchOutcome:
     """Run every peer of ``plans`` in this process until all end; never raises for a peer."""
-    from hfl.peer.runner import run_peer
+    from hfl.peer.runner import run_peer, thawed_after
     from hfl.peer.status import CohortTooSmall
     from hfl.peer.transport import MemoryHub
 
@@ -110,15 +109,13 @@ def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progre
             shower.cancel()
             await asyncio.gather(shower, return_exceptions=True)
 
-    frozen_before = gc.get_freeze_count()
     try:
-        results = asyncio.run(main())
+        with thawed_after():  # each peer freezes its heap once built (freeze_heap)
+            results = asyncio.run(main())
     except KeyboardInterrupt:
         failures.append("interrupted")
         results = []
     finally:
-        if not frozen_before:  # the peers froze what they built (run_peer's freeze_heap)
-            gc.unfreeze()
         root.removeHandler(handler)
         root.setLevel(old_level)
         handler.close()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import gc
 import logging
 import os
 import signal
@@ -97,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         runner = asyncio.run
     from hfl.peer.checkpoint import RunFileError, os_error_text
+    from hfl.peer.runner import thawed_after
     from hfl.peer.status import CohortGone, CohortTooSmall, StartError, address_in_use
 
     profiler = None
@@ -105,12 +105,8 @@ def main(argv: list[str] | None = None) -> int:
 
         profiler = cProfile.Profile(time.thread_time)  # CPU, not time spent waiting
     try:
-        frozen_before = gc.get_freeze_count()
-        try:
+        with thawed_after():  # the peer freezes its heap once built (freeze_heap)
             result = runner(_main(cfg, profiler))
-        finally:
-            if not frozen_before:  # what the peer froze once built (run_peer's freeze_heap)
-                gc.unfreeze()
     except ConfigError as err:
         print(f"hfl-peer: invalid config: {err}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ Also used in-process by tests, with an in-memory or fault-injecting transport.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -266,6 +267,19 @@ def finished_siblings(run_dir: Path, cfg: PeerConfig, members: list[tuple[str, s
     return sorted(done)
 
 
+@contextlib.contextmanager
+def thawed_after():
+    """Around a launcher's run of peers started with ``freeze_heap`` (:func:`run_peer`):
+    when it ends, what they froze is handed back to the collector, unless the process
+    had frozen objects before (not the launcher's to thaw)."""
+    frozen_before = gc.get_freeze_count()
+    try:
+        yield
+    finally:
+        if not frozen_before:
+            gc.unfreeze()
+
+
 async def run_peer(
     cfg: PeerConfig,
     hub: MemoryHub | None = None,
@@ -301,9 +315,8 @@ async def run_peer(
     (issue 36). What is allocated after the last peer's freeze is collected as usual.
     No collection first: one costs 0.36 s of start-up with torch and hfl imported
     (340,000 objects) and found 36 unreachable ones; cyclic garbage pending at a
-    freeze stays until the launcher unfreezes. Both launchers call :func:`gc.unfreeze`
-    when their run ends (unless the process had frozen objects before: not theirs to
-    thaw), so a test that runs them pins nothing for the next."""
+    freeze stays until the launcher unfreezes. Both launchers run their peers inside
+    :func:`thawed_after`, so a test that runs them pins nothing for the next."""
     run_dir = Path(cfg.run_dir)
     make_run_dir(run_dir)
     started = time.time()
