@@ -220,6 +220,17 @@ class ZmqTransport(Transport):
         else:
             router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.setsockopt(zmq.IDENTITY, self.peer_id.encode())
+        # Handshakes that fail before ZAP is asked (a client with the other security
+        # mode, a wrong server key) are only seen by a monitor: log them too. Watched
+        # from before the bind, so that no client's first handshake goes unseen.
+        from hfl.peer.security import RefusalLog
+
+        if self.refusals is None:
+            self.refusals = RefusalLog(self.peer_id)
+        self.dial_refusals = RefusalLog(self.peer_id, outgoing=True)
+        monitor = self._router_monitor = router.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        self._monitor_task = asyncio.get_running_loop().create_task(
+            self._watch_handshakes(monitor), name=f"{self.peer_id}:handshake-monitor")
         try:
             router.bind(self.address)
         except zmq.ZMQError:
@@ -229,16 +240,6 @@ class ZmqTransport(Transport):
         # A port of 0 asks the OS for a free one; report the real endpoint.
         self.address = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._router = router
-        # Handshakes that fail before ZAP is asked (a client with the other security
-        # mode, a wrong server key) are only seen by a monitor: log them too.
-        from hfl.peer.security import RefusalLog
-
-        if self.refusals is None:
-            self.refusals = RefusalLog(self.peer_id)
-        self.dial_refusals = RefusalLog(self.peer_id, outgoing=True)
-        monitor = self._router_monitor = router.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-        self._monitor_task = asyncio.get_running_loop().create_task(
-            self._watch_handshakes(monitor), name=f"{self.peer_id}:handshake-monitor")
 
     async def _watch_handshakes(self, monitor) -> None:
         """Failed handshakes on our ROUTER (the other security mode, a wrong server key)
@@ -400,17 +401,23 @@ class ZmqTransport(Transport):
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.RECONNECT_IVL, o.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, o.reconnect_ivl_max_ms)
-            try:
-                sock.connect(address)
-            except zmq.ZMQError:  # a malformed address (possibly gossiped): no socket kept
-                sock.close(linger=0)
-                raise
-            self._dealers[key] = sock
-            self._senders[key] = zmq.Socket.shadow(sock.underlying)
+            # The monitor is attached before connecting: libzmq reports a refused
+            # handshake once and then gives the link up, so an event fired between
+            # connect() and the monitor's start (the I/O thread runs on while this
+            # thread is descheduled) would leave the link silent for good.
             monitor = sock.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                 | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)
+            try:
+                sock.connect(address)
+            except zmq.ZMQError:  # a malformed address (possibly gossiped): no socket kept
+                sock.disable_monitor()
+                monitor.close(linger=0)
+                sock.close(linger=0)
+                raise
+            self._dealers[key] = sock
+            self._senders[key] = zmq.Socket.shadow(sock.underlying)
             target = f"{peer_id}@{address}" if peer_id else address
             watcher = asyncio.get_running_loop().create_task(
                 self._watch_dial(key, sock, monitor, target), name=f"{self.peer_id}:dial:{target}")

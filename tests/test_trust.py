@@ -940,6 +940,29 @@ def test_a_security_mode_mismatch_is_named_on_the_connecting_side(tmp_path, capl
         assert "this peer security: none" in cause or "this peer runs security: none" in cause
 
 
+def test_a_refusal_during_a_slow_connect_is_still_named(tmp_path, monkeypatch):
+    # libzmq reports a refused handshake once and then gives the link up. The link's
+    # monitor used to be attached after connect(): when this thread was descheduled in
+    # between (a busy machine), the I/O thread's refusal fired unwatched and the
+    # dialler waited in silence (CI flake of the test above, 2 in 35 runs). The pause
+    # below only widens that window; with the monitor attached first, no timing fails.
+    import time
+
+    import zmq.asyncio
+
+    connect = zmq.asyncio.Socket.connect
+
+    def descheduled_after_connect(sock, address):
+        connected = connect(sock, address)
+        time.sleep(0.5)  # the handshake and its refusal complete meanwhile
+        return connected
+
+    monkeypatch.setattr(zmq.asyncio.Socket, "connect", descheduled_after_connect)
+    keys = cohort_keys(tmp_path / "keys", ["a", "b"])
+    cause = _refusal(_identity(keys, "a"), None)
+    assert "it runs without CURVE (security: none)" in cause
+
+
 def test_a_plaintext_peer_names_a_curve_client(tmp_path, caplog):
     # The listening side of the mismatch, when it is the plaintext one. A CURVE client's
     # ZMTP 3.0 greeting over a raw socket (see the test above for why not a libzmq client).
