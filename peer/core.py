@@ -39,7 +39,6 @@ from hfl.peer.instructions import (
     NamedEquivocator,
     Refused,
     Reply,
-    RequestSeeds,
     Say,
     Send,
     SendTo,
@@ -60,6 +59,7 @@ from hfl.protocol import (
     Knowledge,
     Leave,
     Message,
+    ProtocolError,
     SeedChunk,
     SeedRequest,
     Welcome,
@@ -85,6 +85,26 @@ class Drop:
     reason: str
 
 
+def hello_terms(cohort: Any, mode: str, num_classes: int, everywhere: bool,
+                shared: dict[str, int]) -> dict[str, Any]:
+    """What a hello must agree on (PROTOCOL.md, ``hello``) for a peer of ``cohort`` (its
+    CohortConfig) running a method in ``mode``; ``shared``: the method's dimensions and
+    the data split's. Raises ValueError (naming the option) for a cohort option that
+    does not apply to the mode."""
+    every, fanout = getattr(cohort, "communicate_every", 1), getattr(cohort, "fanout", None)
+    if every != 1 and mode == "local":
+        raise ValueError(f"cohort.communicate_every: applies to methods that share; "
+                         f"{cohort.algorithm} trains alone. Remove cohort.communicate_every")
+    if fanout is not None and mode != "broadcast":
+        raise ValueError(f"cohort.fanout: applies to broadcast-mode methods (fedh2l, mdhfl, "
+                         f"...); {cohort.algorithm} runs in {mode} mode. Remove cohort.fanout")
+    return {"cohort": cohort.name, "algorithm": cohort.algorithm, "num_classes": num_classes,
+            "rounds": cohort.rounds,
+            "shared": {**shared, **({"aggregate_everywhere": 1} if everywhere else {}),
+                       **({"fanout": fanout} if fanout is not None else {}),
+                       **({"communicate_every": every} if every != 1 else {})}}
+
+
 class PeerCore:
     """One peer's protocol state and rules (see the module docstring)."""
 
@@ -92,7 +112,11 @@ class PeerCore:
                  start_round: int = 1, quorum: int | None = None,
                  allowed_peers: frozenset[str] | None = None, cohort_size: int = 1,
                  cohort: str = "", signer=None, verify_keys: dict[str, bytes] | None = None,
-                 byzantine: int | None = None, communicate_every: int = 1, last_round: int = 0):
+                 byzantine: int | None = None, communicate_every: int = 1, last_round: int = 0,
+                 incarnation: int = 0, swim: bool = False, timing: Any = None,
+                 rng: random.Random | None = None, bootstrap: tuple = (), seeds: Any = None,
+                 capabilities: list[str] | None = None, hello_terms: dict[str, Any] | None = None,
+                 sit_out_through: int = 0):
         self.id = self_id
         # cohort.communicate_every: the rounds that exchange (communicates); the others
         # are local steps, which peers run at their own pace (0 last_round: no last round)
@@ -139,7 +163,7 @@ class PeerCore:
         # Rounds up to this one were entered by an earlier life of this peer, which may
         # have acked a result there; restarted, it forgot what: it sits them out (no
         # contribution, no ack), as an acceptor that crashed for good would.
-        self.sit_out_through = 0
+        self.sit_out_through = sit_out_through
         # cohort.fanout: the peers whose knowledge this round is scheduled to reach us
         # (None: every live peer's; see exchange_plan).
         self.sources: set[str] | None = None
@@ -155,23 +179,26 @@ class PeerCore:
         self.named: set[str] = set()  # equivocators this peer has said it leaves out
         #: member -> the highest round its heartbeats said it absorbed a result of
         self.absorbed_by: dict[str, int] = {}
-        # Handling messages (:meth:`handle`): set by the shell once it knows them.
-        self.incarnation = 0
-        self.swim = False  # timing.membership: swim-style detection (news in heartbeats)
+        self.incarnation = incarnation
+        self.swim = swim  # timing.membership: swim-style detection (news in heartbeats)
         #: what a hello must agree on: cohort, algorithm, num_classes, rounds, shared
-        self.hello_terms: dict[str, Any] = {}
+        self.hello_terms: dict[str, Any] = hello_terms or {}
         # swim: members may wait for our hello (the shell scans the view on its tick)
         self.to_greet = True
         #: (the peers it went to, knowledge): this peer's latest knowledge, sent again to
         #: one of them that says it is still awaiting it (heartbeat ``awaiting``)
         self.sent_knowledge: tuple[frozenset[str], Knowledge] | None = None
-        # Ticking (:meth:`tick_greetings`, :meth:`tick_sends`, :meth:`link_changed`): set by
-        # the shell. ``timing`` is the peer's TimingConfig; ``rng`` the peer's seeded draws.
+        # Ticking (:meth:`tick_greetings`, :meth:`tick_sends`, :meth:`link_changed`).
+        # ``timing`` is the peer's TimingConfig; ``rng`` the peer's seeded draws.
         self.timing: Any = None
-        self.rng = random.Random(0)
-        self.bootstrap: tuple[tuple[str | None, str], ...] = ()  # (peer id or None, address)
-        self.keeps_seeds = False  # the peer exchanges public seed sets (asks for chunks)
-        self.capabilities: list[str] = [mode]
+        if timing is not None:
+            self.set_timing(timing)
+        self.rng = rng or random.Random(0)
+        self.bootstrap: tuple[tuple[str | None, str], ...] = bootstrap  # (peer id or None, address)
+        #: the peer's public seed sets (a hfl.peer.seeds.SeedStore; None: it exchanges
+        #: none): which chunks of each member's set it still misses
+        self.seeds = seeds
+        self.capabilities: list[str] = capabilities or [mode]
         # Peers this round depends on (its aggregator candidates): with swim, probed every
         # ceil(N / CONTACT_PROBES_PER_TICK) intervals (each interval in cohorts of up to 16).
         self.contacts: set[str] = set()
@@ -263,6 +290,55 @@ class PeerCore:
     # probes and gossip (:meth:`tick_sends`): a heartbeat racing ahead of our hello on a
     # socket that is still connecting reaches a peer that does not know us yet.
 
+    def undecodable(self, identity: str, err: ProtocolError) -> list[Instruction]:
+        """A message from ``identity`` failed to decode or validate (``err``): dropped
+        with its reason; a member whose message had a type or protocol version we do
+        not understand (a newer peer) is told so, politely."""
+        out: list[Instruction] = [Dropped(err.code, f"from {clip(identity)}: {err}")]
+        address = self.membership.address_of(identity)
+        if address and err.code in (ErrorCode.UNKNOWN_TYPE, ErrorCode.VERSION_MISMATCH):
+            out.append(Reply(address, Error(**self.envelope(), code=err.code,
+                                             reason=clip(err.reason, 200)), identity))
+        return out
+
+    def join_need(self, stop_if_alone: bool = False) -> int:
+        """Peers (ourselves included) the join waits for: ``node.min_peers``; a resumed
+        peer just one of its old cohort; with ``stop_if_alone``, at least one other."""
+        if self.round > 1:
+            return min(self.cohort_size, 2)
+        return max(self.cohort_size, 2) if stop_if_alone else self.cohort_size
+
+    def stood_still(self, late_s: float) -> bool:
+        """This peer's tick came ``late_s`` seconds after it was due. A whole interval
+        late: its loop or machine is overloaded, so it is slower to blame (Lifeguard's
+        local health, :meth:`Membership.ran_late`). Beyond two intervals and half of
+        ``suspect_after_s``: it was not running (SIGSTOP, a stalled loop), and the
+        others' silence over that time is its own (:meth:`Membership.paused`); True
+        then, and the shell reads its inbox before the tick judges anyone."""
+        interval = self.timing.heartbeat_interval_s
+        if late_s >= interval:
+            self.membership.ran_late()
+        if late_s > max(2 * interval, self.timing.suspect_after_s / 2):
+            self.membership.paused(late_s)
+            return True
+        return False
+
+    def allow_list_changed(self, allowed: frozenset[str], removed: frozenset[str],
+                           sign_keys: dict[str, bytes] | None = None) -> list[Instruction]:
+        """The CURVE allow-list was reloaded: only ``allowed`` may be members from now on,
+        and each peer ``removed`` from it stops being one at once. ``sign_keys``: the
+        allow-list's signing keys, which certified commits are checked against."""
+        self.allowed_peers = allowed
+        if self.certifying and sign_keys is not None:
+            self.verify_keys = {p: k for p, k in sign_keys.items() if p in allowed}
+        out: list[Instruction] = []
+        for peer in sorted(removed):
+            m = self.membership.members.get(peer)
+            if m is not None and self.membership.left(peer, m.incarnation):
+                out += [Say(logging.WARNING, "%s: %s removed from the allow-list: no longer a member",
+                            (self.id, peer)), WAKE]
+        return out
+
     def tick_greetings(self, tick: int, now: float) -> list[Instruction]:
         mem, timing = self.membership, self.timing
         out: list[Instruction] = []
@@ -300,8 +376,8 @@ class PeerCore:
     def tick_sends(self, tick: int, now: float) -> list[Instruction]:
         mem = self.membership
         out: list[Instruction] = []
-        if self.keeps_seeds and tick % 4 == 1:
-            out.append(RequestSeeds())
+        if self.seeds is not None and tick % 4 == 1:
+            out += self.seed_requests()
         # Only peers that know us: those that answered our hello (greeted). One that has
         # not may not have it yet (a hello to a socket still in its CURVE handshake is
         # dropped, while a later heartbeat gets through) and would drop ours as unknown.
@@ -328,6 +404,16 @@ class PeerCore:
                 fanout = self.rng.sample(targets, min(self.timing.gossip_fanout, len(targets)))
                 out.append(Broadcast(tuple(fanout), Gossip(**self.envelope(), members=mem.records()),
                                      0.05))
+        return out
+
+    def seed_requests(self) -> list[Instruction]:
+        """Ask each live peer for the chunks of its seed set we still miss."""
+        out: list[Instruction] = []
+        for p in self.membership.live_peers():
+            missing = self.seeds.missing(p)
+            if missing != []:  # None: nothing of it yet, ask for all
+                out.append(Send(self.membership.address_of(p), SeedRequest(
+                    **self.envelope(), owner=p, chunks=missing or []), 0.05, p))
         return out
 
     #: swim: members owing an answer that are probed indirectly in one tick, at most.

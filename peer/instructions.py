@@ -67,12 +67,6 @@ class Broadcast:
 
 
 @dataclass(frozen=True)
-class RequestSeeds:
-    """Ask each live peer for the chunks of its seed set still missing (the seed store
-    knows which), as part of the current batch."""
-
-
-@dataclass(frozen=True)
 class Forget:
     """Close the link to ``address`` (``peer_id`` left: a new life reconnects)."""
 
@@ -229,7 +223,7 @@ class Note:
     fields: dict
 
 
-Instruction = (Reply | SendTo | Send | Broadcast | RequestSeeds | Forget | Dropped
+Instruction = (Reply | SendTo | Send | Broadcast | Forget | Dropped
                | Refused | MemberChanged | Say | NamedEquivocator | ServeSeeds | StoreSeedChunk
                | Wake | Wait | Aggregate | Compute | RoundBegins | RoundDone | EnterRound
                | CrashPoint | Note)

@@ -33,17 +33,15 @@ from hfl.algorithms.base import Algorithm, aggregates_everywhere
 from hfl.peer import instructions as do
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
-from hfl.peer.core import PeerCore, clip
+from hfl.peer.core import PeerCore, clip, hello_terms
+from hfl.peer.ledger import RoundLedger
 from hfl.peer.procedures import RoundProcedures
-from hfl.peer.rounds import fold_rounds
 from hfl.peer.security import split_bootstrap
 from hfl.peer.seeds import SeedStore
 from hfl.peer.status import nobody_joined
 from hfl.peer.transport import Transport
 from hfl.protocol import (
     PROTOCOL_VERSION,
-    Error,
-    ErrorCode,
     Heartbeat,
     Limits,
     Message,
@@ -54,11 +52,6 @@ from hfl.protocol import (
 )
 
 log = logging.getLogger("hfl.peer")
-
-#: Message types that keep the membership (counted apart in the metrics: what
-#: timing.membership costs).
-MEMBERSHIP_TYPES = frozenset({"hello", "welcome", "gossip", "heartbeat", "leave"})
-
 
 @dataclass
 class NodeResult:
@@ -118,8 +111,6 @@ class Node:
         self.timing = timing
         # "p0@tcp://host:port" names who must answer there (CURVE needs its key).
         self.bootstrap = tuple(split_bootstrap(b) for b in bootstrap)
-        # The cohort's allow-list (CURVE): nobody else is a member, whatever gossip says.
-        self.allowed_peers = allowed_peers
         self.min_peers = min_peers
         # Wait for one other peer at least (whatever min_peers says) and, if none joined
         # within timing.join_timeout_s, stop before round 1 instead of training alone.
@@ -146,47 +137,25 @@ class Node:
         # The protocol's state and rules (no I/O): membership, round buffer, round,
         # epoch, election, quorum, whom to wait for. This class does the I/O around it.
         every = getattr(cohort, "communicate_every", 1)
-        if every != 1 and algorithm.mode == "local":
-            raise ValueError(f"cohort.communicate_every: applies to methods that share; "
-                             f"{cohort.algorithm} trains alone. Remove cohort.communicate_every")
-        self.core = PeerCore(peer_id, mode=algorithm.mode, everywhere=self.everywhere,
-                             lookahead=timing.lookahead_rounds, start_round=start_round,
-                             quorum=quorum, allowed_peers=allowed_peers, cohort_size=min_peers,
-                             cohort=cohort.name, signer=signing[0] if signing else None,
-                             verify_keys=dict(signing[1]) if signing else None,
-                             byzantine=byzantine, communicate_every=every,
-                             last_round=getattr(cohort, "rounds", 0))
         fanout = getattr(cohort, "fanout", None)
-        if fanout is not None and algorithm.mode != "broadcast":
-            raise ValueError(f"cohort.fanout: applies to broadcast-mode methods (fedh2l, mdhfl, "
-                             f"...); {cohort.algorithm} runs in {algorithm.mode} mode. Remove "
-                             "cohort.fanout")
-        self._handshake_info = {**algorithm.handshake_info(), **(shared or {}),
-                                **({"aggregate_everywhere": 1} if self.everywhere else {}),
-                                **({"fanout": fanout} if fanout is not None else {}),
-                                **({"communicate_every": every} if every != 1 else {})}
-        self.core.incarnation, self.core.swim = incarnation, self.swim
-        self.core.set_timing(timing)
-        self.core.rng, self.core.bootstrap = self.rng, self.bootstrap
-        self.core.keeps_seeds = seeds is not None
-        self.core.capabilities = [algorithm.mode, f"protocol:{PROTOCOL_VERSION}"]
-        self.core.hello_terms = {"cohort": cohort.name, "algorithm": cohort.algorithm,
-                                 "num_classes": num_classes, "rounds": cohort.rounds,
-                                 "shared": self._handshake_info}
-        self._metrics: list[dict[str, Any]] = []  # one line per evaluated round
-        # Evaluate, record and checkpoint every N rounds (and after the last): the
-        # rounds between are folded into the next line (fold_rounds).
+        self.core = PeerCore(
+            peer_id, mode=algorithm.mode, everywhere=self.everywhere,
+            lookahead=timing.lookahead_rounds, start_round=start_round, quorum=quorum,
+            allowed_peers=allowed_peers, cohort_size=min_peers, cohort=cohort.name,
+            signer=signing[0] if signing else None,
+            verify_keys=dict(signing[1]) if signing else None, byzantine=byzantine,
+            communicate_every=every, last_round=getattr(cohort, "rounds", 0),
+            incarnation=incarnation, swim=self.swim, timing=timing, rng=self.rng,
+            bootstrap=self.bootstrap, seeds=seeds, sit_out_through=sit_out_through,
+            capabilities=[algorithm.mode, f"protocol:{PROTOCOL_VERSION}"],
+            hello_terms=hello_terms(cohort, algorithm.mode, num_classes, self.everywhere,
+                                    {**algorithm.handshake_info(), **(shared or {})}))
+        # Each round's record; evaluated, recorded and checkpointed every N rounds (and
+        # after the last), the rounds between folded into the next line.
         self.evaluate_every = evaluate_every
-        self._window: list[dict[str, Any]] = []
-        self._window_keys: set[str] = set()  # what training and absorbing reported
-        self._rounds_run = 0
+        self.ledger = RoundLedger(peer_id, evaluate_every)
         self._stopping = False
         self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
-        self._cpu_mark: float | None = None  # process CPU at the last round's record
-        # The round in progress: (clock, wall time, bytes sent, received, membership
-        # messages sent) when it began; the method's wall and CPU seconds in it.
-        self._round_start: tuple = (0.0, 0.0, 0, 0, 0)
-        self._compute = [0.0, 0.0]
         self._reading_behind = False  # the receive loop holds (or left) messages unread
         self._essential: set[asyncio.Task] = set()  # the receive and tick loops
         self._runner: asyncio.Task | None = None  # the task in run(), cancelled if one dies
@@ -208,7 +177,6 @@ class Node:
         # an elected aggregator (runner: the run directory); a restart then sits out the
         # rounds its earlier life entered (PeerCore.sit_out_through).
         self._on_enter_round = on_enter_round
-        self.core.sit_out_through = sit_out_through
         # The round procedures decide; this shell carries their instructions out (_drive).
         self.procedures = RoundProcedures(
             self.core, now=self.clock.now, paused=lambda: self._paused_s,
@@ -262,9 +230,9 @@ class Node:
             await asyncio.gather(*background, *self._tasks, return_exceptions=True)
             await self.transport.close()
         return NodeResult(
-            rounds_completed=self._rounds_run,
+            rounds_completed=self.ledger.rounds_run,
             last_round=self.round - 1,
-            metrics=self._metrics,
+            metrics=self.ledger.lines,
             dropped=dict(self.dropped),
             disagreements={r: sorted(peers) for r, peers in sorted(self.disagreements.items())},
             stopped_alone=self.stopped_alone,
@@ -396,19 +364,14 @@ class Node:
         try:
             msg = decode(frames, self.limits)
         except ProtocolError as err:
-            self._drop(err.code, f"from {clip(identity)}: {err}")
-            address = self.membership.address_of(identity)
-            if address and err.code in (ErrorCode.UNKNOWN_TYPE, ErrorCode.VERSION_MISMATCH):
-                # Politely: a newer peer learns what we do not understand.
-                self._reply_soon(address, Error(**self._envelope(), code=err.code,
-                                                reason=clip(err.reason, 200)), identity)
+            self._execute(self.core.undecodable(identity, err))
             return
         log.debug("%s: <- %s from %s", self.id, msg.TYPE, msg.sender)
         self._execute(self.core.handle(identity, msg, self.clock.now()))
 
     async def _carry_out(self, instructions: list[do.Instruction]) -> None:
-        """:meth:`_execute`, with the batched sends (Send, Broadcast, RequestSeeds) sent
-        together and awaited."""
+        """:meth:`_execute`, with the batched sends (Send, Broadcast) sent together and
+        awaited."""
         batch = []
         for ins in instructions:
             if isinstance(ins, do.Send):
@@ -416,8 +379,6 @@ class Node:
                              else self._send(ins.address, ins.msg, ins.timeout_s, ins.peer_id))
             elif isinstance(ins, do.Broadcast):
                 batch.append(self._broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s))
-            elif isinstance(ins, do.RequestSeeds):
-                batch += self._request_seeds()
             else:
                 self._execute([ins])
         await asyncio.gather(*batch)
@@ -463,19 +424,6 @@ class Node:
             else:
                 raise TypeError(f"unknown instruction {ins!r}")
 
-    def allow_list_changed(self, allowed: frozenset[str], removed: frozenset[str]) -> None:
-        """The transport reloaded the CURVE allow-list: only ``allowed`` may be members
-        from now on, and each peer ``removed`` from it stops being one at once."""
-        self.allowed_peers = self.core.allowed_peers = allowed
-        security = getattr(self.transport, "security", None)
-        if self.core.certifying and security is not None:  # the signing keys came with it
-            self.core.verify_keys = {p: k for p, k in security.sign_keys.items() if p in allowed}
-        for peer in sorted(removed):
-            m = self.membership.members.get(peer)
-            if m is not None and self.membership.left(peer, m.incarnation):
-                log.warning("%s: %s removed from the allow-list: no longer a member", self.id, peer)
-                self._wakeup.set()
-
     def _log_change(self, change, level: int | None = None, note: str = "") -> None:
         """Log a membership change and tell the observer (a ``member`` event). A join is
         one line per member and peer: a million lines for a thousand peers (with swim),
@@ -505,18 +453,6 @@ class Node:
             if not await self._send(address, m, peer_id=peer_id):
                 return
 
-    def _request_seeds(self) -> list:
-        """Ask each live peer for the chunks of its seed set we still miss."""
-        sends = []
-        for p in self.membership.live_peers():
-            missing = self.seeds.missing(p)
-            if missing == []:
-                continue
-            address = self.membership.address_of(p)
-            request = SeedRequest(**self._envelope(), owner=p, chunks=missing or [])
-            sends.append(self._send(address, request, 0.05, p))
-        return sends
-
     # ================================================================ ticking
 
     async def _tick_loop(self) -> None:
@@ -526,14 +462,9 @@ class Node:
         while not self._stopping:
             now = self.clock.now()
             stood_still = now - last - interval
-            if stood_still >= interval:  # this peer is slow (its loop, its machine)
-                self.membership.ran_late()
-            if stood_still > max(2 * interval, self.timing.suspect_after_s / 2):
-                # We were not running (SIGSTOP, a stalled loop): the others' silence over
-                # that time is ours, not theirs. Read the inbox before judging anyone.
+            if self.core.stood_still(stood_still):  # not running: read the inbox first
                 log.warning("%s: this peer stood still for %.1fs; not holding that against "
                             "the others", self.id, stood_still)
-                self.membership.paused(stood_still)
                 self._paused_s += stood_still
                 await asyncio.sleep(0)  # let the receive loop drain what arrived meanwhile
             last = now
@@ -553,7 +484,10 @@ class Node:
     async def _tick(self, tick: int) -> None:
         self.transport.housekeeping()
         if (allow_list := self.transport.take_allow_list_change()) is not None:
-            self.allow_list_changed(*allow_list)
+            # The cohort's allow-list (CURVE): nobody else is a member, whatever gossip says.
+            security = getattr(self.transport, "security", None)
+            self._execute(self.core.allow_list_changed(
+                *allow_list, security.sign_keys if security is not None else None))
         # Hellos first, then heartbeats, probes and gossip (PeerCore.tick_greetings).
         await self._carry_out(self.core.tick_greetings(tick, self.clock.now()))
         await self._carry_out(self.core.tick_sends(tick, self.clock.now()))
@@ -583,13 +517,6 @@ class Node:
                 pass
         return True
 
-    def peers_needed(self) -> int:
-        """Peers (ourselves included) the join waits for: ``min_peers``; a resumed peer
-        just one of its old cohort; with ``stop_if_alone``, at least one other."""
-        if self.round > 1:
-            return min(self.min_peers, 2)
-        return max(self.min_peers, 2) if self.stop_if_alone else self.min_peers
-
     async def _join(self) -> None:
         """Wait until ``min_peers`` members (ourselves included) completed a handshake
         (RoundProcedures.join). A peer resuming mid-run needs just one of its old
@@ -597,7 +524,7 @@ class Node:
         and sets ``stopped_alone`` (no round runs) when none joined in time."""
         mem = self.membership
         resumed = self.round > 1
-        need = self.peers_needed()
+        need = self.core.join_need(self.stop_if_alone)
         joined = await self._drive(self.procedures.join(
             need, resumed, bool(self.known_members),
             lambda greeted: self.seeds is None or self.seeds.has_all(greeted)))
@@ -628,85 +555,37 @@ class Node:
     def _begin_round(self) -> None:
         """RoundBegins: the round's accounting starts; members' seed sets that arrived
         meanwhile go to the method."""
-        self._round_start = (self.clock.now(), time.time(), self.transport.stats.bytes_sent,
-                             self.transport.stats.bytes_received,
-                             sum(self.sent[t] for t in MEMBERSHIP_TYPES))
-        self._compute = [0.0, 0.0]  # the method's wall and CPU seconds this round
-        if self._cpu_mark is None:
-            self._cpu_mark = time.process_time()
+        self.ledger.begin(self.clock.now(), self.transport.stats, self.sent)
         if self.seeds is not None:
             for owner, (x, y) in sorted(self.seeds.take_completed().items()):
                 self.alg.add_peer_seeds(owner, x, y)
 
     async def _compute_call(self, fn, *args) -> Any:
         """One of the method's calls, off the event loop, its time and CPU counted."""
-        def cpu_timed(*args):  # in the worker thread: that thread's CPU is the method's
-            c = time.thread_time()
-            try:
-                return fn(*args)
-            finally:
-                self._compute[1] += time.thread_time() - c
-
-        cpu_timed.__wrapped__ = fn  # a run_blocking may look at what it runs (hfl-sim)
         t = time.perf_counter()
-        out = await self._run_blocking(cpu_timed, *args)
-        self._compute[0] += time.perf_counter() - t
+        out = await self._run_blocking(self.ledger.cpu_timed(fn), *args)
+        self.ledger.compute[0] += time.perf_counter() - t
         return out
 
     async def _round_done(self, done: do.RoundDone) -> None:
         """RoundDone: the round's record; with an evaluation, its line in metrics.jsonl
         (the rounds between folded in), the checkpoint and ``on_round``."""
-        r, metrics = done.round, dict(done.metrics)
-        self._rounds_run += 1
-        self._window_keys.update(metrics)
-        if done.evaluation is not None:
-            metrics.update(done.evaluation)
-        t_start, wall_start, sent0, recv0, membership0 = self._round_start
-        stats = self.transport.stats
-        membership_sent = sum(self.sent[t] for t in MEMBERSHIP_TYPES)
-        record = {
-            "peer": self.id, "round": r, "time": wall_start,
-            "round_time_s": self.clock.now() - t_start, "compute_s": self._compute[0],
-            # CPU: the method's calls (training, sharing, absorbing, evaluating) and the
-            # whole process's since the last record (the runtime's part is the difference:
-            # messages, event loop, checkpoints; with several peers in one process,
-            # hfl-launch --in-process, cpu_s is all of theirs)
-            "compute_cpu_s": self._compute[1], "cpu_s": self._cpu_since_record(),
-            **metrics, **done.info,
-            "live_peers": self.membership.live_count(),
+        mem = self.membership
+        record = self.ledger.end(done, self.clock.now(), self.transport.stats, self.sent, {
+            "live_peers": mem.live_count(),
             # ourselves and every member heard from in this life, whatever its status now
-            "met_peers": 1 + sum(1 for m in self.membership.members.values() if m.confirmed),
-            "bytes_sent": stats.bytes_sent - sent0, "bytes_received": stats.bytes_received - recv0,
-            "total_bytes_sent": stats.bytes_sent, "total_bytes_received": stats.bytes_received,
-            # membership messages sent (hello, welcome, gossip, heartbeat, leave): this
-            # round's and in all; what timing.membership costs
-            "membership_sent": membership_sent - membership0, "total_membership_sent": membership_sent,
+            "met_peers": 1 + sum(1 for m in mem.members.values() if m.confirmed),
             "dropped": sum(self.dropped.values()), "incarnation": self.incarnation,
-            # (round, peer) pairs seen so far whose aggregate differed from ours
-            "aggregate_disagreements": sum(len(p) for p in self.disagreements.values()),
-        }
-        if done.evaluation is None:  # no line, no checkpoint: folded into the next evaluated round's
-            self._window.append(record)
+            "aggregate_disagreements": sum(len(p) for p in self.disagreements.values())})
+        if record is None:  # not evaluated: no line, no checkpoint
             return
-        if self.evaluate_every > 1:
-            record = fold_rounds([*self._window, record], self._window_keys)
-            self._window, self._window_keys = [], set()
-        self._metrics.append(record)
         if self._hold_round is not None:
-            await self._hold_round(r, self)
+            await self._hold_round(done.round, self)
         if self.on_checkpoint is not None:
-            await self._run_blocking(self.on_checkpoint, r, self)
-            self._observe("checkpointed", self, round=r)
+            await self._run_blocking(self.on_checkpoint, done.round, self)
+            self._observe("checkpointed", self, round=done.round)
         if self.on_round is not None:
             self.on_round(record)
-
-    def _cpu_since_record(self) -> float:
-        """The process's CPU seconds since the last round's record (the first: since
-        this peer's rounds began), so that between-round work (a checkpoint) counts."""
-        now = time.process_time()
-        since = now - (self._cpu_mark if self._cpu_mark is not None else now)
-        self._cpu_mark = now
-        return since
 
     async def _drive(self, procedure) -> Any:
         """Carry out a round procedure (hfl.peer.procedures): each instruction it yields,

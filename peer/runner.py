@@ -225,8 +225,7 @@ class RoundRecorder:
             await asyncio.to_thread(self._written.wait, timeout_s)
 
     def _checkpoint(self, r: int, node: Node) -> None:
-        record = next((m for m in reversed(getattr(node, "_metrics", [])) if m.get("round") == r),
-                      None)
+        record = next((m for m in reversed(node.ledger.lines) if m.get("round") == r), None)
         if record is not None:
             self._record(record)
         if self.checkpoints:
@@ -480,7 +479,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     )
     recorder.node = node
     watcher = asyncio.create_task(watch_join(
-        node, cfg.node.bootstrap, node.peers_needed(),
+        node, cfg.node.bootstrap, node.core.join_need(node.stop_if_alone),
         cfg.timing.join_timeout_s, run_dir / EVENTS_NAME if hub is None and make is None else None,
         alone_stops=stop_if_alone), name="watch_join")
     if freeze_heap:

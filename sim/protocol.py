@@ -249,16 +249,12 @@ class SimPeer:
             peer_id, mode="broadcast" if mode == "broadcast" else "aggregator",
             everywhere=everywhere, lookahead=timing.lookahead_rounds, cohort_size=min_peers,
             cohort="sim", last_round=sim.rounds, signer=keys[0] if keys else None,
-            verify_keys=dict(keys[1]) if keys else None)
+            verify_keys=dict(keys[1]) if keys else None, swim=swim, timing=timing,
+            rng=random.Random(f"{sc.seed}:{peer_id}"),
+            bootstrap=tuple((b, address(b)) for b in bootstrap),
+            hello_terms={"cohort": "sim", "algorithm": "mean", "num_classes": 2,
+                         "rounds": sim.rounds, "shared": {"everywhere": int(everywhere)}})
         self.twin = twin  # a Byzantine twin's kind (hfl.sim.model.TWIN_KINDS), or None
-        core.incarnation, core.swim = 0, swim
-        core.set_timing(timing)
-        core.rng = random.Random(f"{sc.seed}:{peer_id}")
-        core.bootstrap = tuple((b, address(b)) for b in bootstrap)
-        core.keeps_seeds = False
-        core.capabilities = [core.mode]
-        core.hello_terms = {"cohort": "sim", "algorithm": "mean", "num_classes": 2,
-                            "rounds": sim.rounds, "shared": {"everywhere": int(everywhere)}}
         core.open_view(address(peer_id), random.Random(f"{sc.seed}:{peer_id}:membership"))
         self.procedures = RoundProcedures(core, now=self.now)
         self.min_peers = min_peers
@@ -432,7 +428,7 @@ class SimPeer:
                 if self.lost_at in ins.phases:
                     self.lose()
                     return
-            elif isinstance(ins, do.EnterRound | do.Forget | do.RequestSeeds | do.ServeSeeds
+            elif isinstance(ins, do.EnterRound | do.Forget | do.ServeSeeds
                             | do.StoreSeedChunk | do.RoundBegins | do.RoundDone):
                 pass  # no durable record, no links, no seed sets here
             else:

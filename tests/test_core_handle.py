@@ -224,3 +224,87 @@ def test_every_function_protocol_md_names_behind_a_rule_exists():
                      if not hasattr(owners[cls], attr) and not (
                          cls == "Membership" and attr in membership.Membership.__dataclass_fields__))
     assert not missing, f"PROTOCOL.md names what does not exist: {missing}"
+
+
+# ---------------------------------------------------------------- rules moved from the shell
+
+
+def test_the_join_waits_for_min_peers_a_resumed_peer_for_one_and_stop_if_alone_for_another():
+    # RoundProcedures.join waits for PeerCore.join_need peers, ourselves included.
+    assert bare(cohort_size=5).join_need() == 5
+    assert bare(cohort_size=1).join_need(stop_if_alone=True) == 2  # never trains alone
+    assert bare(cohort_size=5, round=4).join_need() == 2  # one of its old cohort is enough
+    assert bare(cohort_size=1, round=4).join_need() == 1
+
+
+def test_a_late_tick_slows_blame_and_a_stall_is_not_held_against_the_others():
+    from types import SimpleNamespace
+
+    timing = SimpleNamespace(heartbeat_interval_s=0.5, suspect_after_s=2.0, dead_after_s=5.0)
+    core = bare(timing=timing)
+    core.membership.mode = "swim"  # Lifeguard's local health counts in swim mode only
+    heard = core.membership.members["p1"].last_heard
+    assert core.stood_still(0.2) is False and core.membership.patience() == 1
+    assert core.stood_still(0.5) is False  # a whole interval late: slower to blame
+    assert core.membership.patience() > 1
+    assert core.membership.members["p1"].last_heard == heard  # but nobody's silence moved
+    # Stood still beyond max(2 intervals, suspect_after_s / 2): the others were silent
+    # because we were not listening.
+    assert core.stood_still(1.1) is True
+    assert core.membership.members["p1"].last_heard == heard + 1.1
+
+
+def test_a_member_removed_from_the_allow_list_stops_being_one_and_its_key_is_not_trusted():
+    core = bare(allowed_peers=frozenset({"p0", "p1", "p2"}),
+                verify_keys={"p0": b"k0", "p1": b"k1", "p2": b"k2"})
+    out = core.allow_list_changed(frozenset({"p0", "p1"}), frozenset({"p2"}),
+                                  {"p0": b"k0", "p1": b"k1", "p2": b"k2"})
+    assert [type(i) for i in out] == [Say, type(WAKE)] and "p2 removed" in out[0].template % out[0].args
+    assert core.membership.members["p2"].status == "left"
+    assert core.allowed_peers == {"p0", "p1"} and set(core.verify_keys) == {"p0", "p1"}
+    assert core.allow_list_changed(frozenset({"p0", "p1"}), frozenset({"p9"})) == []  # not a member
+
+
+def test_missing_seed_chunks_are_asked_of_each_live_member_that_has_them():
+    from hfl.peer.instructions import Send
+
+    class Store:  # which chunks of each member's seed set we still miss
+        def missing(self, owner):
+            return {"p1": [2, 5], "p2": []}.get(owner)
+
+    core = bare(members=("p1", "p2", "p3"), seeds=Store())
+    asked = {i.peer_id: i.msg.chunks for i in core.seed_requests() if isinstance(i, Send)}
+    assert asked == {"p1": [2, 5], "p3": []}  # p2's set is complete; p3's: all of it
+
+
+def test_hello_terms_name_a_cohort_option_the_method_cannot_use():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from hfl.peer.core import hello_terms
+
+    def cohort(**kw):
+        return SimpleNamespace(**{"name": "c", "algorithm": "fedh2l", "rounds": 5, **kw})
+
+    terms = hello_terms(cohort(fanout=3, communicate_every=2), "broadcast", 10, False, {"d": 1})
+    assert terms["shared"] == {"d": 1, "fanout": 3, "communicate_every": 2}
+    assert hello_terms(cohort(), "aggregator", 10, True, {})["shared"] == {"aggregate_everywhere": 1}
+    with pytest.raises(ValueError, match="cohort.fanout: applies to broadcast-mode .* Remove cohort.fanout"):
+        hello_terms(cohort(fanout=3), "aggregator", 10, False, {})
+    with pytest.raises(ValueError, match="cohort.communicate_every: applies to methods that share"):
+        hello_terms(cohort(communicate_every=2), "local", 10, False, {})
+
+
+def test_an_undecodable_message_is_dropped_and_a_member_is_told_only_what_we_do_not_understand():
+    from hfl.protocol import ErrorCode, ProtocolError
+
+    core = bare()
+    out = core.undecodable("p1", ProtocolError(ErrorCode.UNKNOWN_TYPE, "type 'vote'"))
+    assert [type(i) for i in out] == [Dropped, Reply]
+    assert out[1].peer_id == "p1" and out[1].msg.code == ErrorCode.UNKNOWN_TYPE
+    # Not a member (nowhere to answer), or a malformed message: dropped, no answer.
+    assert [type(i) for i in core.undecodable("p9", ProtocolError(ErrorCode.UNKNOWN_TYPE, "x"))] \
+        == [Dropped]
+    assert [type(i) for i in core.undecodable("p1", ProtocolError(ErrorCode.BAD_HEADER, "x"))] \
+        == [Dropped]

@@ -213,7 +213,7 @@ def test_a_second_connection_cannot_take_over_a_live_peers_address(tmp_path):
         p0 = nodes[0]
         hello = Hello(sender="p1", incarnation=0, address="mem://attacker", cohort=p0.cohort.name,
                       algorithm=p0.cohort.algorithm, num_classes=p0.num_classes,
-                      rounds=p0.cohort.rounds, shared=p0._handshake_info)
+                      rounds=p0.cohort.rounds, shared=p0.core.hello_terms["shared"])
         assert await twin.send(p0.transport.address, encode(hello), 1.0)
         await watch.all_finished(2)
         assert p0.membership.address_of("p1") == "mem://p1"
