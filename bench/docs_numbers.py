@@ -488,7 +488,11 @@ FEDH2L_MNIST_DRAWS_ARGS = ["--data", "mnist", "--draw", "seed", "--seeds", "1", 
 
 
 FEDH2L_MNIST_ALPHA = "**Table 2 at α = 5 % and 15 %.**"
-FEDH2L_MNIST_ALPHA_ARGS = ["--data", "mnist", "--alpha", "5", "15", "--methods", "FedH2L", "--reuse"]
+FEDH2L_MNIST_ALPHA_ARGS = ["--data", "mnist", "--alpha", "5", "15", "--methods", "FedH2L", "AGG",
+                           "IND (solo)", "FedMD", "--reuse"]
+FEDH2L_MNIST_ALPHA_ROWS = {f"{row}, α = {a} %": f"{label} α={a}%" for a in (5, 15)
+                           for row, label in (("FedH2L", "FedH2L"), ("AGG", "AGG"),
+                                              ("IND", "IND (solo)"), ("FedMD", "FedMD"))}
 
 
 def measure_compare_fedh2l_mnist(out_dir: Path, args: list[str] = FEDH2L_MNIST_ARGS,
@@ -674,8 +678,7 @@ CHECKS = [
                         {"FedH2L, 4 draws": "FedH2L"},
                         ["ACC", "BWT", "FWT", "final ACC", "final BWT", "final FWT"], 40),
     _fedh2l_mnist_check("compare_fedh2l_mnist_alpha", FEDH2L_MNIST_ALPHA_ARGS, FEDH2L_MNIST_ALPHA,
-                        {"FedH2L, α = 5 %": "FedH2L α=5%", "FedH2L, α = 15 %": "FedH2L α=15%"},
-                        ["ACC", "BWT", "FWT", "final ACC"], 55),
+                        FEDH2L_MNIST_ALPHA_ROWS, ["ACC", "BWT", "FWT", "final ACC"], 240),
     Check("compare_fedin", "; ".join("python bench/compare_fedin.py " + shlex.join(args)
                                      for args in FEDIN_RUNS),
           measure_compare_fedin, _fedin_quotes(), minutes=25),
