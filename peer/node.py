@@ -272,8 +272,9 @@ class Node:
             return None
 
     async def _send(self, address: str, msg: Message, timeout_s: float | None = None,
-                    peer_id: str | None = None) -> bool:
-        frames = self._encode(msg)
+                    peer_id: str | None = None, frames=None) -> bool:
+        """Send ``msg`` (already encoded: ``frames``) to ``address``; whether it went."""
+        frames = self._encode(msg) if frames is None else frames
         if frames is None:
             return False
         ok = await self.transport.send(
@@ -285,9 +286,11 @@ class Node:
             log.debug("%s: %s to %s not sent (unreachable or timed out)", self.id, msg.TYPE, address)
         return ok
 
-    async def _send_to(self, peer_id: str, msg: Message, timeout_s: float | None = None) -> bool:
+    async def _send_to(self, peer_id: str, msg: Message, timeout_s: float | None = None,
+                       frames=None) -> bool:
         address = self.membership.address_of(peer_id)
-        return False if address is None else await self._send(address, msg, timeout_s, peer_id)
+        return False if address is None else await self._send(address, msg, timeout_s, peer_id,
+                                                               frames)
 
     async def _broadcast(self, peer_ids: list[str], msg: Message, timeout_s: float | None = None) -> int:
         """Send one message to several peers concurrently. Returns how many took it.
@@ -371,12 +374,20 @@ class Node:
 
     async def _carry_out(self, instructions: list[do.Instruction]) -> None:
         """:meth:`_execute`, with the batched sends (Send, Broadcast) sent together and
-        awaited."""
+        awaited. A message sent to several places (a tick's hello to every member it
+        greets) is encoded once."""
         batch = []
+        encoded: dict[int, Any] = {}  # id(message) -> its frames, or () when unsendable
         for ins in instructions:
             if isinstance(ins, do.Send):
-                batch.append(self._send_to(ins.address, ins.msg, ins.timeout_s) if ins.to_member
-                             else self._send(ins.address, ins.msg, ins.timeout_s, ins.peer_id))
+                frames = encoded.get(id(ins.msg))
+                if frames is None:
+                    frames = encoded[id(ins.msg)] = self._encode(ins.msg) or ()
+                if not frames:
+                    continue
+                batch.append(
+                    self._send_to(ins.address, ins.msg, ins.timeout_s, frames) if ins.to_member
+                    else self._send(ins.address, ins.msg, ins.timeout_s, ins.peer_id, frames))
             elif isinstance(ins, do.Broadcast):
                 batch.append(self._broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s))
             else:

@@ -740,3 +740,33 @@ def test_a_restarted_peer_sits_out_the_round_its_earlier_life_entered(tmp_path):
     assert_same_model(r[1])  # p0 took the committed result too
     assert all(r[k]["p0"]["learned_from"] >= 1 for k in (2, 3))
     assert (tmp_path / "p0" / "entered_round").read_text() == "3"
+
+
+def test_a_message_sent_to_several_places_in_one_batch_is_encoded_once(tmp_path, monkeypatch):
+    # A tick's hello goes to every member it greets (hundreds, as a cohort forms): one
+    # encoding (with its validation) for all of them, and every place still gets it.
+    import hfl.peer.node as node_module
+    from hfl.peer.instructions import Send
+
+    hub = MemoryHub()
+    cfgs = cohort_cfgs(tmp_path, 4)
+    nodes = [build_node(c, hub) for c in cfgs]
+    encodings = []
+    monkeypatch.setattr(node_module, "encode",
+                        lambda msg, limits: encodings.append(msg.TYPE) or encode(msg, limits))
+
+    async def main():
+        for n in nodes:
+            await n.transport.start()
+        p0, others = nodes[0], nodes[1:]
+        p0.core.open_view(p0.transport.address, p0.rng)
+        hello = p0.core.hello(introduced=True)
+        await p0._carry_out([Send(n.transport.address, hello, 1.0, n.id) for n in others])
+        got = [await asyncio.wait_for(n.transport.recv(), WAIT_S) for n in others]
+        for n in nodes:
+            await n.transport.close()
+        return got
+
+    got = asyncio.run(main())
+    assert encodings == ["hello"]
+    assert [sender for sender, _ in got] == ["p0"] * 3
