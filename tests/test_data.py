@@ -419,3 +419,16 @@ def test_dirichlet_split_drawn_again_in_one_process_is_the_same_and_unshared(dig
     assert all(np.array_equal(a, b) for a, b in zip(again, fresh, strict=True))
     assert not all(np.array_equal(a, b) for a, b in zip(
         dirichlet_partition(digits.y, 64, 0.5, seed=4), fresh, strict=True))
+
+
+@pytest.mark.parametrize("name", ["digits", "breast_cancer", "wine", "mnist5k"])
+def test_builtin_sets_are_read_once_per_process_and_each_load_is_its_own_copy(name):
+    # Hundreds of in-process peers load the same set: the file is read once, and a peer
+    # that changes its arrays (a normalisation in place) changes nobody else's.
+    a, b = load_builtin(name), load_builtin(name)
+    assert np.array_equal(a.x, b.x) and np.array_equal(a.y, b.y)
+    a.x[0] += 1.0
+    a.y[0] += 1
+    c = load_builtin(name)
+    assert np.array_equal(b.x, c.x) and np.array_equal(b.y, c.y)
+    assert not np.array_equal(a.x[0], c.x[0]) and a.y[0] != c.y[0]
