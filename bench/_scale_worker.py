@@ -10,15 +10,16 @@ script with a timeout. What it does mirrors ``hfl-launch EXP --in-process``
 :func:`hfl.launch.inprocess.in_memory`, logs every peer's lines to ``<run dir>/peers.log``
 and runs :func:`hfl.peer.runner.run_peer` for each plan on one ``MemoryHub``. On top:
 
-* **Counting.** ``InMemoryTransport.send`` is wrapped (the class attribute, before any
-  peer starts): every send that delivered (the original returned True) is counted
+* **Counting.** ``InMemoryTransport.send_now`` is wrapped (the class attribute, before
+  any peer starts; ``send`` goes through it too): every send that delivered (the
+  original returned True) is counted
   by its header's ``type`` (``msgpack.unpackb(frames[0])["type"]``), per sender, with
   its bytes, in one-second buckets of wall time. *Membership* messages are every type
   but :data:`NOT_MEMBERSHIP`, so a new type (a probe, say) counts as membership.
 * **A kill.** Once every peer has finished round ``kill_after`` (its ``round`` note,
   and from ``metrics.jsonl`` every second),
   the peer with the highest index dies as a SIGKILLed process would: its transport's
-  ``send`` returns False without delivering (no goodbye gets out), its address leaves
+  ``send`` and ``send_now`` return False without delivering (no goodbye gets out), its address leaves
   the hub and its inbox is gone (sends to it fail), then its ``run_peer`` task is
   cancelled. ``t_kill`` is ``time.monotonic()`` at that moment.
 * **Detection.** Each peer runs with :class:`MembershipWatch` as its observer, which
@@ -148,15 +149,28 @@ class MessageCounter:
         s[3] += nbytes
 
     def install(self, transport_cls) -> None:
-        original = transport_cls.send
+        """Count what ``transport_cls`` (InMemoryTransport) delivers: every message leaves
+        through its ``send_now``, which its ``send`` calls too."""
+        if "send_now" not in vars(transport_cls):  # --hfl-src: a checkout from before it
+            original_send = transport_cls.send
 
-        async def counted_send(transport, address, frames, *args, **kwargs):
-            ok = await original(transport, address, frames, *args, **kwargs)
+            async def counted_send(transport, address, frames, *args, **kwargs):
+                ok = await original_send(transport, address, frames, *args, **kwargs)
+                if ok is True:
+                    self.add(transport.peer_id, frames)
+                return ok
+
+            transport_cls.send = counted_send
+            return
+        original = transport_cls.send_now
+
+        def counted(transport, address, frames, *args, **kwargs):
+            ok = original(transport, address, frames, *args, **kwargs)
             if ok is True:
                 self.add(transport.peer_id, frames)
             return ok
 
-        transport_cls.send = counted_send
+        transport_cls.send_now = counted
 
     def totals(self) -> dict[str, int]:
         member = [v for k, v in self.by_type.items() if k not in NOT_MEMBERSHIP]
@@ -457,6 +471,7 @@ async def run_cohort(
             return False
 
         transport.send = lost
+        transport.send_now = lambda *args, **kwargs: False
         if hasattr(transport, "_inbox"):
             transport._inbox = None
         watch.t_kill = state["t_kill"] = time.monotonic()

@@ -11,7 +11,7 @@ round ``--kill-after``, and measures:
 
 * **in-process** (``--inprocess``): all N peers in one worker process
   (bench/_scale_worker.py, as ``hfl-launch --in-process`` runs them, on the
-  in-memory transport). The worker wraps ``InMemoryTransport.send`` and counts every
+  in-memory transport). The worker wraps ``InMemoryTransport.send_now`` and counts every
   delivered message by header type and sender (membership = every type but
   knowledge/aggregate/ack/commit/seed_request/seed_chunk/error), kills the victim
   like SIGKILL (its sends fail silently, sends to it fail, its task is cancelled) and

@@ -281,10 +281,22 @@ class Node:
             address, frames, self.timing.send_timeout_s if timeout_s is None else timeout_s,
             peer_id=peer_id,
         )
+        return self._sent(msg, address, ok)
+
+    def _sent(self, msg: Message, address: str, ok: bool) -> bool:
         self.sent[msg.TYPE] += ok
         if not ok:
             log.debug("%s: %s to %s not sent (unreachable or timed out)", self.id, msg.TYPE, address)
         return ok
+
+    def _send_at_once(self, address: str | None, msg: Message, frames, peer_id: str | None
+                      ) -> bool | None:
+        """Send without a task where the transport can do it without waiting (most
+        sends): whether it went, or None (it must wait: the caller awaits a send)."""
+        if address is None:
+            return None
+        ok = self.transport.send_now(address, frames, peer_id=peer_id)
+        return None if ok is None else self._sent(msg, address, ok)
 
     async def _send_to(self, peer_id: str, msg: Message, timeout_s: float | None = None,
                        frames=None) -> bool:
@@ -301,21 +313,28 @@ class Node:
         if frames is None:
             return 0
         timeout = self.timing.send_timeout_s if timeout_s is None else timeout_s
-        sends = []
+        sends, took = [], 0
         for p in peer_ids:
             m = self.membership.members.get(p)
             address = m.address if m is not None else None
             if address is not None:
+                sent = self.transport.send_now(address, frames, peer_id=p)
+                if sent is not None:  # most sends: no task, no wait
+                    took += sent
+                    continue
                 wait = timeout if m.status == "alive" else 0.0
                 sends.append(self.transport.send(address, frames, wait, peer_id=p))
-        results = await asyncio.gather(*sends)
-        self.sent[msg.TYPE] += sum(results)
-        return sum(results)
+        took += sum(await asyncio.gather(*sends))
+        self.sent[msg.TYPE] += took
+        return took
 
     def _reply_soon(self, address: str, msg: Message, peer_id: str) -> None:
         """Reply from the receive loop without blocking it (only ``peer_id`` can read it
-        on an authenticated transport, whatever ``address`` it gave)."""
-        self._spawn(self._send(address, msg, peer_id=peer_id), "reply")
+        on an authenticated transport, whatever ``address`` it gave): at once where the
+        transport can, else from a task of its own."""
+        frames = self._encode(msg)
+        if frames is not None and self._send_at_once(address, msg, frames, peer_id) is None:
+            self._spawn(self._send(address, msg, peer_id=peer_id, frames=frames), "reply")
 
     # ================================================================ receiving
 
@@ -385,6 +404,10 @@ class Node:
                     frames = encoded[id(ins.msg)] = self._encode(ins.msg) or ()
                 if not frames:
                     continue
+                address, peer = ((self.membership.address_of(ins.address), ins.address)
+                                 if ins.to_member else (ins.address, ins.peer_id))
+                if self._send_at_once(address, ins.msg, frames, peer) is not None:
+                    continue  # sent (or refused) without waiting
                 batch.append(
                     self._send_to(ins.address, ins.msg, ins.timeout_s, frames) if ins.to_member
                     else self._send(ins.address, ins.msg, ins.timeout_s, ins.peer_id, frames))

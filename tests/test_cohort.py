@@ -770,3 +770,36 @@ def test_a_message_sent_to_several_places_in_one_batch_is_encoded_once(tmp_path,
     got = asyncio.run(main())
     assert encodings == ["hello"]
     assert [sender for sender, _ in got] == ["p0"] * 3
+
+
+def test_a_broadcast_and_a_reply_go_out_without_a_task_per_destination(tmp_path):
+    # A thousand peers in one process send hundreds of thousands of messages as the
+    # cohort forms: a send the transport takes at once needs no task (each costs the
+    # shared loop more than the send); only one that must wait gets one.
+    hub = MemoryHub()
+    nodes = [build_node(c, hub) for c in cohort_cfgs(tmp_path, 4)]
+
+    async def main():
+        for n in nodes:
+            await n.transport.start()
+        p0, others = nodes[0], nodes[1:]
+        p0.core.open_view(p0.transport.address, p0.rng)
+        for n in others:
+            p0.membership.heard_from(n.id, 0, 0.0, address=n.transport.address)
+
+        async def must_not_wait(*args, **kwargs):
+            raise AssertionError("an in-memory send waited")
+
+        p0.transport.send = must_not_wait
+        took = await p0._broadcast([n.id for n in others], p0.core.heartbeat(), 1.0)
+        p0._reply_soon(others[0].transport.address, p0.core.heartbeat(), others[0].id)
+        assert not p0._tasks  # the reply went at once, no task spawned
+        got = [await asyncio.wait_for(n.transport.recv(), WAIT_S) for n in others]
+        got.append(await asyncio.wait_for(others[0].transport.recv(), WAIT_S))
+        for n in nodes:
+            await n.transport.close()
+        return took, got, dict(p0.sent)
+
+    took, got, sent = asyncio.run(main())
+    assert took == 3 and [s for s, _ in got] == ["p0"] * 4
+    assert sent == {"heartbeat": 4}

@@ -257,6 +257,29 @@ def test_zmq_peer_restarted_on_the_same_port_is_reachable_both_ways():
     asyncio.run(main())
 
 
+def test_zmq_send_now_sends_without_waiting_or_says_it_must_wait(unused_tcp_address):
+    # The node sends to many peers at once (a broadcast, a tick's hellos) without a task
+    # each: send_now goes at once where the link takes it, and says None where a send
+    # would have to wait (the link not up yet), never losing the message silently.
+    async def main():
+        a, b = await started(ZmqTransport("a", "tcp://127.0.0.1:0"),
+                             ZmqTransport("b", "tcp://127.0.0.1:0"))
+        try:
+            assert a.send_now(b.address, [b"early"]) is None  # IMMEDIATE: not connected yet
+            assert a.stats.send_failures == 0
+            assert await a.send(b.address, [b"first"], 2.0)  # waits for the link
+            assert await recv(b) == ("a", [b"first"])
+            assert a.send_now(b.address, [b"now"]) is True
+            assert await recv(b) == ("a", [b"now"])
+            assert (a.stats.messages_sent, a.stats.bytes_sent) == (2, 8)
+            assert a.send_now(unused_tcp_address, [b"x"]) is None  # nobody there: wait
+        finally:
+            await close_all(a, b)
+        assert a.send_now(b.address, [b"late"]) is False  # closing: never opens a link
+
+    asyncio.run(main())
+
+
 def test_make_transport_picks_the_backend_from_the_scheme():
     assert isinstance(make_transport("a", "tcp://127.0.0.1:0"), ZmqTransport)
     assert isinstance(make_transport("a", "ipc:///tmp/hfl-a"), ZmqTransport)
@@ -304,6 +327,23 @@ def test_in_memory_inbox_is_bounded():
         assert (await recv(b))[1] == [b"1"]
         assert await a.send("mem://b", [b"4"], 1.0)
         assert [(await recv(b))[1] for _ in range(2)] == [[b"2"], [b"4"]]
+        await close_all(a, b)
+
+    asyncio.run(main())
+
+
+def test_in_memory_send_now_never_waits():
+    async def main():
+        hub = MemoryHub()
+        a, b = await started(
+            InMemoryTransport("a", "mem://a", hub),
+            InMemoryTransport("b", "mem://b", hub, TransportOptions(inbox_size=1)),
+        )
+        assert a.send_now("mem://b", [b"1"]) is True
+        assert a.send_now("mem://b", [b"2"]) is False  # full: refused at once
+        assert a.send_now("mem://nobody", [b"3"]) is False
+        assert (a.stats.messages_sent, a.stats.send_failures) == (1, 2)
+        assert (await recv(b))[1] == [b"1"]
         await close_all(a, b)
 
     asyncio.run(main())
