@@ -305,28 +305,35 @@ class Node:
                                                                frames)
 
     async def _broadcast(self, peer_ids: list[str], msg: Message, timeout_s: float | None = None) -> int:
-        """Send one message to several peers concurrently. Returns how many took it.
+        """Send one message to several peers concurrently. Returns how many took it."""
+        return await self._start_broadcast(peer_ids, msg, timeout_s)
+
+    def _start_broadcast(self, peer_ids: list[str], msg: Message, timeout_s: float | None = None):
+        """A broadcast's sends that go out without waiting, now, in order (most: no task
+        each); returns the coroutine that waits for the others and says how many took it.
 
         A peer we already suspect gets no wait at all (queued if its link takes it,
         else dropped): a silent peer must never hold up a round's broadcast."""
         frames = self._encode(msg)  # encode once
-        if frames is None:
-            return 0
         timeout = self.timing.send_timeout_s if timeout_s is None else timeout_s
         sends, took = [], 0
-        for p in peer_ids:
+        for p in peer_ids if frames is not None else ():
             m = self.membership.members.get(p)
             address = m.address if m is not None else None
             if address is not None:
                 sent = self.transport.send_now(address, frames, peer_id=p)
-                if sent is not None:  # most sends: no task, no wait
+                if sent is not None:
                     took += sent
                     continue
                 wait = timeout if m.status == "alive" else 0.0
                 sends.append(self.transport.send(address, frames, wait, peer_id=p))
-        took += sum(await asyncio.gather(*sends))
-        self.sent[msg.TYPE] += took
-        return took
+
+        async def the_rest() -> int:
+            n = took + sum(await asyncio.gather(*sends))
+            self.sent[msg.TYPE] += n
+            return n
+
+        return the_rest()
 
     def _reply_soon(self, address: str, msg: Message, peer_id: str) -> None:
         """Reply from the receive loop without blocking it (only ``peer_id`` can read it
@@ -393,8 +400,9 @@ class Node:
 
     async def _carry_out(self, instructions: list[do.Instruction]) -> None:
         """:meth:`_execute`, with the batched sends (Send, Broadcast) sent together and
-        awaited. A message sent to several places (a tick's hello to every member it
-        greets) is encoded once."""
+        awaited: in order, those the transport takes at once as they come, then the wait
+        for the others. A message sent to several places (a tick's hello to every member
+        it greets) is encoded once."""
         batch = []
         encoded: dict[int, Any] = {}  # id(message) -> its frames, or () when unsendable
         for ins in instructions:
@@ -412,7 +420,7 @@ class Node:
                     self._send_to(ins.address, ins.msg, ins.timeout_s, frames) if ins.to_member
                     else self._send(ins.address, ins.msg, ins.timeout_s, ins.peer_id, frames))
             elif isinstance(ins, do.Broadcast):
-                batch.append(self._broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s))
+                batch.append(self._start_broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s))
             else:
                 self._execute([ins])
         await asyncio.gather(*batch)

@@ -449,7 +449,7 @@ class ZmqTransport(Transport):
             # send with no timeout at all.
             sender.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            if self._dealers.get((address, peer_id if self.security is not None else None)):
+            if self._dealers.get((address, peer_id if self.security is not None else None)) is not None:
                 return None  # the queue is full or the link not up yet: wait in send()
             self.stats.send_failures += 1  # refused a moment ago: redialled after a backoff
             return False
@@ -478,6 +478,8 @@ class ZmqTransport(Transport):
                 self.stats.send_failures += 1
                 return False
             raise
+        except zmq.ZMQError as exc:  # the socket or its context closed under the poll
+            return self._send_failed(address, exc)
         if not ready & zmq.POLLOUT:
             self.stats.send_failures += 1
             return False
