@@ -298,7 +298,8 @@ class PeerCore:
         address = self.membership.address_of(identity)
         if address and err.code in (ErrorCode.UNKNOWN_TYPE, ErrorCode.VERSION_MISMATCH):
             out.append(Reply(address, Error(**self.envelope(), code=err.code,
-                                             reason=clip(err.reason, 200)), identity))
+                                             reason=clip(err.reason, 200),
+                                             ref_type=getattr(err, "ref_type", "")), identity))
         return out
 
     def join_need(self, stop_if_alone: bool = False) -> int:

@@ -390,7 +390,8 @@ def _parse_header(raw: memoryview, limits: Limits) -> tuple[type[Message], dict[
         _fail(ErrorCode.BAD_HEADER, "header field 'type' missing or not a str")
     cls = MESSAGE_TYPES.get(type_name)
     if cls is None:
-        _fail(ErrorCode.UNKNOWN_TYPE, f"unknown message type {type_name[:64]!r}")
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {type_name[:64]!r}",
+                            ref_type=type_name[:64])
     sender, incarnation = header.get("sender"), header.get("incarnation")
     _check_sender(sender, incarnation)
     body = header.get("body")

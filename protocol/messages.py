@@ -254,7 +254,8 @@ class ErrorCode:
 class ProtocolError(Exception):
     """A message could not be accepted. Carries an :class:`ErrorCode` value."""
 
-    def __init__(self, code: str, reason: str):
+    def __init__(self, code: str, reason: str, ref_type: str = ""):
         super().__init__(f"{code}: {reason}")
         self.code = code
         self.reason = reason
+        self.ref_type = ref_type  # the message's type, where it could be read

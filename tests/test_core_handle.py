@@ -300,9 +300,10 @@ def test_an_undecodable_message_is_dropped_and_a_member_is_told_only_what_we_do_
     from hfl.protocol import ErrorCode, ProtocolError
 
     core = bare()
-    out = core.undecodable("p1", ProtocolError(ErrorCode.UNKNOWN_TYPE, "type 'vote'"))
+    out = core.undecodable("p1", ProtocolError(ErrorCode.UNKNOWN_TYPE, "type 'vote'", "vote"))
     assert [type(i) for i in out] == [Dropped, Reply]
     assert out[1].peer_id == "p1" and out[1].msg.code == ErrorCode.UNKNOWN_TYPE
+    assert out[1].msg.ref_type == "vote"  # PROTOCOL.md: the unknown type, where it was read
     # Not a member (nowhere to answer), or a malformed message: dropped, no answer.
     assert [type(i) for i in core.undecodable("p9", ProtocolError(ErrorCode.UNKNOWN_TYPE, "x"))] \
         == [Dropped]

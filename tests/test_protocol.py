@@ -374,7 +374,7 @@ def test_version_missing_or_wrong_type(version) -> None:
 
 def test_unknown_type() -> None:
     err = rejects(frames_with(heartbeat_header(type="teleport")), ErrorCode.UNKNOWN_TYPE)
-    assert "teleport" in err.reason
+    assert "teleport" in err.reason and err.ref_type == "teleport"  # the error reply's ref_type
 
 
 @pytest.mark.parametrize("type_", [None, 3, b"heartbeat"])
