@@ -431,7 +431,13 @@ class ZmqTransport(Transport):
             self._dial_monitors[key] = (watcher, monitor)
         return sock, self._senders[key]
 
-    def send_now(self, address: str, frames: Frames, peer_id: str | None = None) -> bool | None:
+    # No send_now here (the base class's: always wait): a multi-process peer sends a
+    # few messages a round, where the in-memory transport carries a thousand peers'.
+    # (Measured only in one process; see docs/runtime.md.)
+
+    def _try_send(self, address: str, frames: Frames, peer_id: str | None = None) -> bool | None:
+        """One non-blocking try: True (sent), False (failed, counted) or None (it must
+        wait: the link is not up yet or its queue is full)."""
         import zmq
 
         if self._closing:
@@ -465,7 +471,7 @@ class ZmqTransport(Transport):
 
         # Try first, poll only if the queue is full or not connected yet: a poll costs
         # ~90 us, most sends need none.
-        sent = self.send_now(address, frames, peer_id)
+        sent = self._try_send(address, frames, peer_id)
         if sent is not None:
             return sent
         sock, sender = self._dealer(address, peer_id)

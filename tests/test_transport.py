@@ -257,23 +257,23 @@ def test_zmq_peer_restarted_on_the_same_port_is_reachable_both_ways():
     asyncio.run(main())
 
 
-def test_zmq_send_now_sends_without_waiting_or_says_it_must_wait(unused_tcp_address):
-    # The node sends to many peers at once (a broadcast, a tick's hellos) without a task
-    # each: send_now goes at once where the link takes it, and says None where a send
-    # would have to wait (the link not up yet), never losing the message silently.
+def test_zmq_a_send_tries_at_once_and_waits_only_when_it_must(unused_tcp_address):
+    # send() tries without waiting first (_try_send) and polls only when the link is
+    # not up yet or its queue is full; send_now is the base class's (always wait).
     async def main():
         a, b = await started(ZmqTransport("a", "tcp://127.0.0.1:0"),
                              ZmqTransport("b", "tcp://127.0.0.1:0"))
         try:
             assert await a.send(b.address, [b"first"], 2.0)  # may wait for the link
             assert await recv(b) == ("a", [b"first"])
-            assert a.send_now(b.address, [b"now"]) is True
+            assert a._try_send(b.address, [b"now"]) is True
             assert await recv(b) == ("a", [b"now"])
             assert (a.stats.messages_sent, a.stats.bytes_sent) == (2, 8)
-            assert a.send_now(unused_tcp_address, [b"x"]) is None  # nobody there: wait
+            assert a._try_send(unused_tcp_address, [b"x"]) is None  # nobody there: wait
+            assert a.send_now(b.address, [b"x"]) is None  # the node awaits send()
         finally:
             await close_all(a, b)
-        assert a.send_now(b.address, [b"late"]) is False  # closing: never opens a link
+        assert a._try_send(b.address, [b"late"]) is False  # closing: never opens a link
 
     asyncio.run(main())
 
