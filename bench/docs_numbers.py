@@ -490,13 +490,14 @@ FEDH2L_MNIST_DRAWS_ARGS = ["--data", "mnist", "--draw", "seed", "--seeds", "1", 
 FEDH2L_MNIST_ALPHA = "**Table 2 at α = 5 % and 15 %.**"
 FEDH2L_MNIST_ALPHA_ARGS = ["--data", "mnist", "--alpha", "5", "15", "--methods", "FedH2L", "AGG",
                            "IND (solo)", "FedMD", "FedAvg bw-matched", "FedProx bw-matched",
-                           "FedAvg", "--reuse"]
+                           "FedAvg", "FedProx", "--reuse"]
 FEDH2L_MNIST_ALPHA_ROWS = {f"{row}, α = {a} %": f"{label} α={a}%" for a in (5, 15)
                            for row, label in (("FedH2L", "FedH2L"), ("AGG", "AGG"),
                                               ("IND", "IND (solo)"), ("FedMD", "FedMD"),
                                               ("FedAvg bw-matched", "FedAvg bw-matched"),
                                               ("FedProx bw-matched", "FedProx bw-matched"),
-                                              ("FedAvg every round", "FedAvg"))}
+                                              ("FedAvg every round", "FedAvg"),
+                                              ("FedProx every round", "FedProx"))}
 
 
 def measure_compare_fedh2l_mnist(out_dir: Path, args: list[str] = FEDH2L_MNIST_ARGS,
