@@ -325,11 +325,11 @@ class Node:
                 if sent is not None:
                     took += sent
                     continue
-                wait = timeout if m.status == "alive" else 0.0
-                sends.append(self.transport.send(address, frames, wait, peer_id=p))
+                sends.append((address, timeout if m.status == "alive" else 0.0, p))
 
-        async def the_rest() -> int:
-            n = took + sum(await asyncio.gather(*sends))
+        async def the_rest() -> int:  # (a cancelled batch leaves no send un-awaited)
+            n = took + sum(await asyncio.gather(*(
+                self.transport.send(address, frames, wait, peer_id=p) for address, wait, p in sends)))
             self.sent[msg.TYPE] += n
             return n
 
