@@ -299,7 +299,7 @@ class PeerCore:
         if address and err.code in (ErrorCode.UNKNOWN_TYPE, ErrorCode.VERSION_MISMATCH):
             out.append(Reply(address, Error(**self.envelope(), code=err.code,
                                              reason=clip(err.reason, 200),
-                                             ref_type=getattr(err, "ref_type", "")), identity))
+                                             ref_type=err.ref_type), identity))
         return out
 
     def join_need(self, stop_if_alone: bool = False) -> int:

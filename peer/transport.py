@@ -435,9 +435,8 @@ class ZmqTransport(Transport):
     # few messages a round, where the in-memory transport carries a thousand peers'.
     # (Measured only in one process; see docs/runtime.md.)
 
-    def _try_send(self, address: str, frames: Frames, peer_id: str | None = None) -> bool | None:
-        """One non-blocking try: True (sent), False (failed, counted) or None (it must
-        wait: the link is not up yet or its queue is full)."""
+    async def send(self, address: str, frames: Frames, timeout_s: float,
+                   peer_id: str | None = None) -> bool:
         import zmq
 
         if self._closing:
@@ -448,67 +447,42 @@ class ZmqTransport(Transport):
         if self._router is None:
             raise RuntimeError("transport not started")
         try:
-            _, sender = self._dealer(address, peer_id)
+            sock, sender = self._dealer(address, peer_id)
             # Send on the blocking shadow with NOBLOCK: EAGAIN comes back at once. The
             # asyncio socket's send_multipart would instead report EAGAIN only through
             # its future, or (when other sends are polling the same socket) queue this
-            # send with no timeout at all.
-            sender.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            if self._dealers.get((address, peer_id if self.security is not None else None)) is not None:
-                return None  # the queue is full or the link not up yet: wait in send()
-            self.stats.send_failures += 1  # refused a moment ago: redialled after a backoff
-            return False
-        except zmq.ZMQError as exc:
-            return self._send_failed(address, exc)
-        self.stats.messages_sent += 1
-        self.stats.bytes_sent += frames_nbytes(frames)
-        return True
-
-    async def send(self, address: str, frames: Frames, timeout_s: float,
-                   peer_id: str | None = None) -> bool:
-        import zmq
-
-        # Try first, poll only if the queue is full or not connected yet: a poll costs
-        # ~90 us, most sends need none.
-        sent = self._try_send(address, frames, peer_id)
-        if sent is not None:
-            return sent
-        sock, sender = self._dealer(address, peer_id)
-        try:
-            ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
-        except asyncio.CancelledError:
-            # forget() closed this socket under us (its peer said goodbye): a failed
-            # send, not a cancellation of the caller.
-            if sock.closed and not asyncio.current_task().cancelling():
-                self.stats.send_failures += 1
-                return False
-            raise
-        except zmq.ZMQError as exc:  # the socket or its context closed under the poll
-            return self._send_failed(address, exc)
-        if not ready & zmq.POLLOUT:
-            self.stats.send_failures += 1
-            return False
-        try:
-            sender.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
+            # send with no timeout at all. Try first, poll only if the queue is full
+            # or not connected yet: a poll costs ~90 us, most sends need none.
+            try:
+                sender.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                try:
+                    ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
+                except asyncio.CancelledError:
+                    # forget() closed this socket under us (its peer said goodbye):
+                    # a failed send, not a cancellation of the caller.
+                    if sock.closed and not asyncio.current_task().cancelling():
+                        self.stats.send_failures += 1
+                        return False
+                    raise
+                if not ready & zmq.POLLOUT:
+                    self.stats.send_failures += 1
+                    return False
+                sender.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self.stats.send_failures += 1
             return False
         except zmq.ZMQError as exc:
-            return self._send_failed(address, exc)
+            # Once per address and cause (e.g. a gossiped peer with no allow-list key,
+            # tried again every tick), then only counted in the stats.
+            if (address, str(exc)) not in self._send_errors and len(self._send_errors) < 1024:
+                self._send_errors.add((address, str(exc)))
+                log.warning("send to %s failed: %s (not repeated for this address)", address, exc)
+            self.stats.send_failures += 1
+            return False
         self.stats.messages_sent += 1
         self.stats.bytes_sent += frames_nbytes(frames)
         return True
-
-    def _send_failed(self, address: str, exc: Exception) -> bool:
-        """A send that failed for good: logged once per address and cause (e.g. a
-        gossiped peer with no allow-list key, tried again every tick), then only
-        counted in the stats. Returns False."""
-        if (address, str(exc)) not in self._send_errors and len(self._send_errors) < 1024:
-            self._send_errors.add((address, str(exc)))
-            log.warning("send to %s failed: %s (not repeated for this address)", address, exc)
-        self.stats.send_failures += 1
-        return False
 
     async def recv(self) -> tuple[str, list[memoryview]]:
         while True:

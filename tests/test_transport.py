@@ -56,6 +56,8 @@ def test_zmq_round_trip_carries_the_sender_peer_id_as_identity():
             assert await recv(a) == ("bob", [b"hi"])
             assert (a.stats.messages_sent, a.stats.bytes_sent) == (1, 8)
             assert (b.stats.messages_received, b.stats.bytes_received) == (1, 8)
+            # The node awaits every ZeroMQ send: send_now is the base class's "must wait"
+            assert a.send_now(b.address, [b"x"]) is None and a.stats.messages_sent == 1
         finally:
             await close_all(a, b)
 
@@ -257,27 +259,6 @@ def test_zmq_peer_restarted_on_the_same_port_is_reachable_both_ways():
     asyncio.run(main())
 
 
-def test_zmq_a_send_tries_at_once_and_waits_only_when_it_must(unused_tcp_address):
-    # send() tries without waiting first (_try_send) and polls only when the link is
-    # not up yet or its queue is full; send_now is the base class's (always wait).
-    async def main():
-        a, b = await started(ZmqTransport("a", "tcp://127.0.0.1:0"),
-                             ZmqTransport("b", "tcp://127.0.0.1:0"))
-        try:
-            assert await a.send(b.address, [b"first"], 2.0)  # may wait for the link
-            assert await recv(b) == ("a", [b"first"])
-            assert a._try_send(b.address, [b"now"]) is True
-            assert await recv(b) == ("a", [b"now"])
-            assert (a.stats.messages_sent, a.stats.bytes_sent) == (2, 8)
-            assert a._try_send(unused_tcp_address, [b"x"]) is None  # nobody there: wait
-            assert a.send_now(b.address, [b"x"]) is None  # the node awaits send()
-        finally:
-            await close_all(a, b)
-        assert a._try_send(b.address, [b"late"]) is False  # closing: never opens a link
-
-    asyncio.run(main())
-
-
 def test_make_transport_picks_the_backend_from_the_scheme():
     assert isinstance(make_transport("a", "tcp://127.0.0.1:0"), ZmqTransport)
     assert isinstance(make_transport("a", "ipc:///tmp/hfl-a"), ZmqTransport)
@@ -321,27 +302,12 @@ def test_in_memory_inbox_is_bounded():
         assert await a.send("mem://b", [b"1"], 1.0)
         assert await a.send("mem://b", [b"2"], 1.0)
         assert await a.send("mem://b", [b"3"], 1.0) is False  # full: refused, not blocked
-        assert a.stats.send_failures == 1
+        assert a.send_now("mem://b", [b"3"]) is False  # never "must wait" (None)
+        assert a.send_now("mem://nobody", [b"3"]) is False
+        assert a.stats.send_failures == 3
         assert (await recv(b))[1] == [b"1"]
         assert await a.send("mem://b", [b"4"], 1.0)
         assert [(await recv(b))[1] for _ in range(2)] == [[b"2"], [b"4"]]
-        await close_all(a, b)
-
-    asyncio.run(main())
-
-
-def test_in_memory_send_now_never_waits():
-    async def main():
-        hub = MemoryHub()
-        a, b = await started(
-            InMemoryTransport("a", "mem://a", hub),
-            InMemoryTransport("b", "mem://b", hub, TransportOptions(inbox_size=1)),
-        )
-        assert a.send_now("mem://b", [b"1"]) is True
-        assert a.send_now("mem://b", [b"2"]) is False  # full: refused at once
-        assert a.send_now("mem://nobody", [b"3"]) is False
-        assert (a.stats.messages_sent, a.stats.send_failures) == (1, 2)
-        assert (await recv(b))[1] == [b"1"]
         await close_all(a, b)
 
     asyncio.run(main())
