@@ -348,7 +348,7 @@ class PeerCore:
         # Bootstrap until someone live answers; then greet whoever gossip taught us. A
         # resumed peer remembers its cohort at the addresses of its last run, which on
         # a cluster (a resubmitted SLURM job) are all new: the bootstrap finds them.
-        if not any(m.greeted and m.status == "alive" for m in mem.members.values()):
+        if not mem.any_greeted_alive():
             hello = self.hello()
             out += [Send(a, hello, 0.05, peer) for peer, a in self.bootstrap
                     if a != mem.self_address and peer != self.id]

@@ -616,7 +616,7 @@ class Node:
         record = self.ledger.end(done, self.clock.now(), self.transport.stats, self.sent, {
             "live_peers": mem.live_count(),
             # ourselves and every member heard from in this life, whatever its status now
-            "met_peers": 1 + sum(1 for m in mem.members.values() if m.confirmed),
+            "met_peers": 1 + mem.confirmed_count(),
             "dropped": sum(self.dropped.values()), "incarnation": self.incarnation,
             "aggregate_disagreements": sum(len(p) for p in self.disagreements.values())})
         if record is None:  # not evaluated: no line, no checkpoint

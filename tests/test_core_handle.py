@@ -243,15 +243,16 @@ def test_a_late_tick_slows_blame_and_a_stall_is_not_held_against_the_others():
     timing = SimpleNamespace(heartbeat_interval_s=0.5, suspect_after_s=2.0, dead_after_s=5.0)
     core = bare(timing=timing)
     core.membership.mode = "swim"  # Lifeguard's local health counts in swim mode only
-    heard = core.membership.members["p1"].last_heard
+    mem, p1 = core.membership, core.membership.members["p1"]
+    heard = mem.heard_at(p1)
     assert core.stood_still(0.2) is False and core.membership.patience() == 1
     assert core.stood_still(0.5) is False  # a whole interval late: slower to blame
     assert core.membership.patience() > 1
-    assert core.membership.members["p1"].last_heard == heard  # but nobody's silence moved
+    assert mem.heard_at(p1) == heard  # but nobody's silence moved
     # Stood still beyond max(2 intervals, suspect_after_s / 2): the others were silent
     # because we were not listening.
     assert core.stood_still(1.1) is True
-    assert core.membership.members["p1"].last_heard == heard + 1.1
+    assert mem.heard_at(p1) == heard + 1.1
 
 
 def test_a_member_removed_from_the_allow_list_stops_being_one_and_its_key_is_not_trusted():

@@ -98,6 +98,9 @@ def test_the_join_counts_kept_as_members_change_equal_a_recount(seed):
         greeted, departed, arrived = m.join_counts()
         assert (set(greeted), departed, arrived) == recount(m)
         assert m.live_count() == len(m.live_view())  # every round's record says it
+        assert m.confirmed_count() == sum(x.confirmed for x in m.members.values())
+        assert m.any_greeted_alive() == any(x.greeted and x.status == ALIVE
+                                            for x in m.members.values())
     assert any(recount(m))  # the walk reached a view worth counting
 
 
@@ -707,3 +710,74 @@ def test_a_bounded_gossip_sample_always_names_the_sender():
     sample = m.records(sample=4)
     assert len(sample) == 4 and sample[0].peer_id == "a"
     assert len({r.peer_id for r in sample}) == 4
+
+
+class EagerPauses(Membership):
+    """The oracle for :meth:`Membership.paused`: the walk over the whole view that it
+    did before (every timestamp moved on at once), with no pause total kept."""
+
+    def paused(self, seconds: float) -> None:
+        for m in self.members.values():
+            if m.asked_at is not None:
+                m.asked_at += seconds
+            if m.status in (ALIVE, SUSPECT):
+                m.last_heard += seconds
+                if m.expect_since is not None:
+                    m.expect_since += seconds
+        for peer in self._hinted:
+            self._hinted[peer] += seconds
+
+
+@pytest.mark.parametrize("mode", ["swim", "full"])
+@pytest.mark.parametrize("seed", range(12))
+def test_pauses_kept_as_a_total_decide_as_the_walk_over_the_view_did(seed, mode):
+    """paused() moves only what owes an answer and keeps a total for the rest (a
+    thousand peers in one process each walked the whole view several times a round):
+    after any sequence of messages, probes, news, crash hints, goodbyes, pauses and
+    ticks, every decision and every member's clock equal the old walk's."""
+    import random
+
+    rng = random.Random(seed)
+    ids = [f"p{i}" for i in range(10)]
+    views = [cls("a", "mem://a", 0, SUSPECT_S, DEAD_S, mode=mode, rng=random.Random(seed))
+             for cls in (Membership, EagerPauses)]
+    for v in views:
+        v.hint_dead_s = 1.0
+    now, deaths = 0.0, 0
+    for _ in range(400):
+        now += rng.uniform(0, 0.8)
+        p, kind = rng.choice(ids), rng.randrange(8)
+        arg = (rng.choice([0, 0, 1]), rng.choice([SUSPECT, DEAD, LEFT]), rng.uniform(0.5, 6.0),
+               rng.random() < 0.7)
+        outs = []
+        for v in views:
+            if kind == 0:
+                outs.append(v.heard_from(p, arg[0], now, address=f"mem://{p}", answer=arg[3]))
+            elif kind == 1:
+                v.expect(p, now)
+            elif kind == 2:
+                outs.append(v.hear_news([rec(p, status=arg[1])], "p0", now))
+            elif kind == 3:
+                outs.append(v.hint(p, now))
+            elif kind == 4:
+                outs.append(v.left(p, arg[0]))
+            elif kind == 5:
+                v.paused(arg[2])
+            else:
+                outs.append(v.tick(now))
+        if outs:
+            assert outs[0] == outs[1]
+            deaths += kind > 5 and any(c.new == DEAD for c in outs[0])
+        lazy, eager = views
+        assert {q: x.status for q, x in lazy.members.items()} == {
+            q: x.status for q, x in eager.members.items()}
+        for q, x in lazy.members.items():
+            y = eager.members[q]
+            if x.status in (ALIVE, SUSPECT):
+                assert lazy.heard_at(x) == pytest.approx(y.last_heard)
+            assert (x.asked_at is None) == (y.asked_at is None)
+            if x.asked_at is not None:
+                assert lazy._asked_at(x) == pytest.approx(y.asked_at)
+            assert x.expect_since == pytest.approx(y.expect_since)
+        assert lazy.answer_times == pytest.approx(eager.answer_times)
+    assert deaths  # the walk did decide
