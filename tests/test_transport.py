@@ -287,7 +287,18 @@ def test_in_memory_round_trip_copies_frames():
         assert np.frombuffer(frames[1], dtype=np.int32).tolist() == [0, 0, 0, 0]
         assert (a.stats.messages_sent, b.stats.messages_received) == (1, 1)
         assert a.stats.bytes_sent == b.stats.bytes_received == 8 + 16
-        await close_all(a, b)
+        # A broadcast (one frames list to several members) is copied once: the
+        # receivers share its bytes, each through views of its own; new frames, new copy.
+        (c,) = await started(InMemoryTransport("c", "mem://c", hub))
+        frames = [bytearray(b"to all")]
+        assert a.send_now("mem://b", frames) and a.send_now("mem://c", frames)
+        (_, at_b), (_, at_c) = b.recv_nowait(), c.recv_nowait()
+        assert at_b == at_c == [b"to all"] and at_b[0] is not at_c[0]
+        assert at_b[0].obj is at_c[0].obj
+        frames[0][:] = b"later!"  # (frames handed over are not changed: this only shows
+        assert a.send_now("mem://c", [frames[0]])  # that a new list is copied again)
+        assert (await recv(c))[1] == [b"later!"] and at_b == [b"to all"]
+        await close_all(a, b, c)
 
     asyncio.run(main())
 
