@@ -28,10 +28,10 @@ import signal
 import threading
 import time
 import weakref
-from typing import Any
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger(__name__)
 
