@@ -426,11 +426,11 @@ async def run_cohort(
     rounds = plans[0].config.cohort.rounds
     ended: dict[str, float] = {}
     tasks: dict[str, asyncio.Task] = {}
-    # As hfl-launch --in-process runs them: each peer freezes what it built (a checkout
-    # older than that option, --hfl-src, runs without). This worker runs one cohort and
-    # exits: nothing to unfreeze.
-    freeze = ({"freeze_heap": True} if "freeze_heap" in inspect.signature(run_peer).parameters
-              else {})
+    # As hfl-launch --in-process runs them: each peer freezes what it built, and runs
+    # its short method calls on the shared loop (a checkout older than those options,
+    # --hfl-src, runs without). This worker runs one cohort and exits: nothing to unfreeze.
+    params = inspect.signature(run_peer).parameters
+    freeze = {k: True for k in ("freeze_heap", "inline_short_calls") if k in params}
     for p in plans:
         task = asyncio.create_task(run_peer(p.config, hub=hub, observer=watch.observe, **freeze),
                                    name=p.id)

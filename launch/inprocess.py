@@ -86,7 +86,9 @@ def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progre
 
     async def main() -> list[Any]:
         hub = MemoryHub()
-        tasks = [asyncio.create_task(run_peer(p.config, hub=hub, freeze_heap=True), name=p.id)
+        # Every peer on this one loop: short method calls run on it (Node._compute_call).
+        tasks = [asyncio.create_task(run_peer(p.config, hub=hub, freeze_heap=True,
+                                              inline_short_calls=True), name=p.id)
                  for p in plans]
 
         async def show() -> None:

@@ -27,6 +27,7 @@ class RoundLedger:
         self.rounds_run = 0
         #: the method's wall and CPU seconds in the round in progress
         self.compute = [0.0, 0.0]
+        self.last_call = (0.0, 0.0)  # (wall, CPU) seconds of the method's last call
         self._window: list[dict[str, Any]] = []  # rounds run since the last evaluation
         self._window_keys: set[str] = set()  # what training and absorbing reported
         # The round in progress: (clock, wall time, bytes sent, received, membership
@@ -48,13 +49,16 @@ class RoundLedger:
             self._cpu_mark = time.process_time()
 
     def cpu_timed(self, fn):
-        """``fn``, counting the CPU of the thread that runs it as the method's."""
+        """``fn``, counting the CPU of the thread that runs it as the method's (and its
+        own wall and CPU seconds as :attr:`last_call`, wherever it ran)."""
         def timed(*args):
-            c = time.thread_time()
+            w, c = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args)
             finally:
-                self.compute[1] += time.thread_time() - c
+                cpu = time.thread_time() - c
+                self.compute[1] += cpu
+                self.last_call = (time.perf_counter() - w, cpu)
 
         timed.__wrapped__ = fn  # a run_blocking may look at what it runs (hfl-sim)
         return timed

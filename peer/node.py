@@ -7,7 +7,9 @@ One event loop per peer. Three owned tasks run while the node lives:
 - ``tick``: heartbeats, gossip, hellos to newly learned members and failure
   detection, every ``heartbeat_interval_s``;
 - ``rounds``: the round engine (below). Training, sharing, aggregation and
-  evaluation run in a worker thread, so heartbeats never stall behind a step.
+  evaluation run in a worker thread, so heartbeats never stall behind a step
+  (in-process cohorts: a call that took under 5 ms last time runs on the shared
+  loop, _compute_call).
 
 A round r: local update -> share -> by the algorithm's mode, either wait for
 every live peer's knowledge until ``round_timeout_s`` (broadcast), or send the
@@ -102,6 +104,7 @@ class Node:
         observer: Callable[..., None] | None = None,
         on_enter_round: Callable[[int], None] | None = None,
         sit_out_through: int = 0,
+        inline_short_calls: bool = False,
     ):
         self.id = peer_id
         self.transport = transport
@@ -166,7 +169,10 @@ class Node:
         self._crash = crash or _hard_exit
         # Runs training, aggregation and checkpoints off the event loop (a worker
         # thread); the simulator runs them inline, so that its history is exact.
+        # inline_short_calls: call name -> whether it ran short last time (_compute_call).
         self._run_blocking = run_blocking or asyncio.to_thread
+        self._short: dict[str, bool] | None = (
+            {} if inline_short_calls and run_blocking is None else None)
         # Awaited before each checkpoint (a resumed peer holds its first round until
         # it has met its cohort: runner.RoundRecorder.hold); may raise to stop the peer.
         self._hold_round = hold_round
@@ -602,10 +608,23 @@ class Node:
             for owner, (x, y) in sorted(self.seeds.take_completed().items()):
                 self.alg.add_peer_seeds(owner, x, y)
 
+    #: With ``inline_short_calls``: calls shorter than this last time run on the loop.
+    INLINE_BELOW_S = 0.005
+
     async def _compute_call(self, fn, *args) -> Any:
-        """One of the method's calls, off the event loop, its time and CPU counted."""
+        """One of the method's calls, its time and CPU counted, in a worker thread so that
+        heartbeats never wait behind a step; with ``inline_short_calls`` (every peer of
+        the process on this loop) on the loop when the same call took under
+        :attr:`INLINE_BELOW_S` of wall and CPU last time: a thread hop and the GIL's
+        hand-offs cost more than such a call (docs/runtime.md, One peer, one event loop)."""
         t = time.perf_counter()
-        out = await self._run_blocking(self.ledger.cpu_timed(fn), *args)
+        timed, name = self.ledger.cpu_timed(fn), getattr(fn, "__name__", "")
+        if self._short is not None and self._short.get(name):
+            out = timed(*args)
+        else:
+            out = await self._run_blocking(timed, *args)
+        if self._short is not None:
+            self._short[name] = max(self.ledger.last_call) < self.INLINE_BELOW_S
         self.ledger.compute[0] += time.perf_counter() - t
         return out
 

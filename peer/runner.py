@@ -290,6 +290,7 @@ async def run_peer(
     signing: tuple[Callable[[bytes], bytes], dict[str, bytes]] | None = None,
     *,
     freeze_heap: bool = False,
+    inline_short_calls: bool = False,
 ) -> NodeResult:
     """Build this peer from ``cfg`` and run it to the cohort's last round.
 
@@ -315,7 +316,10 @@ async def run_peer(
     No collection first: one costs 0.36 s of start-up with torch and hfl imported
     (340,000 objects) and found 36 unreachable ones; cyclic garbage pending at a
     freeze stays until the launcher unfreezes. Both launchers run their peers inside
-    :func:`thawed_after`, so a test that runs them pins nothing for the next."""
+    :func:`thawed_after`, so a test that runs them pins nothing for the next.
+
+    ``inline_short_calls`` (``hfl-launch --in-process``: every peer on one event loop):
+    a method call that was short last time runs on the loop (:meth:`Node._compute_call`)."""
     run_dir = Path(cfg.run_dir)
     make_run_dir(run_dir)
     started = time.time()
@@ -324,15 +328,18 @@ async def run_peer(
         handler = attach(run_dir)  # warnings/errors also to events.jsonl, which hfl-launch follows
         try:
             return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started, None,
-                                   run_blocking, observer, freeze_heap=freeze_heap)
+                                   run_blocking, observer, freeze_heap=freeze_heap,
+                                   inline_short_calls=inline_short_calls)
         finally:
             detach(handler)
     return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started, transport, run_blocking,
-                           observer, signing, freeze_heap=freeze_heap)
+                           observer, signing, freeze_heap=freeze_heap,
+                           inline_short_calls=inline_short_calls)
 
 
 async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, started: float,
-                    make, run_blocking, observer, signing=None, freeze_heap=False) -> NodeResult:
+                    make, run_blocking, observer, signing=None, freeze_heap=False,
+                    inline_short_calls=False) -> NodeResult:
     import torch
 
     from hfl.algorithms.registry import get_algorithm
@@ -475,7 +482,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
         stop_if_alone=stop_if_alone, run_blocking=run_blocking, hold_round=recorder.hold,
         observer=observe, on_enter_round=enter_round if cfg.node.checkpoint else None,
-        sit_out_through=sit_out_through,
+        sit_out_through=sit_out_through, inline_short_calls=inline_short_calls,
     )
     recorder.node = node
     watcher = asyncio.create_task(watch_join(

@@ -803,3 +803,45 @@ def test_a_broadcast_and_a_reply_go_out_without_a_task_per_destination(tmp_path)
     took, got, sent = asyncio.run(main())
     assert took == 3 and [s for s, _ in got] == ["p0"] * 4
     assert sent == {"heartbeat": 4}
+
+
+def test_in_one_process_a_method_call_that_was_short_runs_on_the_shared_loop(tmp_path):
+    # Thread hops and GIL hand-offs cost more than a call of a few milliseconds (a
+    # thousand quickstart peers in one process: 5.4 s a round with every call in a
+    # thread, 3.4 s with the short ones on the loop); a long call must still not hold
+    # the loop twice, and the first call of each hook is not known to be short.
+    import threading
+    import time as time_module
+
+    node = build_node(cohort_cfgs(tmp_path, 2)[0], MemoryHub(), inline_short_calls=True)
+    loop_thread = threading.get_ident()
+    ran_on, costs = [], iter([0.0, 0.0, 0.0, 0.02, 0.0, 0.0])
+
+    def local_update(round):
+        ran_on.append("loop" if threading.get_ident() == loop_thread else "thread")
+        time_module.sleep(next(costs))  # (a sleep is wall time, not CPU: either counts)
+        return {"round": round}
+
+    async def main():
+        return [await node._compute_call(local_update, r) for r in range(6)]
+
+    assert asyncio.run(main()) == [{"round": r} for r in range(6)]
+    # first: a thread; then short, on the loop; the long one (20 ms) on the loop once,
+    # since it was short last time; after it, a thread again, then the loop.
+    assert ran_on == ["thread", "loop", "loop", "loop", "thread", "loop"]
+    assert node.ledger.compute[0] >= 0.02  # every call's time is still counted
+
+    # A peer process of its own keeps every call in a thread (a hook grown long must
+    # not make it look dead), and a given run_blocking (the simulator's) runs them all.
+    for kw in ({}, {"inline_short_calls": True,
+                    "run_blocking": lambda fn, *a: asyncio.to_thread(fn, *a)}):
+        other = build_node(cohort_cfgs(tmp_path, 2)[1], MemoryHub(), **kw)
+        ran_on.clear()
+        costs = iter([0.0] * 3)
+
+        async def calls(node=other):
+            for r in range(3):
+                await node._compute_call(local_update, r)
+
+        asyncio.run(calls())
+        assert ran_on == ["thread"] * 3, kw
