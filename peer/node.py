@@ -159,6 +159,7 @@ class Node:
         self.ledger = RoundLedger(peer_id, evaluate_every)
         self._stopping = False
         self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
+        self._stills: tuple = (0, None, 0.0)  # since the last warning: times, when, longest
         self._reading_behind = False  # the receive loop holds (or left) messages unread
         self._essential: set[asyncio.Task] = set()  # the receive and tick loops
         self._runner: asyncio.Task | None = None  # the task in run(), cancelled if one dies
@@ -511,9 +512,7 @@ class Node:
             now = self.clock.now()
             stood_still = now - last - interval
             if self.core.stood_still(stood_still):  # not running: read the inbox first
-                log.warning("%s: this peer stood still for %.1fs; not holding that against "
-                            "the others", self.id, stood_still)
-                self._paused_s += stood_still
+                self._stood_still(stood_still, now)
                 await asyncio.sleep(0)  # let the receive loop drain what arrived meanwhile
             last = now
             try:
@@ -528,6 +527,23 @@ class Node:
                 log.exception("%s: tick %d failed", self.id, tick)
             tick += 1
             await asyncio.sleep(interval)
+
+    #: A peer that keeps standing still says so at most once a minute.
+    STOOD_STILL_EVERY_S = 60.0
+
+    def _stood_still(self, seconds: float, now: float) -> None:
+        """Count a time this peer stood still; warn of the first, then once a minute with
+        how often (a thousand peers on one saturated loop each stood still a few
+        times a round: 25,000 identical lines in a 10-round run)."""
+        self._paused_s += seconds
+        self._stills = (self._stills[0] + 1, self._stills[1], max(self._stills[2], seconds))
+        count, last, longest = self._stills
+        if last is None or now - last >= self.STOOD_STILL_EVERY_S:
+            times = (f" ({count} times since the last such line, the longest {longest:.1f}s)"
+                     if count > 1 else "")
+            log.warning("%s: this peer stood still for %.1fs%s; not holding that against the "
+                        "others", self.id, seconds, times)
+            self._stills = (0, now, 0.0)
 
     async def _tick(self, tick: int) -> None:
         self.transport.housekeeping()

@@ -845,3 +845,20 @@ def test_in_one_process_a_method_call_that_was_short_runs_on_the_shared_loop(tmp
 
         asyncio.run(calls())
         assert ran_on == ["thread"] * 3, kw
+
+
+def test_a_peer_that_keeps_standing_still_says_so_once_a_minute(tmp_path, caplog):
+    # A thousand peers on one saturated loop each stood still a few times a round: one
+    # warning each time was 25,000 identical lines in a 10-round run. Every pause still
+    # counts (nobody's silence over it is held against them).
+    node = build_node(cohort_cfgs(tmp_path, 2)[0], MemoryHub())
+    with caplog.at_level(logging.WARNING, logger="hfl.peer"):
+        for now, seconds in [(10.0, 1.5), (12.0, 1.2), (40.0, 3.0), (71.0, 1.1), (72.0, 2.0)]:
+            node._stood_still(seconds, now)
+    lines = [r.getMessage() for r in caplog.records if "stood still" in r.getMessage()]
+    assert lines == [
+        "p0: this peer stood still for 1.5s; not holding that against the others",
+        "p0: this peer stood still for 1.1s (3 times since the last such line, the longest "
+        "3.0s); not holding that against the others",
+    ]
+    assert node._paused_s == pytest.approx(1.5 + 1.2 + 3.0 + 1.1 + 2.0)
