@@ -217,6 +217,13 @@ def _greeted(node) -> list[str]:
     return sorted(m.peer_id for m in mem.members.values() if m.status == "alive" and m.greeted)
 
 
+def _listed(ids: list[str], most: int = 8) -> str:
+    """``ids`` for a log line: the first ``most`` and how many more (a cohort of a
+    thousand forming put 500 ids on each peer's line)."""
+    more = f" and {len(ids) - most} more" if len(ids) > most else ""
+    return ", ".join(ids[:most]) + more
+
+
 async def watch_join(node, bootstrap: tuple[str, ...], need: int, join_timeout_s: float,
                      events: Path | None, poll_s: float = 0.25, alone_stops: bool = False) -> None:
     """Until the first round ends: report join progress and warn early when the
@@ -254,7 +261,7 @@ async def watch_join(node, bootstrap: tuple[str, ...], need: int, join_timeout_s
                     if alone_stops and joined == 1 else "training with whoever is there")
             log.warning("%s: only %d of %d peers joined after %.0fs (%s); waiting while "
                         "more arrive, until none new for timing.join_timeout_s=%.0fs, then %s",
-                        node.id, joined, need, waited, ", ".join([node.id, *_greeted(node)]),
+                        node.id, joined, need, waited, _listed([node.id, *_greeted(node)]),
                         join_timeout_s, then)
 
 

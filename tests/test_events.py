@@ -67,3 +67,12 @@ def test_an_equivocating_member_is_noted_with_the_drops_of_its_contributions(tmp
     drops = [r for p in honest for r in got[p] if r["kind"] == "dropped"]
     assert drops and {r["code"] for r in drops} >= {"equivocator"}
     assert all(r["reason"] for r in drops)
+
+
+def test_a_join_warning_names_the_first_peers_and_counts_the_rest():
+    # A cohort of a thousand forming put 500 ids on each peer's "only k of n joined" line.
+    from hfl.peer.status import _listed
+
+    ids = [f"p{i:03d}" for i in range(500)]
+    assert _listed(ids) == "p000, p001, p002, p003, p004, p005, p006, p007 and 492 more"
+    assert _listed(ids[:8]) == ", ".join(ids[:8])
