@@ -299,6 +299,13 @@ class Membership:
         if (status is None or status == m.status) and (greeted is None or greeted == m.greeted):
             return
         self._count(m.peer_id, m.status, m.greeted, -1)
+        if status is not None and (status in (ALIVE, SUSPECT)) != (m.status in (ALIVE, SUSPECT)):
+            # Our pauses move the silence of live members only (:meth:`paused`): a member
+            # that stops being live keeps its clock where it is, one live again restarts it.
+            if status in (ALIVE, SUSPECT):
+                m.heard_pause = self._paused_s
+            else:
+                m.last_heard, m.heard_pause = self.heard_at(m), self._paused_s
         if status is not None:
             m.status = status
         if greeted is not None:
@@ -553,7 +560,8 @@ class Membership:
                 del self._hinted[peer]
                 continue
             silent = now - since
-            if silent < self.hint_dead_s * patience or self.heard_at(m) > since:
+            # (nothing was heard since the hint: a message withdraws it, heard_from)
+            if silent < self.hint_dead_s * patience:
                 continue
             del self._hinted[peer]
             changes.append(Change(peer, m.status, DEAD, f"its link dropped {silent:.1f}s ago and "

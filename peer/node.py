@@ -635,13 +635,16 @@ class Node:
         hand-offs cost more than such a call (docs/runtime.md, One peer, one event loop)."""
         t = time.perf_counter()
         timed, name = self.ledger.cpu_timed(fn), getattr(fn, "__name__", "")
-        if self._short is not None and self._short.get(name):
-            out = timed(*args)
-        else:
-            out = await self._run_blocking(timed, *args)
-        if self._short is not None:
-            self._short[name] = max(self.ledger.last_call) < self.INLINE_BELOW_S
-        self.ledger.compute[0] += time.perf_counter() - t
+        try:
+            if self._short is not None and name and self._short.get(name):
+                out = timed(*args)
+                await asyncio.sleep(0)  # the other peers' turn (rounds with no exchange)
+            else:
+                out = await self._run_blocking(timed, *args)
+        finally:  # a call that raised is measured too
+            if self._short is not None and name:
+                self._short[name] = max(self.ledger.last_call) < self.INLINE_BELOW_S
+            self.ledger.compute[0] += time.perf_counter() - t
         return out
 
     async def _round_done(self, done: do.RoundDone) -> None:

@@ -703,6 +703,7 @@ class InMemoryTransport(Transport):
         if self.hub.endpoints.get(self.address) is self:
             del self.hub.endpoints[self.address]
         self._inbox = None
+        self._copied = (None, [])  # (it pins the last message's buffers)
 
 
 # --------------------------------------------------------------------------- faults

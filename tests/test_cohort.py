@@ -820,14 +820,22 @@ def test_in_one_process_a_method_call_that_was_short_runs_on_the_shared_loop(tmp
     def local_update(round):
         ran_on.append("loop" if threading.get_ident() == loop_thread else "thread")
         time_module.sleep(next(costs))  # (a sleep is wall time, not CPU: either counts)
+        if round == 3:
+            raise RuntimeError("a hook that failed")
         return {"round": round}
 
     async def main():
-        return [await node._compute_call(local_update, r) for r in range(6)]
+        out = []
+        for r in range(6):
+            try:
+                out.append(await node._compute_call(local_update, r))
+            except RuntimeError:
+                out.append("failed")
+        return out
 
-    assert asyncio.run(main()) == [{"round": r} for r in range(6)]
-    # first: a thread; then short, on the loop; the long one (20 ms) on the loop once,
-    # since it was short last time; after it, a thread again, then the loop.
+    assert asyncio.run(main()) == [{"round": r} if r != 3 else "failed" for r in range(6)]
+    # first: a thread; then short, on the loop; the long one (20 ms, and it raised) on
+    # the loop once, since it was short last time; after it, a thread, then the loop.
     assert ran_on == ["thread", "loop", "loop", "loop", "thread", "loop"]
     assert node.ledger.compute[0] >= 0.02  # every call's time is still counted
 

@@ -746,9 +746,9 @@ def test_pauses_kept_as_a_total_decide_as_the_walk_over_the_view_did(seed, mode)
     now, deaths = 0.0, 0
     for _ in range(400):
         now += rng.uniform(0, 0.8)
-        p, kind = rng.choice(ids), rng.randrange(8)
+        p, kind = rng.choice(ids), rng.randrange(9)
         arg = (rng.choice([0, 0, 1]), rng.choice([SUSPECT, DEAD, LEFT]), rng.uniform(0.5, 6.0),
-               rng.random() < 0.7)
+               rng.random() < 0.7, rng.choice([ALIVE, SUSPECT, DEAD, LEFT]))
         outs = []
         for v in views:
             if kind == 0:
@@ -763,11 +763,13 @@ def test_pauses_kept_as_a_total_decide_as_the_walk_over_the_view_did(seed, mode)
                 outs.append(v.left(p, arg[0]))
             elif kind == 5:
                 v.paused(arg[2])
+            elif kind == 6 and p in v.members:
+                v.set_status(p, arg[4])  # (a tool's or a test's: no evidence needed)
             else:
                 outs.append(v.tick(now))
         if outs:
             assert outs[0] == outs[1]
-            deaths += kind > 5 and any(c.new == DEAD for c in outs[0])
+            deaths += kind > 6 and any(c.new == DEAD for c in outs[0])
         lazy, eager = views
         assert {q: x.status for q, x in lazy.members.items()} == {
             q: x.status for q, x in eager.members.items()}
