@@ -326,19 +326,19 @@ class Node:
         sends, took = [], 0
         for p in peer_ids if frames is not None else ():
             m = self.membership.members.get(p)
-            address = m.address if m is not None else None
-            if address is not None:
-                sent = self.transport.send_now(address, frames, peer_id=p)
-                if sent is not None:
-                    took += sent
-                    continue
-                sends.append((address, timeout if m.status == "alive" else 0.0, p))
+            if m is None:
+                continue
+            sent = self._send_at_once(m.address, msg, frames, p)
+            if sent is None:
+                sends.append((m.address, timeout if m.status == "alive" else 0.0, p))
+            else:
+                took += sent
 
         async def the_rest() -> int:  # (a cancelled batch leaves no send un-awaited)
-            n = took + sum(await asyncio.gather(*(
-                self.transport.send(address, frames, wait, peer_id=p) for address, wait, p in sends)))
-            self.sent[msg.TYPE] += n
-            return n
+            oks = await asyncio.gather(*(self.transport.send(address, frames, wait, peer_id=p)
+                                         for address, wait, p in sends))
+            return took + sum(self._sent(msg, address, ok)
+                              for (address, _, _), ok in zip(sends, oks, strict=True))
 
         return the_rest()
 

@@ -422,10 +422,21 @@ def test_dirichlet_split_drawn_again_in_one_process_is_the_same_and_unshared(dig
 
 
 @pytest.mark.parametrize("name", ["digits", "breast_cancer", "wine", "mnist5k"])
-def test_builtin_sets_are_read_once_per_process_and_each_load_is_its_own_copy(name):
+def test_builtin_sets_are_read_once_per_process_and_each_load_is_its_own_copy(name, monkeypatch):
     # Hundreds of in-process peers load the same set: the file is read once, and a peer
     # that changes its arrays (a normalisation in place) changes nobody else's.
+    import sklearn.datasets
+
+    from hfl.data.builtin import _mnist5k_raw, _sklearn_set
+
+    reads = []  # scikit-learn's loader, or the mnist5k file's (np.loadtxt)
+    module, fn = (np, "loadtxt") if name == "mnist5k" else (sklearn.datasets, f"load_{name}")
+    real = getattr(module, fn)
+    monkeypatch.setattr(module, fn, lambda *a, **k: reads.append(1) or real(*a, **k))
+    _sklearn_set.cache_clear()
+    _mnist5k_raw.cache_clear()
     a, b = load_builtin(name), load_builtin(name)
+    assert len(reads) == 1
     assert np.array_equal(a.x, b.x) and np.array_equal(a.y, b.y)
     a.x[0] += 1.0
     a.y[0] += 1
