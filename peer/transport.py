@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import random
@@ -184,7 +185,8 @@ class ZmqTransport(Transport):
         # never reaches its finally, and an open socket blocks the context's term).
         self._dial_monitors: dict[tuple[str, str | None], tuple[asyncio.Task, object]] = {}
         self._router_monitor = None
-        self._router_shadow = None  # the ROUTER's blocking shadow, for recv_nowait
+        self._router_shadow = None  # the ROUTER's blocking shadow: every receive reads it
+        self._recv_waiter: asyncio.Future | None = None  # recv() waiting for the descriptor
         # One DEALER per (address, peer it must authenticate as): a member that claims
         # another's address gets a link of its own, never replaces the real one.
         self._dealers: dict[tuple[str, str | None], object] = {}  # -> asyncio DEALER
@@ -432,14 +434,11 @@ class ZmqTransport(Transport):
             self._dial_monitors[key] = (watcher, monitor)
         return sock, self._senders[key]
 
-    # No send_now here (the base class's: always wait): a multi-process peer sends a
-    # few messages a round, where the in-memory transport carries a thousand peers'.
-    # (Measured only in one process; see docs/runtime.md.)
-
-    async def send(self, address: str, frames: Frames, timeout_s: float,
-                   peer_id: str | None = None) -> bool:
-        import zmq
-
+    def send_now(self, address: str, frames: Frames, peer_id: str | None = None) -> bool | None:
+        """Hand ``frames`` to the link's queue if it takes them at once (most sends): True,
+        or False for a failure (counted; logged once per address and cause); None when
+        the queue is full or the link not up yet (:meth:`send` then polls). No task, no
+        future: a broadcast's sends are made in place."""
         if self._closing:
             # A send after close() began (a probe of a member whose link just dropped, as
             # peers finish together) must not open a link: close() has closed the others
@@ -447,49 +446,101 @@ class ZmqTransport(Transport):
             return False
         if self._router is None:
             raise RuntimeError("transport not started")
+        import zmq
+
         try:
-            sock, sender = self._dealer(address, peer_id)
-            # Send on the blocking shadow with NOBLOCK: EAGAIN comes back at once. The
-            # asyncio socket's send_multipart would instead report EAGAIN only through
-            # its future, or (when other sends are polling the same socket) queue this
-            # send with no timeout at all. Try first, poll only if the queue is full
-            # or not connected yet: a poll costs ~90 us, most sends need none.
+            _, sender = self._dealer(address, peer_id)
+        except zmq.Again:  # refused a moment ago: no link until the backoff ends
+            self.stats.send_failures += 1
+            return False
+        except zmq.ZMQError as exc:
+            return self._failed(address, exc)
+        try:
+            _send_parts(sender, frames)
+        except zmq.Again:
+            return None
+        except zmq.ZMQError as exc:
+            return self._failed(address, exc)
+        self.stats.messages_sent += 1
+        self.stats.bytes_sent += frames_nbytes(frames)
+        return True
+
+    def _failed(self, address: str, exc: Exception) -> bool:
+        # Once per address and cause (e.g. a gossiped peer with no allow-list key, tried
+        # again every tick), then only counted in the stats.
+        if (address, str(exc)) not in self._send_errors and len(self._send_errors) < 1024:
+            self._send_errors.add((address, str(exc)))
+            log.warning("send to %s failed: %s (not repeated for this address)", address, exc)
+        self.stats.send_failures += 1
+        return False
+
+    async def send(self, address: str, frames: Frames, timeout_s: float,
+                   peer_id: str | None = None) -> bool:
+        """:meth:`send_now`, then, if the link's queue is full or not connected yet, a wait
+        of up to ``timeout_s`` for it to take the message. (The asyncio socket's own
+        send_multipart would report EAGAIN only through its future, or, when other sends
+        are polling the same socket, queue this send with no timeout at all.)"""
+        import zmq
+
+        sent = self.send_now(address, frames, peer_id)
+        if sent is not None:
+            return sent
+        sock, sender = self._dealer(address, peer_id)
+        try:
             try:
-                sender.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                try:
-                    ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
-                except asyncio.CancelledError:
-                    # forget() closed this socket under us (its peer said goodbye):
-                    # a failed send, not a cancellation of the caller.
-                    if sock.closed and not asyncio.current_task().cancelling():
-                        self.stats.send_failures += 1
-                        return False
-                    raise
-                if not ready & zmq.POLLOUT:
+                ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
+            except asyncio.CancelledError:
+                # forget() closed this socket under us (its peer said goodbye): a failed
+                # send, not a cancellation of the caller.
+                if sock.closed and not asyncio.current_task().cancelling():
                     self.stats.send_failures += 1
                     return False
-                sender.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
+                raise
+            if not ready & zmq.POLLOUT:
+                self.stats.send_failures += 1
+                return False
+            _send_parts(sender, frames)
         except zmq.Again:
             self.stats.send_failures += 1
             return False
         except zmq.ZMQError as exc:
-            # Once per address and cause (e.g. a gossiped peer with no allow-list key,
-            # tried again every tick), then only counted in the stats.
-            if (address, str(exc)) not in self._send_errors and len(self._send_errors) < 1024:
-                self._send_errors.add((address, str(exc)))
-                log.warning("send to %s failed: %s (not repeated for this address)", address, exc)
-            self.stats.send_failures += 1
-            return False
+            return self._failed(address, exc)
         self.stats.messages_sent += 1
         self.stats.bytes_sent += frames_nbytes(frames)
         return True
 
     async def recv(self) -> tuple[str, list[memoryview]]:
+        """The next message. Read from the ROUTER's blocking shadow (:meth:`recv_nowait`),
+        waiting for its file descriptor in between: pyzmq's asyncio ``recv_multipart``
+        made a future, registered and unregistered the reader and built flag enums for
+        every message, 15 % of a FedH2L peer's event loop (docs/runtime.md)."""
         while True:
-            got = self._deliver(await self._router.recv_multipart(copy=False))
+            got = self.recv_nowait()
             if got is not None:
                 return got
+            if self._router is None:
+                raise RuntimeError(f"{self.peer_id}: transport closed")
+            await self._readable()
+
+    async def _readable(self) -> None:
+        """Until a message may wait on the ROUTER. ZeroMQ's descriptor is edge-triggered:
+        it says that the socket's state may have changed (libzmq's own commands signal
+        it too), and reading ``EVENTS`` re-arms it. So EVENTS is read after the reader is
+        in place (a message that came since our last read is not missed) and after each
+        wake-up (a wake-up that brought no message waits again)."""
+        loop, sock, z = asyncio.get_running_loop(), self._router_shadow, _zmq_ints()
+        fd = sock.get(z["FD"])
+        while True:
+            self._recv_waiter = waiter = loop.create_future()
+            loop.add_reader(fd, _wake, waiter)
+            try:
+                if sock.get(z["EVENTS"]) & z["POLLIN"]:
+                    return
+                await waiter
+            finally:
+                self._recv_waiter = None
+                if self._router is not None:  # close() removed it already
+                    loop.remove_reader(fd)
 
     def recv_nowait(self) -> tuple[str, list[memoryview]] | None:
         import zmq
@@ -498,14 +549,21 @@ class ZmqTransport(Transport):
             return None
         if self._router_shadow is None:
             self._router_shadow = zmq.Socket.shadow(self._router.underlying)
-        while True:
+        # Plain ints, and EVENTS asked before each read: pyzmq's flag enums and the
+        # zmq.Again raised at the end of every drain cost more than the read itself.
+        z = _zmq_ints()
+        sock, events, pollin, noblock = self._router_shadow, z["EVENTS"], z["POLLIN"], z["NOBLOCK"]
+        while sock.get(events) & pollin:
             try:
-                parts = self._router_shadow.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                parts = [sock.recv(noblock, copy=False)]
+                while parts[-1].more:  # a message's parts arrive together
+                    parts.append(sock.recv(noblock, copy=False))
             except zmq.Again:
                 return None
             got = self._deliver(parts)
             if got is not None:
                 return got
+        return None
 
     def _deliver(self, parts) -> tuple[str, list[memoryview]] | None:
         """(sender id, frames) of a received message, or None for one not to deliver."""
@@ -566,6 +624,11 @@ class ZmqTransport(Transport):
             if refusals is not None:
                 refusals.flush(float("inf"))  # what was counted but not yet reported
         if self._router is not None:
+            waiter = self._recv_waiter
+            if waiter is not None:  # a recv() waiting on the descriptor about to close
+                asyncio.get_running_loop().remove_reader(self._router_shadow.get(_zmq_ints()["FD"]))
+                if not waiter.done():
+                    waiter.set_exception(RuntimeError(f"{self.peer_id}: transport closed"))
             self._router.close(linger=0)
             self._router = None
         if self._auth is not None:
@@ -576,6 +639,31 @@ class ZmqTransport(Transport):
             # so one left open (however it came about) would hang the process at exit.
             self._ctx.destroy(linger=0)
             self._ctx = None
+
+
+@functools.cache
+def _zmq_ints() -> dict[str, int]:
+    """ZeroMQ's constants as plain ints (pyzmq's are enums: an & or | builds a member)."""
+    import zmq
+
+    return {name: int(getattr(zmq, name)) for name in ("FD", "EVENTS", "POLLIN", "NOBLOCK",
+                                                          "SNDMORE")}
+
+
+def _send_parts(sock, frames: Frames) -> None:
+    """A multipart message on a blocking socket without waiting (zmq.Again if the queue
+    does not take it). Once the first part is taken the rest always are: ZeroMQ
+    delivers a message's parts together or not at all."""
+    z = _zmq_ints()
+    noblock, more = z["NOBLOCK"], z["NOBLOCK"] | z["SNDMORE"]
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, more if i < last else noblock, copy=False)
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _file_stamp(path: str) -> tuple[int, int, int] | None:

@@ -56,8 +56,15 @@ def test_zmq_round_trip_carries_the_sender_peer_id_as_identity():
             assert await recv(a) == ("bob", [b"hi"])
             assert (a.stats.messages_sent, a.stats.bytes_sent) == (1, 8)
             assert (b.stats.messages_received, b.stats.bytes_received) == (1, 8)
-            # The node awaits every ZeroMQ send: send_now is the base class's "must wait"
-            assert a.send_now(b.address, [b"x"]) is None and a.stats.messages_sent == 1
+            # A link that is up takes a message at once, with no task or future ...
+            assert a.send_now(b.address, [b"x", b"yz"]) is True and a.stats.messages_sent == 2
+            assert await recv(b) == ("alice", [b"x", b"yz"])
+            # ... one that is not (nobody listens there yet) says "wait" and counts nothing,
+            # and send() then waits for it, up to its timeout
+            nobody = "tcp://127.0.0.1:1"
+            assert a.send_now(nobody, [b"x"]) is None
+            assert (a.stats.messages_sent, a.stats.send_failures) == (2, 0)
+            assert await a.send(nobody, [b"x"], 0.05) is False and a.stats.send_failures == 1
         finally:
             await close_all(a, b)
 
