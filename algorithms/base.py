@@ -77,6 +77,11 @@ class Algorithm:
     #: True if the method needs every peer's public seed set (the runtime then
     #: publishes ``ctx.public`` and hands peers' sets to ``add_peer_seeds``).
     uses_public_seeds: ClassVar[bool] = False
+    #: True if ``cohort.overlap`` may run the next round's ``local_update`` before this
+    #: round's ``absorb`` (broadcast mode): the method's absorb is a step of its own on
+    #: the model, not a replacement of it (an aggregate absorbed after the next local
+    #: step would undo that step).
+    overlaps_local_step: ClassVar[bool] = False
 
     def __init__(self, ctx: AlgorithmContext, cfg: Any = None):
         self.ctx = ctx

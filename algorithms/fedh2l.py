@@ -119,6 +119,7 @@ class FedH2L(Algorithm):
     mode = "broadcast"
     Config = FedH2LConfig
     uses_public_seeds = True
+    overlaps_local_step = True  # cohort.overlap: absorb is the global step (eq. 7)
 
     def __init__(self, ctx: AlgorithmContext, cfg: FedH2LConfig | None = None):
         super().__init__(ctx, cfg)

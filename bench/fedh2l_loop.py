@@ -10,7 +10,9 @@ with no runtime at all: every peer exchanges its public seed set once, then per
 round every peer takes its local step, every peer teaches (posteriors on a
 public batch), every peer absorbs the others' teaching (the mimicry step with
 the projection), and every ``node.evaluate_every`` rounds (and after the last)
-every peer evaluates and keeps its best-validation model. One process, torch
+every peer evaluates and keeps its best-validation model (with ``--set
+defaults.cohort.overlap=true``, in the order hfl then runs: each round's absorb after
+the next round's local steps, except before a round that evaluates). One process, torch
 using every core. No sockets, no event loop, no checkpoints, no metrics file.
 
 Beside it (unless ``--loop-only``), ``hfl-launch`` runs the same experiment:
@@ -66,15 +68,23 @@ def run_loop(experiment: Path, overrides: list[str], threads: int) -> dict:
                 other.add_peer_seeds(owner, alg.ctx.public.x, alg.ctx.public.y)
     rounds = cfgs[0].cohort.rounds
     every = cfgs[0].node.evaluate_every
+    overlap = cfgs[0].cohort.overlap  # the order hfl's RoundProcedures.one_round runs then
     t_rounds, cpu_rounds = time.perf_counter(), time.process_time()
     last: dict[str, dict] = {}
+    ahead = False  # round r's local steps were taken in round r - 1
     for r in range(1, rounds + 1):
-        for alg in algs.values():
-            alg.local_update(r)
+        evaluates = r % every == 0 or r == rounds
+        if not ahead:
+            for alg in algs.values():
+                alg.local_update(r)
         shared = {pid: alg.share(r) for pid, alg in algs.items()}
+        ahead = overlap and not evaluates
+        if ahead:
+            for alg in algs.values():
+                alg.local_update(r + 1)
         for pid, alg in algs.items():
             alg.absorb(r, {o: p for o, p in shared.items() if o != pid})
-        if r % every == 0 or r == rounds:
+        if evaluates:
             last = {pid: alg.evaluate() for pid, alg in algs.items()}
     t_end = time.perf_counter()
     return {

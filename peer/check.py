@@ -114,6 +114,7 @@ def handshake_terms(cfg: PeerConfig, num_classes: int | None = None,
             data_split_fingerprint(cfg.data).get("data_split"),
         "cohort.num_classes": num_classes if num_classes is not None else cfg.cohort.num_classes,
         "cohort.communicate_every": cfg.cohort.communicate_every,
+        "cohort.overlap": cfg.cohort.overlap,
     }
     for key, value in sorted((handshake or {}).items()):
         terms[f"model/algorithm dimension {key}"] = value

@@ -126,6 +126,15 @@ class CohortConfig:
                                                "FedProx bandwidth-matched to FedH2L; FedH2L's "
                                                "E). 1: every round"})
 
+    overlap: bool = field(
+        default=False, metadata={"help": "methods that allow it (fedh2l): start the next "
+                                         "round's local step as soon as this round's "
+                                         "knowledge is out and absorb the others' after it, "
+                                         "so a peer trains while it waits (docs/runtime.md, "
+                                         "Overlapped local steps). Changes the order of the "
+                                         "paper's Algorithm 1: each global step comes one "
+                                         "local step late"})
+
     def validate(self) -> None:
         try:  # torch-free: a plugin class is imported only when the peer is built or checked
             check_algorithm_name(self.algorithm)

@@ -92,17 +92,22 @@ def hello_terms(cohort: Any, mode: str, num_classes: int, everywhere: bool,
     the data split's. Raises ValueError (naming the option) for a cohort option that
     does not apply to the mode."""
     every, fanout = getattr(cohort, "communicate_every", 1), getattr(cohort, "fanout", None)
+    overlap = getattr(cohort, "overlap", False)
     if every != 1 and mode == "local":
         raise ValueError(f"cohort.communicate_every: applies to methods that share; "
                          f"{cohort.algorithm} trains alone. Remove cohort.communicate_every")
     if fanout is not None and mode != "broadcast":
         raise ValueError(f"cohort.fanout: applies to broadcast-mode methods (fedh2l, mdhfl, "
                          f"...); {cohort.algorithm} runs in {mode} mode. Remove cohort.fanout")
+    if overlap and mode != "broadcast":
+        raise ValueError(f"cohort.overlap: applies to broadcast-mode methods (fedh2l); "
+                         f"{cohort.algorithm} runs in {mode} mode. Remove cohort.overlap")
     return {"cohort": cohort.name, "algorithm": cohort.algorithm, "num_classes": num_classes,
             "rounds": cohort.rounds,
             "shared": {**shared, **({"aggregate_everywhere": 1} if everywhere else {}),
                        **({"fanout": fanout} if fanout is not None else {}),
-                       **({"communicate_every": every} if every != 1 else {})}}
+                       **({"communicate_every": every} if every != 1 else {}),
+                       **({"overlap": 1} if overlap else {})}}
 
 
 class PeerCore:

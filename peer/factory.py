@@ -309,6 +309,10 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     if cfg.cohort.communicate_every != 1 and alg_cls.mode == "local":
         raise ConfigError("cohort.communicate_every", f"applies to methods that share; "
                           f"{cfg.cohort.algorithm} trains alone: remove it")
+    if cfg.cohort.overlap and not alg_cls.overlaps_local_step:
+        raise ConfigError("cohort.overlap", f"applies to methods whose absorb is a step of its "
+                          f"own (fedh2l); {cfg.cohort.algorithm} ({alg_cls.mode} mode) would "
+                          "lose the overlapped local step: remove it")
     alg_cfg = build(alg_cls.Config, cfg.algorithm, "algorithm")
     torch.manual_seed(cfg.cohort.seed)  # the same initial weights for the same architecture
     try:

@@ -7,10 +7,10 @@ the list without sockets, tasks or a clock.
 
 The round procedures (:mod:`hfl.peer.procedures`) are generators that yield these one
 at a time; the last group below (:class:`Wait`, :class:`Aggregate`, :class:`Compute`,
-:class:`RoundBegins`, :class:`RoundDone`, :class:`EnterRound`, :class:`CrashPoint`,
-:class:`Note`) exists only there, and the value the shell sends back into the
+:class:`StartCompute`, :class:`JoinCompute`, :class:`RoundBegins`, :class:`RoundDone`,
+:class:`EnterRound`, :class:`CrashPoint`, :class:`Note`) exists only there, and the value the shell sends back into the
 generator is the instruction's answer (:class:`Wait`: whether the condition came true;
-:class:`Aggregate`, :class:`Compute`: the method's value).
+:class:`Aggregate`, :class:`Compute`, :class:`JoinCompute`: the method's value).
 """
 
 from __future__ import annotations
@@ -174,6 +174,22 @@ class Compute:
 
     call: str
     args: tuple = ()
+
+
+@dataclass(frozen=True)
+class StartCompute:
+    """:class:`Compute`, started and not waited for (``cohort.overlap``: the next round's
+    local step while this round's exchange is out); answered with None at once. At
+    most one runs; :class:`JoinCompute` waits for it. Nothing else touches the model
+    meanwhile: the procedure joins it before any other call."""
+
+    call: str
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
+class JoinCompute:
+    """Wait for the call :class:`StartCompute` started; answered with its value."""
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,8 @@ class Node:
         self.procedures = RoundProcedures(
             self.core, now=self.clock.now, paused=lambda: self._paused_s,
             reading_behind=lambda: self._reading_behind, fanout=fanout,
-            plan_key=f"{cohort.name}:{cohort.seed}")
+            plan_key=f"{cohort.name}:{cohort.seed}", overlap=getattr(cohort, "overlap", False))
+        self._started: asyncio.Task | None = None  # a StartCompute's call (cohort.overlap)
 
     # The protocol state lives in the core; these name it as the shell always has.
     membership = property(lambda self: self.core.membership,
@@ -235,6 +236,8 @@ class Node:
             for task in background + list(self._tasks):
                 task.cancel()
             await asyncio.gather(*background, *self._tasks, return_exceptions=True)
+            if self._started is not None:  # nothing may touch the model while it trains
+                await asyncio.gather(self._started, return_exceptions=True)
             await self.transport.close()
         return NodeResult(
             rounds_completed=self.ledger.rounds_run,
@@ -695,6 +698,17 @@ class Node:
             return await self._compute_call(getattr(self.alg, ins.call), *ins.args)
         if isinstance(ins, do.Aggregate):
             return await self._compute_call(self.alg.aggregate, ins.round, ins.contributions)
+        if isinstance(ins, do.StartCompute):
+            self._started = asyncio.ensure_future(
+                self._compute_call(getattr(self.alg, ins.call), *ins.args))
+            return None
+        if isinstance(ins, do.JoinCompute):  # shielded: a cancelled round leaves it to run()
+            started, self._started = self._started, None
+            try:
+                return await asyncio.shield(started)
+            except asyncio.CancelledError:
+                self._started = started
+                raise
         if isinstance(ins, do.RoundBegins):
             return self._begin_round()
         if isinstance(ins, do.RoundDone):

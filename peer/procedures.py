@@ -38,11 +38,13 @@ from hfl.peer.instructions import (
     Dropped,
     EnterRound,
     Instruction,
+    JoinCompute,
     Note,
     RoundBegins,
     RoundDone,
     Say,
     Send,
+    StartCompute,
     Wait,
 )
 from hfl.protocol import Ack, AggregateResult, Commit, Knowledge
@@ -67,18 +69,22 @@ class RoundProcedures:
     from it), ``paused`` the total time the peer stood still so far (a pause moves a
     deadline on: nobody's missed deadline), ``reading_behind`` whether received
     messages wait unread (an overloaded peer). ``fanout`` and ``plan_key`` are
-    ``cohort.fanout`` and the seed of its rotation (PeerCore.exchange_plan)."""
+    ``cohort.fanout`` and the seed of its rotation (PeerCore.exchange_plan); ``overlap``
+    is ``cohort.overlap`` (:meth:`one_round`)."""
 
     def __init__(self, core: PeerCore, *, now: Callable[[], float],
                  paused: Callable[[], float] = lambda: 0.0,
                  reading_behind: Callable[[], bool] = lambda: False,
-                 fanout: int | None = None, plan_key: str = "") -> None:
+                 fanout: int | None = None, plan_key: str = "", overlap: bool = False) -> None:
         self.core = core
         self.now = now
         self.paused = paused
         self.reading_behind = reading_behind
         self.fanout = fanout
         self.plan_key = plan_key
+        self.overlap = overlap
+        # cohort.overlap: (round, its local step's metrics) taken during the round before
+        self.ahead: tuple[int, dict[str, Any]] | None = None
 
     @property
     def timing(self):
@@ -153,17 +159,32 @@ class RoundProcedures:
                   ) -> Generator[Instruction, Any, None]:
         """Round r: the method's local update, its share and the exchange (where the
         round communicates: ``cohort.communicate_every``), its absorb of what came back,
-        its evaluation when due; the shell records the round (:class:`RoundDone`)."""
+        its evaluation when due; the shell records the round (:class:`RoundDone`).
+
+        With ``cohort.overlap`` (broadcast mode) the next round's local update starts
+        once this round's knowledge is out and runs while the exchange waits; absorb
+        follows it. Not in the last round, nor in a round that evaluates: what is
+        evaluated and checkpointed is the model after this round's absorb, with no step
+        of the next round in it (a restart replays nothing twice)."""
         core = self.core
         yield RoundBegins(r)
         core.round_began, core.epoch = self.now(), 0  # heartbeats say epoch 0 until a fail-over
         yield CrashPoint(r, ("train",))
-        metrics: dict[str, Any] = dict((yield Compute("local_update", (r,))))
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[0] == r:
+            metrics: dict[str, Any] = ahead[1]
+        else:  # (a step taken for a round a catch-up skipped stays taken)
+            metrics = dict((yield Compute("local_update", (r,))))
+        evaluates = r % evaluate_every == 0 or r >= last
         info: dict[str, Any] = {}
         received: dict[str, Payload] = {}
         if core.communicates(r):
             payload = yield Compute("share", (r,))
-            received = yield from self.round(r, payload, info)
+            overlap = self.overlap and core.mode == "broadcast" and not evaluates
+            received = yield from self.round(
+                r, payload, info, StartCompute("local_update", (r + 1,)) if overlap else None)
+            if overlap:  # (a cancelled round: the shell waits for the step before it stops)
+                self.ahead = (r + 1, dict((yield JoinCompute())))
             if core.mode != "local":
                 info.setdefault("learned_from", 0)  # no other peer's knowledge this round
         if received:
@@ -177,8 +198,7 @@ class RoundProcedures:
                                         "quorum": core.quorum()})
         yield Note("round", {"round": r, "learned_from": info.get("learned_from"),
                              "behind": bool(info.get("behind"))})
-        evaluation = (dict((yield Compute("evaluate")))
-                      if r % evaluate_every == 0 or r >= last else None)
+        evaluation = dict((yield Compute("evaluate"))) if evaluates else None
         yield RoundDone(r, metrics, evaluation, info)
 
     def finish(self, last: int) -> Generator[Instruction, Any, None]:
@@ -207,11 +227,13 @@ class RoundProcedures:
 
     # ---------------------------------------------------------------- exchanging
 
-    def round(self, r: int, payload: Payload | None, info: dict) -> Procedure:
-        """Round r's exchange, by the method's mode (a ``local`` method has none)."""
+    def round(self, r: int, payload: Payload | None, info: dict,
+              ahead: StartCompute | None = None) -> Procedure:
+        """Round r's exchange, by the method's mode (a ``local`` method has none);
+        ``ahead``: what a decentralized round starts once its knowledge is out."""
         core = self.core
         if core.mode == "broadcast":
-            return (yield from self.exchange(r, payload, info))
+            return (yield from self.exchange(r, payload, info, ahead=ahead))
         if core.mode == "aggregator" and core.everywhere:
             return (yield from self.aggregate_everywhere(r, payload, info))
         if core.mode == "aggregator":
@@ -221,10 +243,10 @@ class RoundProcedures:
     # ---------------------------------------------------------------- decentralized
 
     def exchange(self, r: int, payload: Payload | None, info: dict,
-                 send: bool = True) -> Procedure:
+                 send: bool = True, ahead: StartCompute | None = None) -> Procedure:
         """Decentralized round: everyone's knowledge to everyone (with ``cohort.fanout``
         k: to the k peers a seeded rotation names, PeerCore.exchange_plan), until the
-        deadline."""
+        deadline; ``ahead`` (cohort.overlap) starts once the knowledge is out."""
         core = self.core
         mem = core.membership
         targets = mem.live_peers()
@@ -235,6 +257,8 @@ class RoundProcedures:
             knowledge = core.knowledge(r, payload)
             core.sent_knowledge = (frozenset(targets), knowledge)  # an "awaiting" asks again
             yield Broadcast(tuple(targets), knowledge)
+        if ahead is not None:
+            yield ahead
         yield CrashPoint(r, ("wait",))
         try:
             complete = yield from self.await_knowledge(r, self.now() + self.timing.round_timeout_s)

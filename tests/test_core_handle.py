@@ -290,6 +290,12 @@ def test_hello_terms_name_a_cohort_option_the_method_cannot_use():
 
     terms = hello_terms(cohort(fanout=3, communicate_every=2), "broadcast", 10, False, {"d": 1})
     assert terms["shared"] == {"d": 1, "fanout": 3, "communicate_every": 2}
+    # cohort.overlap: peers must agree (a cohort mixing both orders would be reported as
+    # one); unset, the hello is what it always was
+    terms = hello_terms(cohort(overlap=True), "broadcast", 10, False, {"d": 1})
+    assert terms["shared"] == {"d": 1, "overlap": 1}
+    with pytest.raises(ValueError, match="cohort.overlap: applies to broadcast-mode .* Remove"):
+        hello_terms(cohort(overlap=True), "aggregator", 10, False, {})
     assert hello_terms(cohort(), "aggregator", 10, True, {})["shared"] == {"aggregate_everywhere": 1}
     with pytest.raises(ValueError, match="cohort.fanout: applies to broadcast-mode .* Remove cohort.fanout"):
         hello_terms(cohort(fanout=3), "aggregator", 10, False, {})

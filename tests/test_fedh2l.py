@@ -268,12 +268,12 @@ TIMING = {"heartbeat_interval_s": 0.05, "suspect_after_s": 1.0, "dead_after_s": 
           "round_timeout_s": 10, "join_timeout_s": 30}
 
 
-def peer_config(tmp_path, i, n, algorithm, rounds, seed=0, **node):
+def peer_config(tmp_path, i, n, algorithm, rounds, seed=0, cohort=None, **node):
     return config_from_dict({
         "node": {"id": f"p{i}", "listen": f"mem://p{i}", "bootstrap": ["mem://p0"] if i else [],
                  "run_dir": str(tmp_path / algorithm / f"p{i}"), "min_peers": n, "resume": False,
                  "seed_chunk_bytes": 2048, **node},
-        "cohort": {"algorithm": algorithm, "rounds": rounds, "seed": seed},
+        "cohort": {"algorithm": algorithm, "rounds": rounds, "seed": seed, **(cohort or {})},
         "timing": TIMING,
         "data": {"dataset": "rotated_digits", "partition": "domain", "num_partitions": n,
                  "partition_index": i, "seed": seed,
@@ -285,10 +285,11 @@ def peer_config(tmp_path, i, n, algorithm, rounds, seed=0, **node):
     })
 
 
-def run_cohort(tmp_path, algorithm, rounds, n=4, plan=None):
+def run_cohort(tmp_path, algorithm, rounds, n=4, plan=None, cohort=None, **node):
     async def main():
         hub = MemoryHub()
-        cfgs = [peer_config(tmp_path, i, n, algorithm, rounds) for i in range(n)]
+        cfgs = [peer_config(tmp_path, i, n, algorithm, rounds, cohort=cohort, **node)
+                for i in range(n)]
         return await asyncio.gather(*(run_peer(c, hub=hub, fault_plan=plan) for c in cfgs))
 
     return asyncio.run(main())
@@ -347,3 +348,50 @@ def test_a_late_joiner_receives_every_seed_set_and_teaches_the_others(tmp_path):
         assert teachers[-1] == 3.0  # the newcomer's seeds reached them, and it teaches
     lines = (tmp_path / "fedh2l" / "p3" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["round"] == rounds
+
+
+@pytest.mark.timeout(180)
+def test_overlap_trains_the_next_round_while_the_knowledge_travels(tmp_path, monkeypatch):
+    # cohort.overlap (docs/runtime.md, Overlapped local steps), real peers on the
+    # in-memory transport: each round's absorb comes after the next round's local step,
+    # except before a round that evaluates and in the last; every round still learns
+    # from every teacher.
+    import threading
+
+    order: dict[int, list[tuple[str, int]]] = {}  # id(algorithm) -> (call, round)
+    loop_thread = {}
+
+    def recorded(name):
+        original = getattr(FedH2L, name)
+
+        def call(self, round, *args):
+            order.setdefault(id(self), []).append((name, round))
+            assert threading.get_ident() != loop_thread.get("id")  # off the event loop
+            return original(self, round, *args)
+
+        return call
+
+    for name in ("local_update", "absorb"):
+        monkeypatch.setattr(FedH2L, name, recorded(name))
+    loop_thread["id"] = threading.get_ident()  # asyncio.run runs the loop in this thread
+    results = run_cohort(tmp_path, "fedh2l", rounds=5, n=3, cohort={"overlap": True},
+                         evaluate_every=2)
+    assert len(order) == 3
+    for calls in order.values():
+        assert calls == [("local_update", 1), ("local_update", 2), ("absorb", 1),
+                         ("absorb", 2), ("local_update", 3),  # round 2 evaluates
+                         ("local_update", 4), ("absorb", 3),
+                         ("absorb", 4), ("local_update", 5),  # round 4 evaluates
+                         ("absorb", 5)]
+    for r in results:
+        assert [m["round"] for m in r.metrics] == [2, 4, 5]
+        assert all(m["teachers"] == 2.0 for m in r.metrics)
+
+
+def test_overlap_is_refused_for_a_method_whose_absorb_replaces_the_model(tmp_path):
+    from hfl.peer.configtools import ConfigError
+    from hfl.peer.factory import build_algorithm
+
+    cfg = peer_config(tmp_path, 0, 2, "fedavg", 3, cohort={"overlap": True})
+    with pytest.raises(ConfigError, match=r"cohort\.overlap.*fedavg.*remove it"):
+        build_algorithm(cfg)

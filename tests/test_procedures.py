@@ -19,13 +19,16 @@ from hfl.peer.core import PeerCore
 from hfl.peer.instructions import (
     Aggregate,
     Broadcast,
+    Compute,
     CrashPoint,
     Dropped,
     EnterRound,
+    JoinCompute,
     Note,
     Say,
     Send,
     SendTo,
+    StartCompute,
     Wait,
 )
 from hfl.peer.membership import Membership
@@ -387,3 +390,63 @@ def test_results_of_epochs_this_peer_never_reached_are_dropped_loudly():
     s.until()
     assert [(i.code, "epoch 1 from p2" in i.reason) for i in s.seen if isinstance(i, Dropped)] == [
         ("unjustified_epoch", True)]
+
+
+def calls(seen) -> list[str]:
+    """The method's calls among the instructions, in order ("start local_update 2", ...)."""
+    out = []
+    for ins in seen:
+        if isinstance(ins, Compute):
+            out.append(" ".join([ins.call, *map(str, ins.args[:1])]))
+        elif isinstance(ins, StartCompute):
+            out.append(" ".join(["start", ins.call, *map(str, ins.args[:1])]))
+        elif isinstance(ins, JoinCompute):
+            out.append("join")
+    return out
+
+
+def run_rounds(procs: RoundProcedures, core: PeerCore, last: int, evaluate_every: int) -> list:
+    """Rounds 1..last of a broadcast peer whose members' knowledge is always in."""
+    seen = []
+    for r in range(1, last + 1):
+        enter(core, r)
+        s = Stepper(procs.one_round(r, last, evaluate_every))
+        while not s.done:
+            ins = s.ins
+            if isinstance(ins, Broadcast) and ins.msg.TYPE == "knowledge":
+                for p in ("p1", "p2"):
+                    contribution(core, p, r, 2.0)
+            if isinstance(ins, Compute) and ins.call == "share":
+                s.answer(weights(1.0))
+            elif isinstance(ins, Compute | JoinCompute):
+                s.answer({"loss": 1.0})
+            elif isinstance(ins, Wait):
+                s.answer(ins.done())
+            else:
+                s.answer(None)
+        seen += s.seen
+    return seen
+
+
+def test_overlap_starts_the_next_local_step_once_the_knowledge_is_out_and_absorbs_after_it():
+    # cohort.overlap (docs/runtime.md, Overlapped local steps): round r's share goes
+    # out, round r+1's local step starts, the exchange waits, the step is joined, then
+    # round r's absorb. Never in the last round, nor in a round that evaluates.
+    core, procs, _ = peer(mode="broadcast")
+    procs.overlap = True
+    seen = run_rounds(procs, core, last=5, evaluate_every=3)
+    assert calls(seen) == [
+        "local_update 1", "share 1", "start local_update 2", "join", "absorb 1",
+        "share 2", "start local_update 3", "join", "absorb 2",
+        "share 3", "absorb 3", "evaluate",  # round 3 evaluates: nothing of round 4 in it
+        "local_update 4", "share 4", "start local_update 5", "join", "absorb 4",
+        "share 5", "absorb 5", "evaluate"]  # the last round: nothing ahead
+    # The knowledge is out before the step starts: it is this round's model that teaches.
+    kinds = [type(i).__name__ for i in seen if isinstance(i, Broadcast | StartCompute)]
+    assert kinds[:2] == ["Broadcast", "StartCompute"]
+    # Without the option: the paper's order (Algorithm 1), each round's absorb before
+    # the next round's local step.
+    core, procs, _ = peer(mode="broadcast")
+    assert calls(run_rounds(procs, core, last=3, evaluate_every=3)) == [
+        "local_update 1", "share 1", "absorb 1", "local_update 2", "share 2", "absorb 2",
+        "local_update 3", "share 3", "absorb 3", "evaluate"]
