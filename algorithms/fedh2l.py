@@ -138,6 +138,10 @@ class FedH2L(Algorithm):
         self._anchor: torch.Tensor | None = None
         self._grad_sum: torch.Tensor | None = None
         self._grad_count = 0
+        # The last g_loc a global step used, until the next local step: a second global
+        # step with no local step between (cohort.overlap, a round that evaluates)
+        # protects the same direction instead of none.
+        self._last_g_loc: torch.Tensor | None = None
         self._teach_gen = torch.Generator().manual_seed(ctx.seed + 1)  # which public samples to teach on
 
     # ------------------------------------------------------------ local step
@@ -146,6 +150,7 @@ class FedH2L(Algorithm):
         return self.private_and_public() if self.cfg.local_includes_public else self.ctx.train
 
     def local_update(self, round: int) -> dict[str, float]:
+        self._last_g_loc = None  # the next global step protects the steps from here
         if self.cfg.g_loc == "change" and self._anchor is None:  # measured from here
             self._anchor = flatten(p.detach() for p in self._params()).clone()
         return super().local_update(round)
@@ -167,14 +172,21 @@ class FedH2L(Algorithm):
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _local_reference(self) -> torch.Tensor | None:
-        """g_loc since the last global step (None if no local step was taken), and reset."""
+        """g_loc since the last global step, and reset; with no local step since, the
+        g_loc the last global step used (None if no local step was ever taken here).
+
+        With ``cohort.overlap`` a round that evaluates absorbs right after the round
+        before did, with no local step between: the paper's order (L A L A) never
+        does. Its global step protects the same local direction as the one before,
+        not nothing (a zero g_loc lets the mimicry gradient through unprojected)."""
         if self._anchor is not None:  # g_loc: change
             g = self._anchor - flatten(p.detach() for p in self._params())
         elif self._grad_sum is not None:  # g_loc: gradient
             g = self._grad_sum / self._grad_count
         else:
-            g = None
+            g = self._last_g_loc
         self._anchor, self._grad_sum, self._grad_count = None, None, 0
+        self._last_g_loc = g
         return g
 
     # ------------------------------------------------------------ teaching

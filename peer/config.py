@@ -127,7 +127,8 @@ class CohortConfig:
                                                "E). 1: every round"})
 
     overlap: bool = field(
-        default=False, metadata={"help": "methods that allow it (fedh2l): start the next "
+        default=False, metadata={"help": "methods that allow it (fedh2l), with "
+                                         "node.evaluate_every > 1: start the next "
                                          "round's local step as soon as this round's "
                                          "knowledge is out and absorb the others' after it, "
                                          "so a peer trains while it waits (docs/runtime.md, "

@@ -313,6 +313,10 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
         raise ConfigError("cohort.overlap", f"applies to methods whose absorb is a step of its "
                           f"own (fedh2l); {cfg.cohort.algorithm} ({alg_cls.mode} mode) would "
                           "lose the overlapped local step: remove it")
+    if cfg.cohort.overlap and cfg.node.evaluate_every == 1:
+        raise ConfigError("cohort.overlap", "needs node.evaluate_every > 1: a round that evaluates "
+                          "runs the paper's order, and with evaluate_every 1 every round does "
+                          "(set node.evaluate_every, e.g. 50 as examples/rotated_mnist.yaml does)")
     alg_cfg = build(alg_cls.Config, cfg.algorithm, "algorithm")
     torch.manual_seed(cfg.cohort.seed)  # the same initial weights for the same architecture
     try:

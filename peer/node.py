@@ -237,7 +237,10 @@ class Node:
                 task.cancel()
             await asyncio.gather(*background, *self._tasks, return_exceptions=True)
             if self._started is not None:  # nothing may touch the model while it trains
-                await asyncio.gather(self._started, return_exceptions=True)
+                failed, = await asyncio.gather(self._started, return_exceptions=True)
+                if isinstance(failed, Exception):
+                    log.error("%s: the local step started ahead failed as the peer stopped: %s",
+                              self.id, failed, exc_info=failed)
             await self.transport.close()
         return NodeResult(
             rounds_completed=self.ledger.rounds_run,
@@ -699,6 +702,7 @@ class Node:
         if isinstance(ins, do.Aggregate):
             return await self._compute_call(self.alg.aggregate, ins.round, ins.contributions)
         if isinstance(ins, do.StartCompute):
+            assert self._started is None, "a started call was never joined"
             self._started = asyncio.ensure_future(
                 self._compute_call(getattr(self.alg, ins.call), *ins.args))
             return None

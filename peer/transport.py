@@ -520,27 +520,35 @@ class ZmqTransport(Transport):
                 return got
             if self._router is None:
                 raise RuntimeError(f"{self.peer_id}: transport closed")
-            await self._readable()
+            if not await self._readable():
+                # EVENTS said a message waits, and none could be read: never spin on it
+                await asyncio.sleep(0)
 
-    async def _readable(self) -> None:
-        """Until a message may wait on the ROUTER. ZeroMQ's descriptor is edge-triggered:
-        it says that the socket's state may have changed (libzmq's own commands signal
-        it too), and reading ``EVENTS`` re-arms it. So EVENTS is read after the reader is
-        in place (a message that came since our last read is not missed) and after each
-        wake-up (a wake-up that brought no message waits again)."""
+    async def _readable(self) -> bool:
+        """Until a message may wait on the ROUTER; whether it had to wait. ZeroMQ's
+        descriptor is edge-triggered: it says that the socket's state may have changed
+        (libzmq's own commands signal it too), and reading ``EVENTS`` re-arms it. So
+        EVENTS is read after the reader is in place (a message that came since our last
+        read is not missed) and after each wake-up (a wake-up that brought no message
+        waits again). One reader at a time (the node's receive loop)."""
+        if self._recv_waiter is not None:
+            raise RuntimeError(f"{self.peer_id}: recv() is already waiting (one reader at a time)")
         loop, sock, z = asyncio.get_running_loop(), self._router_shadow, _zmq_ints()
-        fd = sock.get(z["FD"])
+        fd, waited = sock.get(z["FD"]), False
         while True:
             self._recv_waiter = waiter = loop.create_future()
             loop.add_reader(fd, _wake, waiter)
             try:
                 if sock.get(z["EVENTS"]) & z["POLLIN"]:
-                    return
+                    return waited
                 await waiter
+                waited = True
             finally:
                 self._recv_waiter = None
                 if self._router is not None:  # close() removed it already
                     loop.remove_reader(fd)
+            if self._router is None:  # closed between the wake-up and now
+                raise RuntimeError(f"{self.peer_id}: transport closed")
 
     def recv_nowait(self) -> tuple[str, list[memoryview]] | None:
         import zmq

@@ -870,3 +870,31 @@ def test_a_peer_that_keeps_standing_still_says_so_once_a_minute(tmp_path, caplog
         "3.0s); not holding that against the others",
     ]
     assert node._paused_s == pytest.approx(1.5 + 1.2 + 3.0 + 1.1 + 2.0)
+
+
+def test_a_started_call_runs_while_the_round_goes_on_and_the_peer_waits_for_it(tmp_path):
+    # cohort.overlap: StartCompute hands the call to the worker thread and returns at
+    # once (the round goes on to its wait); JoinCompute returns its value; a peer that
+    # stops waits for a call still running before anything else touches the model.
+    import threading
+
+    from hfl.peer import instructions as do
+
+    node = build_node(cohort_cfgs(tmp_path, 2)[0], MemoryHub())
+    gate, ran = threading.Event(), []
+
+    def local_update(round):
+        assert gate.wait(60), "never let through"
+        ran.append(round)
+        return {"round": round}
+
+    node.alg.local_update = local_update
+
+    async def main():
+        assert await node._perform(do.StartCompute("local_update", (2,))) is None
+        assert not ran  # still training: nothing waited for it
+        gate.set()
+        return await node._perform(do.JoinCompute())
+
+    assert asyncio.run(main()) == {"round": 2} and ran == [2]
+    assert node.ledger.compute[1] >= 0.0 and node._started is None

@@ -172,7 +172,13 @@ def test_under_amsgrad_the_two_forms_take_different_references(g_loc):
     else:  # AMSGrad rescales each coordinate: the change is not a multiple of the gradient
         cos = float(nn.functional.cosine_similarity(ref, change, dim=0))
         assert 0 < cos < 0.99
-    assert alg._local_reference() is None  # consumed: the next global step starts afresh
+    # Consumed: a second global step with no local step between (cohort.overlap's
+    # rounds that evaluate) protects the same direction; a local step starts afresh.
+    assert alg._local_reference() is ref
+    alg.local_update(2)
+    assert alg._grad_count + (alg._anchor is not None) > 0  # gathering again, from here
+    fresh = alg._local_reference()
+    assert fresh is not ref and not torch.equal(fresh, ref)
 
 
 def test_a_separate_global_optimizer_keeps_its_own_state():
@@ -355,11 +361,12 @@ def test_overlap_trains_the_next_round_while_the_knowledge_travels(tmp_path, mon
     # cohort.overlap (docs/runtime.md, Overlapped local steps), real peers on the
     # in-memory transport: each round's absorb comes after the next round's local step,
     # except before a round that evaluates and in the last; every round still learns
-    # from every teacher.
+    # from every teacher, and every global step is projected against a local direction
+    # (a round that evaluates absorbs right after the round before: no local step between).
     import threading
 
     order: dict[int, list[tuple[str, int]]] = {}  # id(algorithm) -> (call, round)
-    loop_thread = {}
+    loop_thread, cosines = {}, []
 
     def recorded(name):
         original = getattr(FedH2L, name)
@@ -367,7 +374,10 @@ def test_overlap_trains_the_next_round_while_the_knowledge_travels(tmp_path, mon
         def call(self, round, *args):
             order.setdefault(id(self), []).append((name, round))
             assert threading.get_ident() != loop_thread.get("id")  # off the event loop
-            return original(self, round, *args)
+            out = original(self, round, *args)
+            if name == "absorb":
+                cosines.append(out["cos_pub_loc"])
+            return out
 
         return call
 
@@ -386,12 +396,18 @@ def test_overlap_trains_the_next_round_while_the_knowledge_travels(tmp_path, mon
     for r in results:
         assert [m["round"] for m in r.metrics] == [2, 4, 5]
         assert all(m["teachers"] == 2.0 for m in r.metrics)
+    # (a zero g_loc reads 0.0 exactly: the projection lets the step through unchanged)
+    assert len(cosines) == 15 and all(c != 0.0 for c in cosines), cosines
 
 
-def test_overlap_is_refused_for_a_method_whose_absorb_replaces_the_model(tmp_path):
+def test_overlap_is_refused_where_it_would_undo_a_step_or_never_act(tmp_path):
     from hfl.peer.configtools import ConfigError
     from hfl.peer.factory import build_algorithm
 
-    cfg = peer_config(tmp_path, 0, 2, "fedavg", 3, cohort={"overlap": True})
+    cfg = peer_config(tmp_path, 0, 2, "fedavg", 3, cohort={"overlap": True}, evaluate_every=2)
     with pytest.raises(ConfigError, match=r"cohort\.overlap.*fedavg.*remove it"):
+        build_algorithm(cfg)
+    # ... and where it would never act: a round that evaluates keeps the paper's order
+    cfg = peer_config(tmp_path, 0, 2, "fedh2l", 3, cohort={"overlap": True}, evaluate_every=1)
+    with pytest.raises(ConfigError, match=r"cohort\.overlap.*needs node\.evaluate_every > 1"):
         build_algorithm(cfg)

@@ -71,6 +71,21 @@ def test_zmq_round_trip_carries_the_sender_peer_id_as_identity():
     asyncio.run(main())
 
 
+def test_zmq_recv_waiting_when_the_transport_closes_raises_instead_of_hanging():
+    async def main():
+        a, = await started(ZmqTransport("alice", "tcp://127.0.0.1:0"))
+        waiting = asyncio.ensure_future(a.recv())
+        await asyncio.sleep(0)  # (one turn: it is now waiting on the socket's descriptor)
+        assert not waiting.done()
+        with pytest.raises(RuntimeError, match="one reader at a time"):
+            await a.recv()
+        await a.close()
+        with pytest.raises(RuntimeError, match="transport closed"):
+            await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(main())
+
+
 def test_zmq_multi_frame_multi_megabyte_message_arrives_intact():
     async def main():
         a, b = await started(
