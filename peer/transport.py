@@ -455,10 +455,19 @@ class ZmqTransport(Transport):
             return False
         except zmq.ZMQError as exc:
             return self._failed(address, exc)
+        return self._put(sender, address, frames, when_full=None)
+
+    def _put(self, sender, address: str, frames: Frames, when_full: bool | None) -> bool | None:
+        """Hand ``frames`` to a link's queue without waiting: True (sent), False (failed),
+        both counted, or ``when_full`` if the queue does not take them now (False: a
+        failure, counted)."""
+        import zmq
+
         try:
             _send_parts(sender, frames)
         except zmq.Again:
-            return None
+            self.stats.send_failures += when_full is False
+            return when_full
         except zmq.ZMQError as exc:
             return self._failed(address, exc)
         self.stats.messages_sent += 1
@@ -485,29 +494,25 @@ class ZmqTransport(Transport):
         sent = self.send_now(address, frames, peer_id)
         if sent is not None:
             return sent
-        sock, sender = self._dealer(address, peer_id)
         try:
-            try:
-                ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
-            except asyncio.CancelledError:
-                # forget() closed this socket under us (its peer said goodbye): a failed
-                # send, not a cancellation of the caller.
-                if sock.closed and not asyncio.current_task().cancelling():
-                    self.stats.send_failures += 1
-                    return False
-                raise
-            if not ready & zmq.POLLOUT:
+            sock, sender = self._dealer(address, peer_id)  # (send_now made it)
+            ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
+        except asyncio.CancelledError:
+            # forget() closed this socket under us (its peer said goodbye): a failed
+            # send, not a cancellation of the caller.
+            if sock.closed and not asyncio.current_task().cancelling():
                 self.stats.send_failures += 1
                 return False
-            _send_parts(sender, frames)
-        except zmq.Again:
+            raise
+        except zmq.Again:  # (the link was forgotten and is in its redial backoff)
             self.stats.send_failures += 1
             return False
         except zmq.ZMQError as exc:
             return self._failed(address, exc)
-        self.stats.messages_sent += 1
-        self.stats.bytes_sent += frames_nbytes(frames)
-        return True
+        if not ready & zmq.POLLOUT:
+            self.stats.send_failures += 1
+            return False
+        return self._put(sender, address, frames, when_full=False)
 
     async def recv(self) -> tuple[str, list[memoryview]]:
         """The next message. Read from the ROUTER's blocking shadow (:meth:`recv_nowait`),
