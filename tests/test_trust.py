@@ -960,7 +960,10 @@ def test_a_refusal_during_a_slow_connect_is_still_named(tmp_path, monkeypatch):
     monkeypatch.setattr(zmq.asyncio.Socket, "connect", descheduled_after_connect)
     keys = cohort_keys(tmp_path / "keys", ["a", "b"])
     cause = _refusal(_identity(keys, "a"), None)
-    assert "it runs without CURVE (security: none)" in cause
+    # Named, not waited for in silence. As in the test above, libzmq reports the
+    # mechanism mismatch or (b closing first: 3 of 6 runs on a slower 2-core machine,
+    # code of stop 44) only hang-ups; both name the other security mode.
+    assert "security: none" in cause and "both sides need the same security.mode" in cause
 
 
 def test_a_plaintext_peer_names_a_curve_client(tmp_path, caplog):
