@@ -8,9 +8,10 @@ the list without sockets, tasks or a clock.
 The round procedures (:mod:`hfl.peer.procedures`) are generators that yield these one
 at a time; the last group below (:class:`Wait`, :class:`Aggregate`, :class:`Compute`,
 :class:`StartCompute`, :class:`JoinCompute`, :class:`RoundBegins`, :class:`RoundDone`,
-:class:`EnterRound`, :class:`CrashPoint`, :class:`Note`) exists only there, and the value the shell sends back into the
-generator is the instruction's answer (:class:`Wait`: whether the condition came true;
-:class:`Aggregate`, :class:`Compute`, :class:`JoinCompute`: the method's value).
+:class:`EnterRound`, :class:`CrashPoint`, :class:`Note`) exists only there, and the
+value the shell sends back into the generator is the instruction's answer
+(:class:`Wait`: whether the condition came true; :class:`Aggregate`, :class:`Compute`,
+:class:`JoinCompute`: the method's value).
 """
 
 from __future__ import annotations
