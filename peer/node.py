@@ -33,24 +33,23 @@ from typing import Any
 
 from hfl.algorithms.base import Algorithm, aggregates_everywhere
 from hfl.peer import instructions as do
-from hfl.peer.clock import MonotonicClock
+from hfl.peer.clock import MonotonicClock, Pauses
 from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
 from hfl.peer.core import PeerCore, clip, hello_terms
 from hfl.peer.ledger import RoundLedger
+from hfl.peer.outbox import Outbox
 from hfl.peer.procedures import RoundProcedures
 from hfl.peer.security import split_bootstrap
 from hfl.peer.seeds import SeedStore
 from hfl.peer.status import nobody_joined
-from hfl.peer.transport import Transport
+from hfl.peer.transport import Transport, advertised_address
 from hfl.protocol import (
     PROTOCOL_VERSION,
-    Heartbeat,
     Limits,
     Message,
     ProtocolError,
     SeedRequest,
     decode,
-    encode,
 )
 
 log = logging.getLogger("hfl.peer")
@@ -127,7 +126,6 @@ class Node:
         self.limits = limits or Limits()
         self.rng = random.Random(f"{seed}:{peer_id}:{incarnation}")
         self.dropped: Counter[str] = Counter()
-        self.sent: Counter[str] = Counter()  # messages handed to the transport, by type
         # Failure detection (peer/membership.py): full heartbeats, or SWIM from SWIM_FROM
         # peers on (auto).
         choice = getattr(timing, "membership", "auto")
@@ -158,8 +156,7 @@ class Node:
         self.evaluate_every = evaluate_every
         self.ledger = RoundLedger(peer_id, evaluate_every)
         self._stopping = False
-        self._paused_s = 0.0  # total time this peer stood still (SIGSTOP, a stalled loop)
-        self._stills: tuple = (0, None, 0.0)  # since the last warning: times, when, longest
+        self.pauses = Pauses(peer_id)  # the times this peer stood still (SIGSTOP, a stalled loop)
         self._reading_behind = False  # the receive loop holds (or left) messages unread
         self._essential: set[asyncio.Task] = set()  # the receive and tick loops
         self._runner: asyncio.Task | None = None  # the task in run(), cancelled if one dies
@@ -186,10 +183,13 @@ class Node:
         self._on_enter_round = on_enter_round
         # The round procedures decide; this shell carries their instructions out (_drive).
         self.procedures = RoundProcedures(
-            self.core, now=self.clock.now, paused=lambda: self._paused_s,
+            self.core, now=self.clock.now, paused=lambda: self.pauses.total,
             reading_behind=lambda: self._reading_behind, fanout=fanout,
             plan_key=f"{cohort.name}:{cohort.seed}", overlap=getattr(cohort, "overlap", False))
         self._started: asyncio.Task | None = None  # a StartCompute's call (cohort.overlap)
+        # Every send: encoded once, handed to the transport, counted by type (``sent``).
+        self.out = Outbox(peer_id, transport, self.limits, timing.send_timeout_s,
+                          lambda: self.core.membership, self._spawn, self.dropped)
 
     # The protocol state lives in the core; these name it as the shell always has.
     membership = property(lambda self: self.core.membership,
@@ -198,6 +198,7 @@ class Node:
     epoch = property(lambda self: self.core.epoch, lambda self, e: setattr(self.core, "epoch", e))
     buffer = property(lambda self: self.core.buffer)
     disagreements = property(lambda self: self.core.disagreements)
+    sent = property(lambda self: self.out.sent)  # messages handed to the transport, by type
 
     # ================================================================ lifecycle
 
@@ -271,90 +272,10 @@ class Node:
 
     # ================================================================ sending
 
-    def _envelope(self) -> dict[str, Any]:
-        return self.core.envelope()
-
-    def _encode(self, msg: Message):
-        """The message's frames, or None (logged) when it breaks the protocol's limits:
-        an algorithm producing an unsendable payload must not crash its peer."""
-        try:
-            return encode(msg, self.limits)
-        except ProtocolError as err:
-            self.dropped["unsendable"] += 1
-            log.error("%s: cannot send %s: %s", self.id, msg.TYPE, err)
-            return None
-
-    async def _send(self, address: str, msg: Message, timeout_s: float | None = None,
-                    peer_id: str | None = None, frames=None) -> bool:
-        """Send ``msg`` (already encoded: ``frames``) to ``address``; whether it went."""
-        frames = self._encode(msg) if frames is None else frames
-        if frames is None:
-            return False
-        ok = await self.transport.send(
-            address, frames, self.timing.send_timeout_s if timeout_s is None else timeout_s,
-            peer_id=peer_id,
-        )
-        return self._sent(msg, address, ok)
-
-    def _sent(self, msg: Message, address: str, ok: bool) -> bool:
-        self.sent[msg.TYPE] += ok
-        if not ok:
-            log.debug("%s: %s to %s not sent (unreachable or timed out)", self.id, msg.TYPE, address)
-        return ok
-
-    def _send_at_once(self, address: str | None, msg: Message, frames, peer_id: str | None
-                      ) -> bool | None:
-        """Send without a task where the transport can do it without waiting (most
-        sends): whether it went, or None (it must wait: the caller awaits a send)."""
-        if address is None:
-            return None
-        ok = self.transport.send_now(address, frames, peer_id=peer_id)
-        return None if ok is None else self._sent(msg, address, ok)
-
-    async def _send_to(self, peer_id: str, msg: Message, timeout_s: float | None = None,
-                       frames=None) -> bool:
-        address = self.membership.address_of(peer_id)
-        return False if address is None else await self._send(address, msg, timeout_s, peer_id,
-                                                               frames)
-
-    async def _broadcast(self, peer_ids: list[str], msg: Message, timeout_s: float | None = None) -> int:
-        """Send one message to several peers concurrently. Returns how many took it."""
-        return await self._start_broadcast(peer_ids, msg, timeout_s)
-
-    def _start_broadcast(self, peer_ids: list[str], msg: Message, timeout_s: float | None = None):
-        """A broadcast's sends that go out without waiting, now, in order (most: no task
-        each); returns the coroutine that waits for the others and says how many took it.
-
-        A peer we already suspect gets no wait at all (queued if its link takes it,
-        else dropped): a silent peer must never hold up a round's broadcast."""
-        frames = self._encode(msg)  # encode once
-        timeout = self.timing.send_timeout_s if timeout_s is None else timeout_s
-        sends, took = [], 0
-        for p in peer_ids if frames is not None else ():
-            m = self.membership.members.get(p)
-            if m is None:
-                continue
-            sent = self._send_at_once(m.address, msg, frames, p)
-            if sent is None:
-                sends.append((m.address, timeout if m.status == "alive" else 0.0, p))
-            else:
-                took += sent
-
-        async def the_rest() -> int:  # (a cancelled batch leaves no send un-awaited)
-            oks = await asyncio.gather(*(self.transport.send(address, frames, wait, peer_id=p)
-                                         for address, wait, p in sends))
-            return took + sum(self._sent(msg, address, ok)
-                              for (address, _, _), ok in zip(sends, oks, strict=True))
-
-        return the_rest()
-
-    def _reply_soon(self, address: str, msg: Message, peer_id: str) -> None:
-        """Reply from the receive loop without blocking it (only ``peer_id`` can read it
-        on an authenticated transport, whatever ``address`` it gave): at once where the
-        transport can, else from a task of its own."""
-        frames = self._encode(msg)
-        if frames is not None and self._send_at_once(address, msg, frames, peer_id) is None:
-            self._spawn(self._send(address, msg, peer_id=peer_id, frames=frames), "reply")
+    async def _broadcast(self, peer_ids, msg: Message, timeout_s: float | None = None) -> int:
+        """A round procedure's broadcast (a method of its own: the simulators' Byzantine
+        twins replace it)."""
+        return await self.out.broadcast(peer_ids, msg, timeout_s)
 
     # ================================================================ receiving
 
@@ -412,37 +333,15 @@ class Node:
         self._execute(self.core.handle(identity, msg, self.clock.now()))
 
     async def _carry_out(self, instructions: list[do.Instruction]) -> None:
-        """:meth:`_execute`, with the batched sends (Send, Broadcast) sent together and
-        awaited: in order, those the transport takes at once as they come, then the wait
-        for the others. A message sent to several places (a tick's hello to every member
-        it greets) is encoded once."""
-        batch = []
-        encoded: dict[int, Any] = {}  # id(message) -> its frames, or () when unsendable
-        for ins in instructions:
-            if isinstance(ins, do.Send):
-                frames = encoded.get(id(ins.msg))
-                if frames is None:
-                    frames = encoded[id(ins.msg)] = self._encode(ins.msg) or ()
-                if not frames:
-                    continue
-                address, peer = ((self.membership.address_of(ins.address), ins.address)
-                                 if ins.to_member else (ins.address, ins.peer_id))
-                if self._send_at_once(address, ins.msg, frames, peer) is not None:
-                    continue  # sent (or refused) without waiting
-                batch.append(
-                    self._send_to(ins.address, ins.msg, ins.timeout_s, frames) if ins.to_member
-                    else self._send(ins.address, ins.msg, ins.timeout_s, ins.peer_id, frames))
-            elif isinstance(ins, do.Broadcast):
-                batch.append(self._start_broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s))
-            else:
-                self._execute([ins])
-        await asyncio.gather(*batch)
+        """:meth:`_execute`, with the sends (Send, Broadcast) sent together and awaited
+        (Outbox.batch)."""
+        await asyncio.gather(*self.out.batch(instructions, lambda ins: self._execute([ins])))
 
     def _execute(self, instructions: list[do.Instruction]) -> None:
         """Carry out the core's instructions (hfl.peer.instructions), in order."""
         for ins in instructions:
             if isinstance(ins, do.Reply):
-                self._reply_soon(ins.address, ins.msg, ins.peer_id)
+                self.out.reply(ins.address, ins.msg, ins.peer_id)
             elif isinstance(ins, do.Dropped):
                 self._drop(ins.code, ins.reason)
             elif isinstance(ins, do.Wake):
@@ -452,7 +351,7 @@ class Node:
             elif isinstance(ins, do.Say):
                 log.log(ins.level, ins.template, *ins.args)
             elif isinstance(ins, do.SendTo):
-                self._spawn(self._send_to(ins.peer_id, ins.msg, ins.timeout_s), ins.why)
+                self._spawn(self.out.send_to(ins.peer_id, ins.msg, ins.timeout_s), ins.why)
             elif isinstance(ins, do.Forget):
                 self._spawn(self.transport.forget(ins.address, ins.peer_id), "forget")
             elif isinstance(ins, do.Refused):
@@ -492,21 +391,13 @@ class Node:
             self._observe("member", self, member=change.peer_id, old=change.old, new=change.new,
                           reason=change.reason)
 
-    def _heartbeat(self, **probe: Any) -> Heartbeat:
-        return self.core.heartbeat(**probe)
-
     def _serve_seeds(self, msg: SeedRequest) -> None:
         if self.seeds is None:
             return
         chunks = self.seeds.chunks_for(msg.owner, msg.chunks, self.id, self.incarnation)
         address = self.membership.address_of(msg.sender)
         if chunks and address:
-            self._spawn(self._send_all(address, msg.sender, chunks), "seeds")
-
-    async def _send_all(self, address: str, peer_id: str, msgs: list[Message]) -> None:
-        for m in msgs:  # one after the other: a big seed set must not flood the socket
-            if not await self._send(address, m, peer_id=peer_id):
-                return
+            self._spawn(self.out.send_all(address, msg.sender, chunks), "seeds")
 
     # ================================================================ ticking
 
@@ -518,7 +409,7 @@ class Node:
             now = self.clock.now()
             stood_still = now - last - interval
             if self.core.stood_still(stood_still):  # not running: read the inbox first
-                self._stood_still(stood_still, now)
+                self.pauses.add(stood_still, now)
                 await asyncio.sleep(0)  # let the receive loop drain what arrived meanwhile
             last = now
             try:
@@ -533,23 +424,6 @@ class Node:
                 log.exception("%s: tick %d failed", self.id, tick)
             tick += 1
             await asyncio.sleep(interval)
-
-    #: A peer that keeps standing still says so at most once a minute.
-    STOOD_STILL_EVERY_S = 60.0
-
-    def _stood_still(self, seconds: float, now: float) -> None:
-        """Count a time this peer stood still; warn of the first, then once a minute with
-        how often (a thousand peers on one saturated loop each stood still a few
-        times a round: 25,000 identical lines in a 10-round run)."""
-        self._paused_s += seconds
-        self._stills = (self._stills[0] + 1, self._stills[1], max(self._stills[2], seconds))
-        count, last, longest = self._stills
-        if last is None or now - last >= self.STOOD_STILL_EVERY_S:
-            times = (f" ({count} times since the last such line, the longest {longest:.1f}s)"
-                     if count > 1 else "")
-            log.warning("%s: this peer stood still for %.1fs%s; not holding that against the "
-                        "others", self.id, seconds, times)
-            self._stills = (0, now, 0.0)
 
     async def _tick(self, tick: int) -> None:
         self.transport.housekeeping()
@@ -574,9 +448,9 @@ class Node:
     async def _wait_until(self, done: Callable[[], bool], deadline: float) -> bool:
         """Wait until ``done()`` or the clock passes ``deadline`` (moved on by any time
         this peer stood still meanwhile: a pause is no one's missed deadline). Never hangs."""
-        paused0 = self._paused_s
+        paused0 = self.pauses.total
         while not done():
-            remaining = deadline + (self._paused_s - paused0) - self.clock.now()
+            remaining = deadline + (self.pauses.total - paused0) - self.clock.now()
             if remaining <= 0:
                 return False
             self._wakeup.clear()
@@ -694,9 +568,9 @@ class Node:
         if isinstance(ins, do.Wait):
             return await self._wait_until(ins.done, ins.deadline)
         if isinstance(ins, do.Send):
-            return await self._send_to(ins.address, ins.msg, ins.timeout_s)
+            return await self.out.send_to(ins.address, ins.msg, ins.timeout_s)
         if isinstance(ins, do.Broadcast):
-            return await self._broadcast(list(ins.peer_ids), ins.msg, ins.timeout_s)
+            return await self._broadcast(ins.peer_ids, ins.msg, ins.timeout_s)
         if isinstance(ins, do.Compute):
             return await self._compute_call(getattr(self.alg, ins.call), *ins.args)
         if isinstance(ins, do.Aggregate):
@@ -736,27 +610,11 @@ class Node:
             return
         bye = self.core.goodbye(reason)  # best effort and brief: a peer that already
         if bye is not None:  # closed must not delay our exit
-            await self._broadcast(list(bye.peer_ids), bye.msg, timeout_s=bye.timeout_s)
+            await self.out.broadcast(bye.peer_ids, bye.msg, timeout_s=bye.timeout_s)
 
 
 class NodeFailed(RuntimeError):
     """The node's own receive or tick loop died: the peer stops (see Node._task_done)."""
-
-
-def advertised_address(bound: str, advertise: str | None) -> str:
-    """The address other peers should dial to reach us."""
-    if advertise:
-        return advertise
-    scheme, _, rest = bound.partition("://")
-    host, _, port = rest.rpartition(":")
-    if scheme == "tcp" and host in ("0.0.0.0", "*", "[::]", "::"):
-        import socket
-
-        ip = socket.gethostbyname(socket.gethostname())
-        log.warning("listening on %s: advertising %s to peers (set node.advertise to override)",
-                    bound, f"tcp://{ip}:{port}")
-        return f"tcp://{ip}:{port}"
-    return bound
 
 
 def _hard_exit(code: int) -> None:

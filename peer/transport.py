@@ -945,6 +945,22 @@ class FaultyTransport(Transport):
         await self.inner.close()
 
 
+def advertised_address(bound: str, advertise: str | None) -> str:
+    """The address other peers should dial to reach us."""
+    if advertise:
+        return advertise
+    scheme, _, rest = bound.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme == "tcp" and host in ("0.0.0.0", "*", "[::]", "::"):
+        import socket
+
+        ip = socket.gethostbyname(socket.gethostname())
+        log.warning("listening on %s: advertising %s to peers (set node.advertise to override)",
+                    bound, f"tcp://{ip}:{port}")
+        return f"tcp://{ip}:{port}"
+    return bound
+
+
 def make_transport(
     peer_id: str,
     address: str,

@@ -745,14 +745,14 @@ def test_a_restarted_peer_sits_out_the_round_its_earlier_life_entered(tmp_path):
 def test_a_message_sent_to_several_places_in_one_batch_is_encoded_once(tmp_path, monkeypatch):
     # A tick's hello goes to every member it greets (hundreds, as a cohort forms): one
     # encoding (with its validation) for all of them, and every place still gets it.
-    import hfl.peer.node as node_module
+    import hfl.peer.outbox as outbox_module
     from hfl.peer.instructions import Send
 
     hub = MemoryHub()
     cfgs = cohort_cfgs(tmp_path, 4)
     nodes = [build_node(c, hub) for c in cfgs]
     encodings = []
-    monkeypatch.setattr(node_module, "encode",
+    monkeypatch.setattr(outbox_module, "encode",
                         lambda msg, limits: encodings.append(msg.TYPE) or encode(msg, limits))
 
     async def main():
@@ -792,7 +792,7 @@ def test_a_broadcast_and_a_reply_go_out_without_a_task_per_destination(tmp_path)
 
         p0.transport.send = must_not_wait
         took = await p0._broadcast([n.id for n in others], p0.core.heartbeat(), 1.0)
-        p0._reply_soon(others[0].transport.address, p0.core.heartbeat(), others[0].id)
+        p0.out.reply(others[0].transport.address, p0.core.heartbeat(), others[0].id)
         assert not p0._tasks  # the reply went at once, no task spawned
         got = [await asyncio.wait_for(n.transport.recv(), WAIT_S) for n in others]
         got.append(await asyncio.wait_for(others[0].transport.recv(), WAIT_S))
@@ -862,14 +862,14 @@ def test_a_peer_that_keeps_standing_still_says_so_once_a_minute(tmp_path, caplog
     node = build_node(cohort_cfgs(tmp_path, 2)[0], MemoryHub())
     with caplog.at_level(logging.WARNING, logger="hfl.peer"):
         for now, seconds in [(10.0, 1.5), (12.0, 1.2), (40.0, 3.0), (71.0, 1.1), (72.0, 2.0)]:
-            node._stood_still(seconds, now)
+            node.pauses.add(seconds, now)
     lines = [r.getMessage() for r in caplog.records if "stood still" in r.getMessage()]
     assert lines == [
         "p0: this peer stood still for 1.5s; not holding that against the others",
         "p0: this peer stood still for 1.1s (3 times since the last such line, the longest "
         "3.0s); not holding that against the others",
     ]
-    assert node._paused_s == pytest.approx(1.5 + 1.2 + 3.0 + 1.1 + 2.0)
+    assert node.pauses.total == pytest.approx(1.5 + 1.2 + 3.0 + 1.1 + 2.0)
 
 
 def test_a_started_call_runs_while_the_round_goes_on_and_the_peer_waits_for_it(tmp_path):

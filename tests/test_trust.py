@@ -1180,7 +1180,7 @@ def test_an_unsendable_message_is_logged_and_dropped_not_raised(tmp_path):
     node = build_node(cohort_cfgs(tmp_path, 2, rounds=1)[0], None)
     tensors = {f"t{i}": np.zeros(1, dtype=np.float32) for i in range(70)}
     msg = Knowledge(sender="p0", incarnation=0, round=1, kind="weights", tensors=tensors)
-    assert node._encode(msg) is None
+    assert node.out.encode(msg) is None
     assert node.dropped["unsendable"] == 1
 
 
