@@ -237,11 +237,13 @@ class Node:
             for task in background + list(self._tasks):
                 task.cancel()
             await asyncio.gather(*background, *self._tasks, return_exceptions=True)
-            if self._started is not None:  # nothing may touch the model while it trains
-                failed, = await asyncio.gather(self._started, return_exceptions=True)
-                if isinstance(failed, Exception):
-                    log.error("%s: the local step started ahead failed as the peer stopped: %s",
-                              self.id, failed, exc_info=failed)
+            if self._started is not None:
+                # A step started ahead (cohort.overlap) belongs to a round that never ends:
+                # it is let go like any step in flight, not waited for (a stopped peer
+                # exits in seconds, not a step's length). Nothing reads the model after:
+                # the checkpoint on disk is of an evaluated round, which starts no step.
+                self._started.cancel()
+                await asyncio.gather(self._started, return_exceptions=True)
             await self.transport.close()
         return NodeResult(
             rounds_completed=self.ledger.rounds_run,

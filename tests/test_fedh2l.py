@@ -411,3 +411,50 @@ def test_overlap_is_refused_where_it_would_undo_a_step_or_never_act(tmp_path):
     cfg = peer_config(tmp_path, 0, 2, "fedh2l", 3, cohort={"overlap": True}, evaluate_every=1)
     with pytest.raises(ConfigError, match=r"cohort\.overlap.*needs node\.evaluate_every > 1"):
         build_algorithm(cfg)
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_stopped_while_a_step_started_ahead_trains_exits_without_waiting_for_it(
+        tmp_path, monkeypatch):
+    # cohort.overlap: SIGTERM (hfl-peer cancels run_peer's task) lands while round 4's
+    # local step, started ahead in round 3, trains. The peer stops at once, as it does
+    # for any step in flight (peer/cli.py: a stopped peer does not wait a step's length),
+    # and what it leaves is the checkpoint of round 2, the last round it evaluated: the
+    # step started ahead is in no file, and a restart resumes from round 2.
+    import threading
+
+    from hfl.peer.checkpoint import load_checkpoint
+
+    gate, training = threading.Event(), threading.Event()
+    original = FedH2L.local_update
+
+    def local_update(self, round, *args):
+        if round == 4 and not training.is_set():  # the first peer to start round 4's step
+            training.set()
+            gate.wait(60)
+        return original(self, round, *args)
+
+    monkeypatch.setattr(FedH2L, "local_update", local_update)
+
+    async def main():
+        hub = MemoryHub()
+        cfgs = [peer_config(tmp_path, i, 2, "fedh2l", 6, cohort={"overlap": True},
+                            evaluate_every=2) for i in range(2)]
+        tasks = [asyncio.ensure_future(run_peer(c, hub=hub)) for c in cfgs]
+        try:
+            assert await asyncio.to_thread(training.wait, 60), "no step was started ahead"
+            for t in tasks:
+                t.cancel()  # what SIGTERM does to hfl-peer
+            # Both peers end while the gate holds the step (a stop that waited for it
+            # would time out here).
+            return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        finally:
+            gate.set()
+
+    done = asyncio.run(main())
+    assert all(isinstance(d, asyncio.CancelledError) for d in done), done
+    for i in range(2):
+        run_dir = tmp_path / "fedh2l" / f"p{i}"
+        assert load_checkpoint(run_dir)["round"] == 2
+        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [m["round"] for m in lines] == [2]
