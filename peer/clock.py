@@ -53,3 +53,11 @@ class Pauses:
             log.warning("%s: this peer stood still for %.1fs%s; not holding that against the "
                         "others", self.id, seconds, times)
             self._since = (0, now, 0.0)
+
+    def close(self) -> None:
+        """At the peer's exit: the times since the last warning, which no line told yet."""
+        count, last, longest = self._since
+        if count and last is not None:
+            log.warning("%s: this peer stood still %d more time(s) since the last such line, "
+                        "the longest %.1fs", self.id, count, longest)
+            self._since = (0, last, 0.0)

@@ -245,6 +245,7 @@ class Node:
                 self._started.cancel()
                 await asyncio.gather(self._started, return_exceptions=True)
             await self.transport.close()
+            self.pauses.close()
         return NodeResult(
             rounds_completed=self.ledger.rounds_run,
             last_round=self.round - 1,

@@ -870,6 +870,12 @@ def test_a_peer_that_keeps_standing_still_says_so_once_a_minute(tmp_path, caplog
         "3.0s); not holding that against the others",
     ]
     assert node.pauses.total == pytest.approx(1.5 + 1.2 + 3.0 + 1.1 + 2.0)
+    node.pauses.close()  # at exit: the one since the last line is told too
+    lines = [r.getMessage() for r in caplog.records if "stood still" in r.getMessage()]
+    assert lines[-1] == ("p0: this peer stood still 1 more time(s) since the last such line, "
+                         "the longest 2.0s")
+    node.pauses.close()  # (once)
+    assert len([r for r in caplog.records if "stood still" in r.getMessage()]) == 3
 
 
 def test_a_started_call_runs_while_the_round_goes_on_and_the_peer_waits_for_it(tmp_path):
