@@ -253,9 +253,9 @@ def events(peer_dir: Path, kind: str | None = None) -> list[dict]:
 
 def join_timeouts(run_dir: Path) -> list[str]:
     """Peers that gave up waiting for the whole cohort at start-up and started with whoever
-    had joined (their warning, from events.jsonl; see bench/README.md)."""
-    return [e["msg"] for f in sorted(run_dir.glob("*/events.jsonl")) for e in events(f.parent, "log")
-            if "starting anyway" in e.get("msg", "")]
+    had joined (their ``join_short`` notes in events.jsonl; see bench/README.md)."""
+    return [f"{e['peer']}: {e['joined']} of {e['need']} joined"
+            for f in sorted(run_dir.glob("*/events.jsonl")) for e in events(f.parent, "join_short")]
 
 
 # --------------------------------------------------------------------------- numbers and tables

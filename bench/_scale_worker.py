@@ -258,26 +258,24 @@ def clip_outcomes(outcomes: dict[str, list[str]]) -> dict[str, list[str]]:
 # --------------------------------------------------------------------------- detection
 
 
-class MembershipWatch(logging.Handler):
+class MembershipWatch:
     """The nodes' typed notes (``observe``, passed to run_peer as its observer): each
-    membership change to suspect or dead, each round; and, from the log, the ticks
-    that took too long (the loop is overloaded)."""
+    membership change to suspect or dead, each round, each tick that overran its limit
+    (``slow_tick``: the loop is overloaded; None for a checkout from before that note)."""
 
-    def __init__(self, victim: str) -> None:
-        super().__init__(logging.WARNING)
+    def __init__(self, victim: str, slow_noted: bool = True) -> None:
         self.victim = victim
         self.t_kill: float | None = None
         self.dead_at: dict[str, float] = {}  # observer -> first "victim -> dead" after the kill
         self.false_suspect = 0  # a live peer (or the victim before its kill) -> suspect
         self.false_dead = 0
-        self.slow_ticks = 0  # "tick N took longer than ...": the loop is overloaded
+        self.slow_ticks: int | None = 0 if slow_noted else None
         self.last_round: dict[str, int] = {}  # peer -> last round it finished
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if " took longer than " in str(record.msg):
-            self.slow_ticks += 1
-
     def observe(self, event: str, node, **fields: Any) -> None:
+        if event == "slow_tick" and self.slow_ticks is not None:
+            self.slow_ticks += 1
+            return
         if event == "round":
             if fields["round"] > self.last_round.get(node.id, 0):
                 self.last_round[node.id] = fields["round"]
@@ -610,12 +608,13 @@ def main(argv: list[str]) -> int:
     victim_index = len(plans) - 1
     counter = MessageCounter()
     counter.install(InMemoryTransport)
-    watch = MembershipWatch(plans[victim_index].id)
+    from hfl.peer.status import TYPED_EVENTS
+
+    watch = MembershipWatch(plans[victim_index].id, "slow_tick" in TYPED_EVENTS)
     root = logging.getLogger("hfl")
     to_file = logging.FileHandler(run_dir / "peers.log")  # as hfl-launch --in-process
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root.addHandler(to_file)
-    root.addHandler(watch)
     root.setLevel(logging.INFO)
     setup_s = time.monotonic() - t0
     print(

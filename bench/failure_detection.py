@@ -29,7 +29,6 @@ later). Each setting runs twice by default (--repeat N); --quick once.
 from __future__ import annotations
 
 import math
-import re
 import sys
 
 import _common as c
@@ -43,9 +42,6 @@ VICTIM = "p1"
 CRASH_ROUND = 3  # the aggregator of round 3 is p3 (rotation: sorted ids[round % 4]), not the victim
 ROUNDS = 8
 RUN_TIMEOUT_S = 240
-
-SILENT = re.compile(r"silent for (?P<s>[\d.]+)s")
-
 
 def write_experiment(tag: str, hb: float, suspect: float, dead: float) -> tuple:
     exp = yaml.safe_load(c.QUICKSTART.read_text())
@@ -84,8 +80,7 @@ def measure(tag: str, hb: float, suspect: float, dead: float) -> dict:
                 row["suspect_t"] = e["t"]
             if e["new"] == "dead" and row["dead_t"] is None:
                 row["dead_t"] = e["t"]
-                s = SILENT.search(e["reason"])
-                row["silent_s"] = float(s["s"]) if s else None
+                row["silent_s"] = e.get("silent_s")  # (none: not by its silence)
         lat = lambda t: (t - crash_t) if (t is not None and crash_t is not None) else math.nan  # noqa: E731
         row["suspect_latency_s"], row["dead_latency_s"] = lat(row["suspect_t"]), lat(row["dead_t"])
         survivors.append(row)

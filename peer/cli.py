@@ -43,8 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "messages, encoding, signing, scheduling; the method's calls run in "
                         "worker threads and are not in it) to FILE when the peer ends; "
                         "{id} expands to the peer's id (env HFL_PROFILE, e.g. for hfl-launch's "
-                        "peers: HFL_PROFILE=prof/{id}.pstats); bench/overhead.py --profile "
-                        "reads it")
+                        "peers: HFL_PROFILE=prof/{id}.pstats); python -m hfl.launch.profile "
+                        "FILE... splits it by kind of cost")
     p.add_argument("--no-plot", action="store_true",
                    help="write no plots at the end (hfl-launch plots the whole run itself)")
     return p.parse_args(argv)

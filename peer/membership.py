@@ -111,6 +111,8 @@ class Change:
     old: str
     new: str
     reason: str
+    #: how long the member had been silent to us, for a change its silence made
+    silent_s: float | None = None
 
 
 @dataclass
@@ -536,7 +538,7 @@ class Membership:
                 what = "silent"
             if silent >= dead_s:
                 changes.append(Change(m.peer_id, m.status, DEAD,
-                                      f"{what} for {silent:.1f}s{stretched}"))
+                                      f"{what} for {silent:.1f}s{stretched}", silent))
                 self._set(m, status=DEAD)
                 m.expect_since = None  # nothing more owed: greeted again, not probed
                 m.probes = 0
@@ -548,7 +550,7 @@ class Membership:
                     self._health_up()
             elif silent >= suspect_s and m.status == ALIVE:
                 changes.append(Change(m.peer_id, m.status, SUSPECT,
-                                      f"{what} for {silent:.1f}s{stretched}"))
+                                      f"{what} for {silent:.1f}s{stretched}", silent))
                 self._set(m, status=SUSPECT)
             else:
                 continue
@@ -565,7 +567,7 @@ class Membership:
                 continue
             del self._hinted[peer]
             changes.append(Change(peer, m.status, DEAD, f"its link dropped {silent:.1f}s ago and "
-                                  f"nothing came since, probes included{stretched}"))
+                                  f"nothing came since, probes included{stretched}", silent))
             self._set(m, status=DEAD)
             m.expect_since = None
             m.probes = 0

@@ -66,6 +66,8 @@ class NodeResult:
     stopped_alone: str | None = None
     #: messages handed to the transport over this life, by type (``heartbeat``, ``knowledge``...)
     sent: dict[str, int] = field(default_factory=dict)
+    #: their bytes (frames as sent, before CURVE), by type
+    sent_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class Node:
@@ -254,6 +256,7 @@ class Node:
             disagreements={r: sorted(peers) for r, peers in sorted(self.disagreements.items())},
             stopped_alone=self.stopped_alone,
             sent=dict(sorted(self.sent.items())),
+            sent_bytes=dict(sorted(self.out.sent_bytes.items())),
         )
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
@@ -391,8 +394,9 @@ class Node:
         log.log(level, "%s: %s %s -> %s (%s)%s", self.id, change.peer_id, change.old, change.new,
                 change.reason, note)
         if not quiet:
+            silent = {} if change.silent_s is None else {"silent_s": round(change.silent_s, 3)}
             self._observe("member", self, member=change.peer_id, old=change.old, new=change.new,
-                          reason=change.reason)
+                          reason=change.reason, **silent)
 
     def _serve_seeds(self, msg: SeedRequest) -> None:
         if self.seeds is None:
@@ -423,6 +427,7 @@ class Node:
                     await self._tick(tick)
             except TimeoutError:
                 log.warning("%s: tick %d took longer than %.2fs", self.id, tick, interval * 2)
+                self._observe("slow_tick", self, tick=tick, limit_s=interval * 2)
             except Exception:
                 log.exception("%s: tick %d failed", self.id, tick)
             tick += 1
@@ -488,6 +493,8 @@ class Node:
             log.warning("%s: only %d of %d peers joined (none new for %.0fs); starting "
                         "anyway%s", self.id, len(mem.live_view()), need,
                         self.timing.join_timeout_s, "".join(f"; {c}" for c in causes))
+            self._observe("join_short", self, joined=len(mem.live_view()), need=need,
+                          causes=causes)
         log.info("%s: cohort %s", self.id, ", ".join(mem.live_view()))
 
     # ================================================================ rounds

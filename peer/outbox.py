@@ -9,8 +9,8 @@ The node (hfl.peer.node) carries the core's send instructions out through one
 - hand the frames to the transport at once where it can take them without waiting
   (``Transport.send_now``: most sends, no task each);
 - otherwise wait for the link, at most the send timeout;
-- count what went, by type (``sent``: metrics' ``sent_by_type``, the round record's
-  membership messages).
+- count what went, by type: messages (``sent``: summary.json's ``sent_by_type``, the
+  round record's membership messages) and their bytes (``sent_bytes``).
 
 Nothing here decides what to send or to whom: the core and its round procedures do.
 """
@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from hfl.peer import instructions as do
+from hfl.peer.transport import frames_nbytes
 from hfl.protocol import Limits, Message, ProtocolError, encode
 
 log = logging.getLogger("hfl.peer")
@@ -41,6 +42,7 @@ class Outbox:
         self._spawn = spawn  # a task the node owns (cancelled when it stops)
         self.dropped = dropped
         self.sent: Counter[str] = Counter()  # messages handed to the transport, by type
+        self.sent_bytes: Counter[str] = Counter()  # and their bytes (frames), by type
 
     def encode(self, msg: Message):
         """The message's frames, or None (counted and logged) when it breaks the limits."""
@@ -51,9 +53,11 @@ class Outbox:
             log.error("%s: cannot send %s: %s", self.id, msg.TYPE, err)
             return None
 
-    def _counted(self, msg: Message, address: str, ok: bool) -> bool:
-        self.sent[msg.TYPE] += ok
-        if not ok:
+    def _counted(self, msg: Message, address: str, ok: bool, frames) -> bool:
+        if ok:
+            self.sent[msg.TYPE] += 1
+            self.sent_bytes[msg.TYPE] += frames_nbytes(frames)
+        else:
             log.debug("%s: %s to %s not sent (unreachable or timed out)", self.id, msg.TYPE, address)
         return ok
 
@@ -63,7 +67,7 @@ class Outbox:
         if address is None:
             return None
         ok = self.transport.send_now(address, frames, peer_id=peer_id)
-        return None if ok is None else self._counted(msg, address, ok)
+        return None if ok is None else self._counted(msg, address, ok, frames)
 
     async def send(self, address: str, msg: Message, timeout_s: float | None = None,
                    peer_id: str | None = None, frames=None) -> bool:
@@ -74,7 +78,7 @@ class Outbox:
         ok = await self.transport.send(
             address, frames, self.send_timeout_s if timeout_s is None else timeout_s,
             peer_id=peer_id)
-        return self._counted(msg, address, ok)
+        return self._counted(msg, address, ok, frames)
 
     async def send_to(self, peer_id: str, msg: Message, timeout_s: float | None = None,
                       frames=None) -> bool:
@@ -107,7 +111,7 @@ class Outbox:
         async def the_rest() -> int:  # (a cancelled batch leaves no send un-awaited)
             oks = await asyncio.gather(*(self.transport.send(address, frames, wait, peer_id=p)
                                          for address, wait, p in waits))
-            return took + sum(self._counted(msg, address, ok)
+            return took + sum(self._counted(msg, address, ok, frames)
                               for (address, _, _), ok in zip(waits, oks, strict=True))
 
         return the_rest()

@@ -47,6 +47,7 @@ from hfl.peer.status import (
     cpu_by_thread,
     data_split_fingerprint,
     detach,
+    max_rss_mb,
     watch_join,
 )
 from hfl.peer.transport import FaultPlan, FaultyTransport, MemoryHub, Transport, make_transport
@@ -520,6 +521,8 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         "finished_at": wall(),  # compared with a checkpoint's saved_at (finished_siblings)
         "dropped": result.dropped,
         "sent_by_type": result.sent,  # messages this life sent, by type
+        "sent_bytes_by_type": result.sent_bytes,  # and their bytes
+        "max_rss_mb": max_rss_mb(),  # the process's peak resident memory (Linux, macOS)
         "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
         "max_live_peers": max((int(r.get("live_peers", 1)) for r in result.metrics), default=1),
         "min_peers": cfg.node.min_peers, "cohort_shortfall": shortfall,

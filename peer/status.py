@@ -25,6 +25,7 @@ import errno
 import json
 import logging
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,17 @@ def data_split_fingerprint(data) -> dict[str, int]:
     return {"data_split": zlib.crc32(key.encode())}
 
 
+def max_rss_mb() -> float | None:
+    """This process's peak resident memory in MiB (all its peers', in an in-process
+    cohort), or None where the OS does not say (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
 def cpu_by_thread() -> dict[str, float]:
     """This process's CPU seconds so far by thread name, from /proc (Linux; {} where
     there is none): the event loop (``MainThread``), the method's worker (``hfl-work``),
@@ -144,9 +156,10 @@ def cpu_by_thread() -> dict[str, float]:
 #: status changed (member, old, new, reason), a message dropped (code, reason), an
 #: injected crash (round, phase), the rounds began (round), a result taken from an
 #: aggregator's epoch (took), published or committed as aggregator, absorbed, a member
-#: proven to equivocate (equivocator).
+#: proven to equivocate (equivocator), a tick that overran its limit (slow_tick: the loop
+#: is overloaded), the join given up short of the cohort (join_short).
 TYPED_EVENTS = frozenset({"started", "member", "dropped", "crash", "took", "published",
-                          "committed", "absorbed", "equivocator"})
+                          "committed", "absorbed", "equivocator", "slow_tick", "join_short"})
 
 
 class EventLog:

@@ -644,6 +644,9 @@ def test_the_join_gives_up_join_timeout_s_after_the_last_arrival(tmp_path, caplo
     cfgs = cohort_cfgs(tmp_path, 3, rounds=2, timing={"join_timeout_s": join})[:2]
     hub = MemoryHub()
     nodes = [build_node(c, hub) for c in cfgs]
+    notes = []
+    for nd in nodes:
+        nd._observe = lambda event, node, **fields: notes.append((event, node.id, fields))
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -658,6 +661,42 @@ def test_the_join_gives_up_join_timeout_s_after_the_last_arrival(tmp_path, caplo
     assert join <= took < join + WAIT_S
     said = [r.getMessage() for r in caplog.records if "peers joined" in r.getMessage()]
     assert any("only 2 of 3 peers joined (none new for 1s); starting anyway" in m for m in said)
+    # ... and the same as a typed note (events.jsonl), which tools read instead of the line
+    short = sorted((peer, f["joined"], f["need"]) for e, peer, f in notes if e == "join_short")
+    assert short == [("p0", 2, 3), ("p1", 2, 3)]
+    # What each peer counts it sent, by type, is what its transport delivered.
+    for nd, res in zip(nodes, results, strict=True):
+        assert res.sent_bytes.keys() == res.sent.keys() and all(res.sent_bytes.values())
+        assert sum(res.sent.values()) == nd.transport.stats.messages_sent
+        assert sum(res.sent_bytes.values()) == nd.transport.stats.bytes_sent
+
+
+def test_a_tick_that_overruns_its_limit_is_cut_off_and_noted(tmp_path):
+    # A stuck send must never stop failure detection: the tick is cut off at twice the
+    # heartbeat interval, logged, and noted (slow_tick, for tools: an overloaded loop).
+    node = build_node(peer_cfg(tmp_path, "p0", 0, 1), MemoryHub())
+    notes = []
+    node._observe = lambda event, nd, **fields: notes.append((event, fields))
+    stuck = asyncio.Event()
+
+    async def stuck_tick(tick: int) -> None:
+        if tick == 0:
+            await stuck.wait()  # never set: a send that hangs
+
+    node._tick = stuck_tick
+
+    async def main():
+        task = asyncio.create_task(node._tick_loop())
+        while not any(e == "slow_tick" for e, _ in notes):
+            assert not task.done()
+            await asyncio.sleep(0.01)  # waiting for the loop's timeout to cut tick 0 off
+        node._stopping = True
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(main(), WAIT_S))
+    interval = node.timing.heartbeat_interval_s
+    assert [f for e, f in notes if e == "slow_tick"] == [{"tick": 0, "limit_s": 2 * interval}]
 
 
 # =========================================================================== shutdown

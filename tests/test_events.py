@@ -50,6 +50,8 @@ def test_every_peer_notes_the_results_it_absorbed_and_the_aggregator_what_it_com
         deaths = [r for r in got[peer] if r["kind"] == "member" and r["member"] == "p3"
                   and r["new"] == "dead"]
         assert deaths and deaths[0]["old"] in ("alive", "suspect") and deaths[0]["reason"], peer
+        # how long it had been silent, as a number (the reason says it in words)
+        assert f"{deaths[0]['silent_s']:.1f}s" in deaths[0]["reason"], deaths[0]
         assert any(r["kind"] == "member" and r["member"] == "p3" and r["old"] == "dead"
                    and r["new"] == "alive" and r["t"] > deaths[0]["t"] for r in got[peer]), peer
 

@@ -38,8 +38,28 @@ def test_hfl_peer_profiles_the_rounds_of_its_event_loop_thread(tmp_path, capsys)
     assert "local_update" not in functions
     costs = split([out])
     assert sum(costs.values()) > 0 and costs.get("round engine (node, procedures)", 0) > 0
-    threads = json.loads((tmp_path / "run" / "summary.json").read_text())["rounds_cpu_by_thread_s"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    threads = summary["rounds_cpu_by_thread_s"]
     assert {"MainThread", "hfl-work"} <= set(threads) and min(threads.values()) >= 0, threads
+    # what went out, by type, in messages and bytes; the process's peak memory
+    assert summary["sent_bytes_by_type"].keys() == summary["sent_by_type"].keys()
+    assert summary["max_rss_mb"] > 0
+
+
+def test_max_rss_mb_is_the_kernels_high_water_mark():
+    import sys
+
+    from hfl.peer.status import max_rss_mb
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("VmHWM, the oracle, is Linux's")
+    ballast = bytearray(64 * 2**20)  # touch 64 MiB: the peak moves
+    ballast[:: 4096] = b"x" * len(ballast[:: 4096])
+    peak = max_rss_mb()
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+    hwm_mb = int(status["VmHWM"].split()[0]) / 1024  # read after: never below ours
+    assert peak >= 64 and hwm_mb - 1 <= peak <= hwm_mb + 0.1, (peak, hwm_mb)
+    del ballast
 
 
 def test_cpu_by_thread_names_each_threads_own_cpu():
