@@ -608,9 +608,10 @@ def main(argv: list[str]) -> int:
     victim_index = len(plans) - 1
     counter = MessageCounter()
     counter.install(InMemoryTransport)
-    from hfl.peer.status import TYPED_EVENTS
+    import hfl.peer.status
 
-    watch = MembershipWatch(plans[victim_index].id, "slow_tick" in TYPED_EVENTS)
+    watch = MembershipWatch(plans[victim_index].id,
+                            "slow_tick" in getattr(hfl.peer.status, "TYPED_EVENTS", ()))
     root = logging.getLogger("hfl")
     to_file = logging.FileHandler(run_dir / "peers.log")  # as hfl-launch --in-process
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
@@ -656,7 +657,6 @@ def main(argv: list[str]) -> int:
         )
     finally:
         root.removeHandler(to_file)
-        root.removeHandler(watch)
         to_file.close()
     out = write(results)
     print(

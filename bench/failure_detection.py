@@ -80,7 +80,7 @@ def measure(tag: str, hb: float, suspect: float, dead: float) -> dict:
                 row["suspect_t"] = e["t"]
             if e["new"] == "dead" and row["dead_t"] is None:
                 row["dead_t"] = e["t"]
-                row["silent_s"] = e.get("silent_s")  # (none: not by its silence)
+                row["silent_s"] = e.get("silent_s")  # silent, unanswered or unheard since a hint
         lat = lambda t: (t - crash_t) if (t is not None and crash_t is not None) else math.nan  # noqa: E731
         row["suspect_latency_s"], row["dead_latency_s"] = lat(row["suspect_t"]), lat(row["dead_t"])
         survivors.append(row)

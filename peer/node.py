@@ -108,7 +108,6 @@ class Node:
         inline_short_calls: bool = False,
     ):
         self.id = peer_id
-        self.transport = transport
         self.alg = algorithm
         self.cohort = cohort
         self.num_classes = num_classes
@@ -201,6 +200,9 @@ class Node:
     buffer = property(lambda self: self.core.buffer)
     disagreements = property(lambda self: self.core.disagreements)
     sent = property(lambda self: self.out.sent)  # messages handed to the transport, by type
+    # One transport, the Outbox's: a test or tool that swaps it swaps it for every send.
+    transport = property(lambda self: self.out.transport,
+                         lambda self, t: setattr(self.out, "transport", t))
 
     # ================================================================ lifecycle
 
@@ -245,9 +247,12 @@ class Node:
                 # exits in seconds, not a step's length). Nothing reads the model after:
                 # the checkpoint on disk is of an evaluated round, which starts no step.
                 self._started.cancel()
-                await asyncio.gather(self._started, return_exceptions=True)
-            await self.transport.close()
+                failed, = await asyncio.gather(self._started, return_exceptions=True)
+                if isinstance(failed, Exception):  # it had failed already
+                    log.error("%s: the local step started ahead failed: %s", self.id, failed,
+                              exc_info=failed)
             self.pauses.close()
+            await self.transport.close()
         return NodeResult(
             rounds_completed=self.ledger.rounds_run,
             last_round=self.round - 1,
@@ -280,7 +285,7 @@ class Node:
 
     async def _broadcast(self, peer_ids, msg: Message, timeout_s: float | None = None) -> int:
         """A round procedure's broadcast (a method of its own: the simulators' Byzantine
-        twins replace it)."""
+        twins replace it to forge knowledge and results; a goodbye does not pass here)."""
         return await self.out.broadcast(peer_ids, msg, timeout_s)
 
     # ================================================================ receiving

@@ -54,10 +54,9 @@ class Outbox:
             return None
 
     def _counted(self, msg: Message, address: str, ok: bool, frames) -> bool:
-        if ok:
-            self.sent[msg.TYPE] += 1
-            self.sent_bytes[msg.TYPE] += frames_nbytes(frames)
-        else:
+        self.sent[msg.TYPE] += ok  # (a type whose every send failed is listed, with 0)
+        self.sent_bytes[msg.TYPE] += frames_nbytes(frames) if ok else 0
+        if not ok:
             log.debug("%s: %s to %s not sent (unreachable or timed out)", self.id, msg.TYPE, address)
         return ok
 

@@ -183,7 +183,7 @@ class RoundProcedures:
             overlap = self.overlap and core.mode == "broadcast" and not evaluates
             received = yield from self.round(
                 r, payload, info, StartCompute("local_update", (r + 1,)) if overlap else None)
-            if overlap:  # (a cancelled round: the shell waits for the step before it stops)
+            if overlap:  # (a cancelled round: the shell lets the step go, as any in flight)
                 self.ahead = (r + 1, dict((yield JoinCompute())))
             if core.mode != "local":
                 info.setdefault("learned_from", 0)  # no other peer's knowledge this round

@@ -106,12 +106,21 @@ def data_split_fingerprint(data) -> dict[str, int]:
 
 def max_rss_mb() -> float | None:
     """This process's peak resident memory in MiB (all its peers', in an in-process
-    cohort), or None where the OS does not say (Windows)."""
+    cohort), or None where the OS does not say (Windows). On Linux the kernel's
+    high-water mark (VmHWM): ``ru_maxrss`` there keeps the peak of the process that
+    started it (a launcher's, across fork and exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
     try:
         import resource
     except ImportError:
         return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS, KiB elsewhere
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
