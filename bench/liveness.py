@@ -77,7 +77,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -88,6 +87,8 @@ from typing import Any
 import _common as c
 import yaml
 from scale import commit_of, hfl_location
+
+from hfl.launch.experiment import aggregator_of, free_ports
 
 CASE_NAMES = {
     "0": "no fault",
@@ -214,12 +215,6 @@ def wait_for(cond, timeout_s: float, what: str, poll_s: float = 0.02) -> None:
         time.sleep(poll_s)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ------------------------------------------------------------------ network namespaces
 
 
@@ -312,7 +307,8 @@ def case_configs(base: dict[str, dict], case_dir: Path, net: Partitionable | Non
     """The dry-run configs with this case's run directories and addresses."""
     ids = sorted(base)
     if net is None:
-        addr = {p: f"tcp://127.0.0.1:{free_port()}" for p in ids}
+        addr = {p: f"tcp://127.0.0.1:{port}"  # (distinct: bound together, then released)
+                for p, port in zip(ids, free_ports(len(ids), "127.0.0.1"), strict=True)}
     else:
         addr = {p: f"tcp://{net.address(i)}:{47100 + i}" for i, p in enumerate(ids)}
     paths = {}
@@ -329,10 +325,6 @@ def case_configs(base: dict[str, dict], case_dir: Path, net: Partitionable | Non
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         paths[p] = path
     return paths
-
-
-def aggregator_of(ids: list[str], r: int) -> str:
-    return ids[r % len(ids)]
 
 
 def non_aggregators(ids: list[str], k: int, count: int) -> list[str]:
