@@ -250,3 +250,42 @@ def test_stopping_the_launcher_stops_every_peer(tmp_path, sig):
     for pid in pids:  # every child is gone
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_sigterm_stops_a_fedh2l_cohort_with_overlap_leaving_evaluated_checkpoints(tmp_path):
+    # cohort.overlap in real hfl-peer processes (docs/runtime.md, Overlapped local steps):
+    # SIGTERM to the launcher while the peers run, most of the time in a step started
+    # ahead. Every peer stops without waiting for such a step, and what each leaves on
+    # disk is the checkpoint of a round it evaluated (every 3rd), with its metrics line:
+    # a step started ahead is in no file.
+    exp = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples"
+                          / "rotated_digits.yaml").read_text())
+    exp.update(name="e2e-overlap", run_dir=str(tmp_path / "run"))
+    d = exp["defaults"]
+    d["cohort"].update(rounds=10_000, overlap=True)
+    d["node"] = {"evaluate_every": 3}
+    d["data"]["options"].update(per_class=30, size=8)
+    d["model"] = {"arch": "mlp", "embedding_dim": 32, "options": {"hidden": [64]}}
+    d["train"]["max_batches"] = 4
+    d["timing"] = dict(FAST_TIMING)
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    files = [tmp_path / "run" / p / "metrics.jsonl" for p in ("p0", "p1", "p2", "p3")]
+    deadline = time.monotonic() + 150
+    while not all(f.exists() and f.read_text().count("\n") >= 2 for f in files):
+        assert proc.poll() is None and time.monotonic() < deadline, "the cohort never got going"
+        time.sleep(0.2)  # waiting for external processes to evaluate twice
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    from hfl.peer.checkpoint import load_checkpoint
+
+    for f in files:
+        rounds = [json.loads(line)["round"] for line in f.read_text().splitlines()]
+        saved = load_checkpoint(f.parent)["round"]
+        assert saved % 3 == 0 and saved == rounds[-1], (f.parent.name, saved, rounds)
+        assert all(r % 3 == 0 for r in rounds), rounds
+        assert "stopped by SIGTERM" in (f.parent / "peer.log").read_text()
