@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hfl-peer: invalid config: {err}", file=sys.stderr)
             return 2
         return 0
+    _raise_file_limit()
     try:
         import uvloop  # optional: a faster event loop where available
 
@@ -193,6 +194,21 @@ def _print_summary(cfg, result) -> None:
           f"{', ' + shown if shown else ''}; cohort of up to {summary.get('max_live_peers')} peers; "
           f"metrics in {run_dir / 'metrics.jsonl'}, summary in {run_dir / 'summary.json'}"
           f"{', plots in ' + str(run_dir / 'plots') if (run_dir / 'plots').is_dir() else ''}", flush=True)
+
+
+def _raise_file_limit() -> None:
+    """The soft limit on open files up to the hard one (at most 65,536), as servers do: a
+    link to a member holds three ZeroMQ sockets and a connection, so a cohort of a few
+    hundred needs more than the usual soft limit of 1,024 (ZmqTransport.max_links)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 1 << 16 if hard == resource.RLIM_INFINITY else min(hard, 1 << 16)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, OSError, ValueError):
+        pass  # (Windows, or a limit we may not raise: the transport adapts to it)
 
 
 class _Stopped:

@@ -191,6 +191,10 @@ class ZmqTransport(Transport):
         # another's address gets a link of its own, never replaces the real one.
         self._dealers: dict[tuple[str, str | None], object] = {}  # -> asyncio DEALER
         self._senders: dict[tuple[str, str | None], object] = {}  # -> its blocking shadow
+        # link -> sends waiting for it in send() (a send_now then waits behind them)
+        self._waiting: dict[tuple[str, str | None], int] = {}
+        self.max_links = 340  # links kept open at most (set from the file limit at start)
+        self._evicted, self._evicted_said = 0, float("-inf")  # links closed at the bound
         # Links the other side refused: refusals in a row, and when to dial again.
         self._refused: dict[tuple[str, str | None], int] = {}
         self._redial_at: dict[tuple[str, str | None], float] = {}
@@ -206,6 +210,10 @@ class ZmqTransport(Transport):
 
         o = self.options
         self._ctx = zmq.asyncio.Context()
+        # libzmq's default (1023 sockets) ends a peer's links at about 340 members (a link
+        # is a DEALER and its monitor's pair); the file limit decides instead.
+        self._ctx.set(zmq.MAX_SOCKETS, max_sockets := _max_sockets())
+        self.max_links = max(16, (max_sockets - 64) // 3)
         router = self._ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, o.linger_ms)
         router.setsockopt(zmq.RCVHWM, o.recv_hwm)
@@ -383,14 +391,21 @@ class ZmqTransport(Transport):
         change, self._allow_change = self._allow_change, None
         return change
 
+    def _key(self, address: str, peer_id: str | None) -> tuple[str, str | None]:
+        return (address, peer_id if self.security is not None else None)
+
     def _dealer(self, address: str, peer_id: str | None):
         import zmq
 
-        key = (address, peer_id if self.security is not None else None)
-        sock = self._dealers.get(key)
+        key = self._key(address, peer_id)
+        sock = self._dealers.pop(key, None)
+        if sock is not None:
+            self._dealers[key] = sock  # (the most recently used last: _evict_link)
         if sock is None and self._redial_at.get(key, 0.0) > time.monotonic():
             raise zmq.Again()  # refused a moment ago: dial again after the backoff
         if sock is None:
+            if len(self._dealers) >= self.max_links:
+                self._evict_link()
             o = self.options
             server_key = None
             if self.security is not None:
@@ -400,25 +415,29 @@ class ZmqTransport(Transport):
                         zmq.EINVAL, f"no allow-listed public key for {peer_id or 'an unnamed peer'}"
                     )
             sock = self._ctx.socket(zmq.DEALER)
-            if server_key is not None:
-                sock.curve_publickey = self.security.public_key
-                sock.curve_secretkey = self.security.secret_key
-                sock.curve_serverkey = server_key
-            else:
-                sock.setsockopt(zmq.IDENTITY, self.peer_id.encode())
-            sock.setsockopt(zmq.LINGER, o.linger_ms)
-            sock.setsockopt(zmq.SNDHWM, o.send_hwm)
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.RECONNECT_IVL, o.reconnect_ivl_ms)
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, o.reconnect_ivl_max_ms)
-            # The monitor is attached before connecting: libzmq reports a refused
-            # handshake once and then gives the link up, so an event fired between
-            # connect() and the monitor's start (the I/O thread runs on while this
-            # thread is descheduled) would leave the link silent for good.
-            monitor = sock.get_monitor_socket(
-                zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)
+            try:
+                if server_key is not None:
+                    sock.curve_publickey = self.security.public_key
+                    sock.curve_secretkey = self.security.secret_key
+                    sock.curve_serverkey = server_key
+                else:
+                    sock.setsockopt(zmq.IDENTITY, self.peer_id.encode())
+                sock.setsockopt(zmq.LINGER, o.linger_ms)
+                sock.setsockopt(zmq.SNDHWM, o.send_hwm)
+                sock.setsockopt(zmq.IMMEDIATE, 1)
+                sock.setsockopt(zmq.RECONNECT_IVL, o.reconnect_ivl_ms)
+                sock.setsockopt(zmq.RECONNECT_IVL_MAX, o.reconnect_ivl_max_ms)
+                # The monitor is attached before connecting: libzmq reports a refused
+                # handshake once and then gives the link up, so an event fired between
+                # connect() and the monitor's start (the I/O thread runs on while this
+                # thread is descheduled) would leave the link silent for good.
+                monitor = sock.get_monitor_socket(
+                    zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                    | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)
+            except zmq.ZMQError:  # (out of sockets, say): no half-made link kept
+                sock.close(linger=0)
+                raise
             try:
                 sock.connect(address)
             except zmq.ZMQError:  # a malformed address (possibly gossiped): no socket kept
@@ -455,6 +474,11 @@ class ZmqTransport(Transport):
             return False
         except zmq.ZMQError as exc:
             return self._failed(address, exc)
+        if self._waiting.get(self._key(address, peer_id)):
+            # Behind a send that waits for this link: in order, and no send on the shadow
+            # while pyzmq polls the socket (it would take the descriptor's edge that
+            # wakes that poll, which then slept its whole timeout).
+            return None
         return self._put(sender, address, frames, when_full=None)
 
     def _put(self, sender, address: str, frames: Frames, when_full: bool | None) -> bool | None:
@@ -494,6 +518,8 @@ class ZmqTransport(Transport):
         sent = self.send_now(address, frames, peer_id)
         if sent is not None:
             return sent
+        key = self._key(address, peer_id)
+        self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
             sock, sender = self._dealer(address, peer_id)  # (send_now made it)
             ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
@@ -506,10 +532,25 @@ class ZmqTransport(Transport):
             raise
         except zmq.ZMQError as exc:
             return self._failed(address, exc)
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
+        if sock.closed or self._senders.get(key) is not sender:
+            # closed (forget, a reload, close) between the poll's end and this resume:
+            # its shadow must not be sent on (libzmq may have freed the socket)
+            self.stats.send_failures += 1
+            return False
         if not ready & zmq.POLLOUT:
             self.stats.send_failures += 1
             return False
-        return self._put(sender, address, frames, when_full=False)
+        sent = self._put(sender, address, frames, when_full=False)
+        if self._waiting.get(key):
+            # Other sends wait for this link: our send on the shadow may have taken the
+            # edge that would wake their poll. Reading EVENTS on the asyncio socket makes
+            # pyzmq look again.
+            sock.get(zmq.EVENTS)
+        return sent
 
     async def recv(self) -> tuple[str, list[memoryview]]:
         """The next message. Read from the ROUTER's blocking shadow (:meth:`recv_nowait`),
@@ -564,6 +605,7 @@ class ZmqTransport(Transport):
         # zmq.Again raised at the end of every drain cost more than the read itself.
         z = _zmq_ints()
         sock, events, pollin, noblock = self._router_shadow, z["EVENTS"], z["POLLIN"], z["NOBLOCK"]
+        dropped = 0
         while sock.get(events) & pollin:
             try:
                 parts = [sock.recv(noblock, copy=False)]
@@ -574,7 +616,14 @@ class ZmqTransport(Transport):
             got = self._deliver(parts)
             if got is not None:
                 return got
+            dropped += 1
+            if dropped >= self.DROPS_PER_READ:  # a flood of them: the others' turn (recv)
+                return None
         return None
+
+    #: Messages dropped by one :meth:`recv_nowait` at most (a revoked key's flood) before
+    #: it gives way: recv() then lets the event loop run before it reads again.
+    DROPS_PER_READ = 256
 
     def _deliver(self, parts) -> tuple[str, list[memoryview]] | None:
         """(sender id, frames) of a received message, or None for one not to deliver."""
@@ -599,6 +648,23 @@ class ZmqTransport(Transport):
         self.stats.messages_received += 1
         self.stats.bytes_received += frames_nbytes(frames)
         return identity, frames
+
+    def _evict_link(self) -> None:
+        """At :attr:`max_links`: close the least recently used link that no send waits
+        for (its next send dials again). Replies to addresses a hello claims open links
+        too: without a bound, a few hundred hellos naming distinct addresses took every
+        socket, and no member could be dialled any more."""
+        for key in self._dealers:
+            if not self._waiting.get(key):
+                self._evicted += 1
+                now = time.monotonic()
+                if now - self._evicted_said >= 60.0:
+                    self._evicted_said = now
+                    log.warning("%s: %d link(s) open, the most this peer keeps (max_links): "
+                                "closed the least recently used (%d so far)", self.peer_id,
+                                len(self._dealers), self._evicted)
+                self._close_dealer(key)
+                return
 
     def _close_dealers(self, address: str | None = None, peer_id: str | None = None) -> None:
         """Close the links to ``address`` (every link when None), only ``peer_id``'s if given."""
@@ -653,6 +719,20 @@ class ZmqTransport(Transport):
 
 
 @functools.cache
+def _max_sockets() -> int:
+    """ZeroMQ sockets one transport may open: half the process's file limit (each socket
+    holds a descriptor, each connection one more), at least libzmq's default, 1023."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 1023
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 16
+    return max(1023, min(soft // 2, 1 << 15))
+
+
 def _zmq_ints() -> dict[str, int]:
     """ZeroMQ's constants as plain ints (pyzmq's are enums: an & or | builds a member)."""
     import zmq

@@ -124,6 +124,62 @@ def test_zmq_send_to_an_address_nobody_listens_on_fails_within_the_timeout(unuse
     asyncio.run(main())
 
 
+def test_zmq_a_send_made_while_another_waits_for_the_link_goes_after_it():
+    # A send waits for a link that is not up (pyzmq polls the DEALER). A send_now to the
+    # same link meanwhile (a reply from the receive loop) used to go out on the socket's
+    # blocking shadow once the link came up: out of order, and it took the descriptor's
+    # edge that should wake the poll, which then slept its whole timeout (30 s here).
+    import time
+
+    from tests.conftest import free_tcp_port
+
+    addr = f"tcp://127.0.0.1:{free_tcp_port()}"
+
+    async def main():
+        (a,) = await started(ZmqTransport("a", "tcp://127.0.0.1:0"))
+        b = ZmqTransport("b", addr)
+        try:
+            first = asyncio.create_task(a.send(addr, [b"first"], 30.0))
+            while not a._waiting:
+                await asyncio.sleep(0)  # until it waits for the link
+            await b.start()
+            time.sleep(1.0)  # the connection is made in ZeroMQ's thread, the loop not run
+            assert a.send_now(addr, [b"second"]) is None  # it waits its turn
+            assert await asyncio.wait_for(first, 10.0) is True  # woken, not timed out
+            assert await a.send(addr, [b"second"], 5.0) is True
+            return [(await recv(b))[1], (await recv(b))[1]]
+        finally:
+            await close_all(a, b)
+
+    assert asyncio.run(main()) == [[b"first"], [b"second"]]
+
+
+def test_zmq_links_beyond_max_links_close_the_least_recently_used(caplog):
+    # Replies go to the address a hello claims: a few hundred hellos naming distinct
+    # addresses opened a link each (a DEALER and its monitor's pair) until libzmq ran
+    # out of sockets, and no member could be dialled any more.
+    from tests.conftest import free_tcp_port
+
+    async def main():
+        a, b = await started(ZmqTransport("a", "tcp://127.0.0.1:0"),
+                             ZmqTransport("b", "tcp://127.0.0.1:0"))
+        a.max_links = 8
+        try:
+            assert await a.send(b.address, [b"before"], 5.0) is True
+            for _ in range(40):  # claimed addresses nobody listens on
+                a.send_now(f"tcp://127.0.0.1:{free_tcp_port()}", [b"error reply"])
+                assert len(a._dealers) <= a.max_links
+            assert await a.send(b.address, [b"after"], 5.0) is True  # dialled again
+            return [(await recv(b))[1], (await recv(b))[1]]
+        finally:
+            await close_all(a, b)
+
+    with caplog.at_level(logging.WARNING, logger="hfl.peer"):
+        assert asyncio.run(main()) == [[b"before"], [b"after"]]
+    said = [r.getMessage() for r in caplog.records if "max_links" in r.getMessage()]
+    assert len(said) == 1 and "the most this peer keeps" in said[0]  # once a minute
+
+
 def test_zmq_forgetting_a_peer_closes_only_its_own_link_to_an_address(tmp_path):
     # Issue 35, item 9: under CURVE each link authenticates one peer; a goodbye from a
     # member that claimed another's address must not close that other member's link.
