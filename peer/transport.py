@@ -194,6 +194,7 @@ class ZmqTransport(Transport):
         # link -> sends waiting for it in send() (a send_now then waits behind them)
         self._waiting: dict[tuple[str, str | None], int] = {}
         self.max_links = 340  # links kept open at most (set from the file limit at start)
+        self._connected: set[tuple[str, str | None]] = set()  # links up (monitor events)
         self._evicted, self._evicted_said = 0, float("-inf")  # links closed at the bound
         # Links the other side refused: refusals in a row, and when to dial again.
         self._refused: dict[tuple[str, str | None], int] = {}
@@ -210,10 +211,10 @@ class ZmqTransport(Transport):
 
         o = self.options
         self._ctx = zmq.asyncio.Context()
-        # libzmq's default (1023 sockets) ends a peer's links at about 340 members (a link
-        # is a DEALER and its monitor's pair); the file limit decides instead.
-        self._ctx.set(zmq.MAX_SOCKETS, max_sockets := _max_sockets())
-        self.max_links = max(16, (max_sockets - 64) // 3)
+        # libzmq's default (1023 sockets) ended a peer's links at about 340 members (a
+        # link is a DEALER and its monitor's pair): the file limit decides instead.
+        max_sockets, self.max_links = _socket_limits()
+        self._ctx.set(zmq.MAX_SOCKETS, max_sockets)
         router = self._ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, o.linger_ms)
         router.setsockopt(zmq.RCVHWM, o.recv_hwm)
@@ -296,6 +297,8 @@ class ZmqTransport(Transport):
                     # The link dropped (its process died, or the connection broke) or was
                     # made again: a hint for failure detection, never proof of a death.
                     up = event["event"] == zmq.EVENT_CONNECTED
+                    if self._dealers.get(key) is sock:
+                        (self._connected.add if up else self._connected.discard)(key)
                     if self.on_link is not None and self._dealers.get(key) is sock:
                         self.on_link(address, key[1], up)
                     continue
@@ -404,8 +407,6 @@ class ZmqTransport(Transport):
         if sock is None and self._redial_at.get(key, 0.0) > time.monotonic():
             raise zmq.Again()  # refused a moment ago: dial again after the backoff
         if sock is None:
-            if len(self._dealers) >= self.max_links:
-                self._evict_link()
             o = self.options
             server_key = None
             if self.security is not None:
@@ -445,6 +446,8 @@ class ZmqTransport(Transport):
                 monitor.close(linger=0)
                 sock.close(linger=0)
                 raise
+            if len(self._dealers) >= self.max_links:  # (once this one is made)
+                self._evict_link()
             self._dealers[key] = sock
             self._senders[key] = zmq.Socket.shadow(sock.underlying)
             target = f"{peer_id}@{address}" if peer_id else address
@@ -519,10 +522,27 @@ class ZmqTransport(Transport):
         if sent is not None:
             return sent
         key = self._key(address, peer_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
-            sock, sender = self._dealer(address, peer_id)  # (send_now made it)
-            ready = await sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
+            while True:
+                sock, sender = self._dealer(address, peer_id)  # (send_now made it)
+                left_ms = max(0, int((deadline - loop.time()) * 1000))
+                ready = await sock.poll(left_ms, zmq.POLLOUT)
+                if sock.closed or self._senders.get(key) is not sender:
+                    # closed (forget, a reload, close) between the poll's end and this
+                    # resume: its shadow must not be sent on (libzmq may have freed it)
+                    self.stats.send_failures += 1
+                    return False
+                if not ready & zmq.POLLOUT:
+                    self.stats.send_failures += 1
+                    return False
+                sent = self._put(sender, address, frames,
+                                 when_full=None if loop.time() < deadline else False)
+                if sent is not None:
+                    break
+                # (another waiter's message took the room: wait again, for the time left)
         except asyncio.CancelledError:
             # forget() closed this socket under us (its peer said goodbye): a failed
             # send, not a cancellation of the caller.
@@ -536,15 +556,6 @@ class ZmqTransport(Transport):
             self._waiting[key] -= 1
             if not self._waiting[key]:
                 del self._waiting[key]
-        if sock.closed or self._senders.get(key) is not sender:
-            # closed (forget, a reload, close) between the poll's end and this resume:
-            # its shadow must not be sent on (libzmq may have freed the socket)
-            self.stats.send_failures += 1
-            return False
-        if not ready & zmq.POLLOUT:
-            self.stats.send_failures += 1
-            return False
-        sent = self._put(sender, address, frames, when_full=False)
         if self._waiting.get(key):
             # Other sends wait for this link: our send on the shadow may have taken the
             # edge that would wake their poll. Reading EVENTS on the asyncio socket makes
@@ -650,21 +661,23 @@ class ZmqTransport(Transport):
         return identity, frames
 
     def _evict_link(self) -> None:
-        """At :attr:`max_links`: close the least recently used link that no send waits
-        for (its next send dials again). Replies to addresses a hello claims open links
-        too: without a bound, a few hundred hellos naming distinct addresses took every
-        socket, and no member could be dialled any more."""
-        for key in self._dealers:
-            if not self._waiting.get(key):
-                self._evicted += 1
-                now = time.monotonic()
-                if now - self._evicted_said >= 60.0:
-                    self._evicted_said = now
-                    log.warning("%s: %d link(s) open, the most this peer keeps (max_links): "
-                                "closed the least recently used (%d so far)", self.peer_id,
-                                len(self._dealers), self._evicted)
-                self._close_dealer(key)
-                return
+        """At :attr:`max_links`: close a link no send waits for, the least recently used
+        of those not connected (nothing is queued on them: IMMEDIATE), else the least
+        recently used (what its queue still held is lost); its next send dials again.
+        Replies go to the address a hello claims: without a bound, a few hundred hellos
+        naming distinct addresses took every socket, and no member could be dialled."""
+        idle = [k for k in self._dealers if not self._waiting.get(k)]
+        key = next((k for k in idle if k not in self._connected), idle[0] if idle else None)
+        if key is None:
+            return  # every link has a send waiting: libzmq's own limit then says no
+        self._evicted += 1
+        now = time.monotonic()
+        if now - self._evicted_said >= 60.0:
+            self._evicted_said = now
+            log.warning("%s: %d link(s) open, the most this peer keeps (max_links): closed "
+                        "the least recently used idle one (%d so far)", self.peer_id,
+                        len(self._dealers), self._evicted)
+        self._close_dealer(key)
 
     def _close_dealers(self, address: str | None = None, peer_id: str | None = None) -> None:
         """Close the links to ``address`` (every link when None), only ``peer_id``'s if given."""
@@ -679,6 +692,7 @@ class ZmqTransport(Transport):
             watcher.cancel()
             monitor.close(linger=0)
         self._senders.pop(key, None)
+        self._connected.discard(key)
         self._dealers.pop(key).close(linger=0)
 
     async def forget(self, address: str, peer_id: str | None = None) -> None:
@@ -718,21 +732,25 @@ class ZmqTransport(Transport):
             self._ctx = None
 
 
-@functools.cache
-def _max_sockets() -> int:
-    """ZeroMQ sockets one transport may open: half the process's file limit (each socket
-    holds a descriptor, each connection one more), at least libzmq's default, 1023."""
+def _socket_limits() -> tuple[int, int]:
+    """(ZeroMQ sockets the context may open, links kept open at most), from the process's
+    soft limit on open files: a link holds three descriptors on our side (a DEALER and
+    its monitor's pair) plus its connection, and a member dialling us one more on the
+    ROUTER, so about five per member. libzmq's default of 1,023 sockets is the floor of
+    the first (a library default, not a promise that the files are there)."""
     try:
         import resource
 
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 16
     except (ImportError, OSError, ValueError):
-        return 1023
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 16
-    return max(1023, min(soft // 2, 1 << 15))
+        soft = 1024
+    sockets = max(1023, min(soft // 2, 1 << 15))
+    return sockets, max(16, min((soft - 128) // 5, (sockets - 64) // 3))
 
 
+@functools.cache
 def _zmq_ints() -> dict[str, int]:
     """ZeroMQ's constants as plain ints (pyzmq's are enums: an & or | builds a member)."""
     import zmq

@@ -143,7 +143,10 @@ def test_zmq_a_send_made_while_another_waits_for_the_link_goes_after_it():
             while not a._waiting:
                 await asyncio.sleep(0)  # until it waits for the link
             await b.start()
-            time.sleep(1.0)  # the connection is made in ZeroMQ's thread, the loop not run
+            # The connection is made in ZeroMQ's thread while the loop does not run (had
+            # it not come up by then, the old code too said None: then only the rule is
+            # checked, not the lost wake-up).
+            time.sleep(1.0)
             assert a.send_now(addr, [b"second"]) is None  # it waits its turn
             assert await asyncio.wait_for(first, 10.0) is True  # woken, not timed out
             assert await a.send(addr, [b"second"], 5.0) is True
@@ -166,11 +169,12 @@ def test_zmq_links_beyond_max_links_close_the_least_recently_used(caplog):
         a.max_links = 8
         try:
             assert await a.send(b.address, [b"before"], 5.0) is True
+            got = [(await recv(b))[1]]  # (delivered before any link is closed)
             for _ in range(40):  # claimed addresses nobody listens on
                 a.send_now(f"tcp://127.0.0.1:{free_tcp_port()}", [b"error reply"])
                 assert len(a._dealers) <= a.max_links
-            assert await a.send(b.address, [b"after"], 5.0) is True  # dialled again
-            return [(await recv(b))[1], (await recv(b))[1]]
+            assert await a.send(b.address, [b"after"], 5.0) is True
+            return [*got, (await recv(b))[1]]
         finally:
             await close_all(a, b)
 
