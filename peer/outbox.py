@@ -87,23 +87,28 @@ class Outbox:
                                                               frames)
 
     def start_broadcast(self, peer_ids: Iterable[str], msg: Message,
-                        timeout_s: float | None = None) -> Awaitable[int]:
+                        timeout_s: float | None = None,
+                        held: set[str] | None = None) -> Awaitable[int]:
         """A broadcast's sends that go out without waiting, now, in order; returns the
         awaitable that waits for the others and says how many took it.
 
         A member already suspected gets no wait at all (queued if its link takes it,
-        else dropped): a silent peer must never hold up a round's broadcast."""
+        else dropped): a silent peer must never hold up a round's broadcast. ``held``:
+        addresses an earlier send of the same batch waits for (a send to them waits
+        behind it, in order); those that wait here are added."""
         frames = self.encode(msg)  # encode once
         timeout = self.send_timeout_s if timeout_s is None else timeout_s
         members = self._members().members
+        held = set() if held is None else held
         waits, took = [], 0
         for p in peer_ids if frames is not None else ():
             m = members.get(p)
             if m is None:
                 continue
-            sent = self.now(m.address, msg, frames, p)
+            sent = None if m.address in held else self.now(m.address, msg, frames, p)
             if sent is None:
                 waits.append((m.address, timeout if m.status == "alive" else 0.0, p))
+                held.add(m.address)
             else:
                 took += sent
 
@@ -139,13 +144,16 @@ class Outbox:
               other: Callable[[do.Instruction], None]) -> list[Awaitable]:
         """Instructions in order, sends and broadcasts among them together: those the
         transport takes at once as they come, ``other(ins)`` for every other kind; returns
-        the awaitables of the sends that wait. A message sent to several places (a
-        tick's hello to every member it greets) is encoded once."""
+        the awaitables of the sends that wait, in order (a send to an address an earlier
+        one waits for waits too, never overtakes it: the transport keeps the waiting ones
+        in order). A message sent to several places (a tick's hello to every member it
+        greets) is encoded once."""
         waits = []
         encoded: dict[int, Any] = {}  # id(message) -> its frames, or () when unsendable
+        held: set[str] = set()  # addresses a send of this batch waits for: the later wait too
         for ins in instructions:
             if isinstance(ins, do.Broadcast):
-                waits.append(self.start_broadcast(ins.peer_ids, ins.msg, ins.timeout_s))
+                waits.append(self.start_broadcast(ins.peer_ids, ins.msg, ins.timeout_s, held))
                 continue
             if not isinstance(ins, do.Send):
                 other(ins)
@@ -157,8 +165,9 @@ class Outbox:
                 continue
             address, peer = ((self._members().address_of(ins.address), ins.address)
                              if ins.to_member else (ins.address, ins.peer_id))
-            if self.now(address, ins.msg, frames, peer) is not None:
+            if address not in held and self.now(address, ins.msg, frames, peer) is not None:
                 continue  # sent (or refused) without waiting
+            held.add(address)  # (None: not a member; send_to fails at once)
             waits.append(self.send_to(ins.address, ins.msg, ins.timeout_s, frames)
                          if ins.to_member
                          else self.send(ins.address, ins.msg, ins.timeout_s, ins.peer_id, frames))

@@ -31,7 +31,7 @@ from hfl.peer.transport import (
     MemoryHub,
     make_transport,
 )
-from hfl.protocol import PROTOCOL_VERSION, AggregateResult, Heartbeat, Knowledge, encode
+from hfl.protocol import PROTOCOL_VERSION, AggregateResult, Heartbeat, Knowledge, Limits, encode
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -809,6 +809,53 @@ def test_a_message_sent_to_several_places_in_one_batch_is_encoded_once(tmp_path,
     got = asyncio.run(main())
     assert encodings == ["hello"]
     assert [sender for sender, _ in got] == ["p0"] * 3
+
+
+def test_a_batch_never_sends_past_an_earlier_send_to_the_same_address_that_waits():
+    # Two messages to one address in one batch (a tick's hello, then a heartbeat): the
+    # first had to wait (its link not up), and the link came up before the second was
+    # tried (ZeroMQ connects in its own thread). The second must wait its turn too, not
+    # go out at once ahead of the first. A transport double: the race is ZeroMQ's timing.
+    from collections import Counter
+
+    from hfl.peer.instructions import Broadcast, Send
+    from hfl.peer.membership import Membership
+    from hfl.peer.outbox import Outbox
+    from hfl.protocol import decode
+
+    class LinkUpAfterFirstTry:
+        def __init__(self):
+            self.tries, self.got = 0, []
+
+        def send_now(self, address, frames, peer_id=None):
+            self.tries += 1
+            if self.tries == 1:
+                return None  # not up yet: the caller waits
+            self.got.append(decode(frames).round)
+            return True
+
+        async def send(self, address, frames, timeout_s, peer_id=None):
+            self.got.append(decode(frames).round)
+            return True
+
+    view = Membership("p0", "mem://p0", 0, 2.0, 5.0)
+    view.heard_from("p1", 0, 0.0, address="mem://p1")
+    link = LinkUpAfterFirstTry()
+    out = Outbox("p0", link, Limits(), 1.0, lambda: view, None, Counter())
+
+    def knowledge(r):
+        return Knowledge(sender="p0", incarnation=0, round=r, kind="weights", tensors={})
+
+    waits = out.batch([Send("mem://p1", knowledge(1), 1.0, "p1"),
+                       Send("mem://p1", knowledge(2), 1.0, "p1"),
+                       Broadcast(("p1",), knowledge(3), 1.0)], lambda ins: None)
+
+    async def main():
+        await asyncio.gather(*waits)
+
+    asyncio.run(main())
+    assert link.got == [1, 2, 3]
+    assert out.sent == {"knowledge": 3}
 
 
 def test_a_broadcast_and_a_reply_go_out_without_a_task_per_destination(tmp_path):
