@@ -297,10 +297,10 @@ class ZmqTransport(Transport):
                     # The link dropped (its process died, or the connection broke) or was
                     # made again: a hint for failure detection, never proof of a death.
                     up = event["event"] == zmq.EVENT_CONNECTED
-                    if self._dealers.get(key) is sock:
+                    if self._dealers.get(key) is sock:  # (not a link closed since)
                         (self._connected.add if up else self._connected.discard)(key)
-                    if self.on_link is not None and self._dealers.get(key) is sock:
-                        self.on_link(address, key[1], up)
+                        if self.on_link is not None:
+                            self.on_link(address, key[1], up)
                     continue
                 if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     # Watched on: a later reconnection (the other side restarted, or
