@@ -173,6 +173,13 @@ class TimingConfig:
                                           "member per interval, indirect probes, piggybacked "
                                           "failure news: O(1) per peer), auto (swim from "
                                           f"{SWIM_FROM} peers: node.min_peers)"})
+    join: Literal["greet", "lazy"] = field(
+        default="greet", metadata={"help": "greet: every member greets every other before "
+                                            "round 1 (N^2 handshakes); lazy (swim, a method "
+                                            "with an elected aggregator): a member vouched for "
+                                            "by node.byzantine + 1 others counts without a "
+                                            "handshake, and is greeted when first probed: O(N) "
+                                            "(PROTOCOL.md, Lazy join)"})
 
     def validate(self) -> None:
         if not self.heartbeat_interval_s < self.suspect_after_s < self.dead_after_s:

@@ -148,6 +148,7 @@ class PeerCore:
         self.round = start_round
         self.epoch = 0  # the aggregator epoch of this round this peer is at
         self.round_began = 0.0  # clock time the current round started
+        self.joining = True  # until the join ends (RoundProcedures.join)
         self.epoch_began = 0.0  # clock time this peer reached its current epoch of the round
         # How long after reaching an epoch another peer's word of its own epoch is news:
         # one heartbeat interval and a half (set by the node; a heartbeat sent as that
@@ -231,7 +232,18 @@ class PeerCore:
                                      t.dead_after_s, mode="swim" if self.swim else "full", rng=rng)
         self.membership.hint_dead_s = min(2 * t.heartbeat_interval_s,
                                           (t.suspect_after_s + t.dead_after_s) / 2)
+        self.membership.lazy = self.lazy_join
         return self.membership
+
+    @property
+    def lazy_join(self) -> bool:
+        """``timing.join: lazy`` (PROTOCOL.md, *Lazy join*): with swim and an elected
+        aggregator, members vouched for by ``f + 1`` others count for the join and the
+        rotation order, and a member is greeted when first probed (``Membership.lazy``).
+        (Where every member sends to every other each round, greeting them all costs
+        nothing more, and the node refuses the option.)"""
+        return (self.swim and getattr(self.timing, "join", "greet") == "lazy"
+                and self.mode == "aggregator" and not self.everywhere)
 
     def envelope(self) -> dict[str, Any]:
         return {"sender": self.id, "incarnation": self.incarnation}
@@ -365,9 +377,11 @@ class PeerCore:
         # With swim the scan (O(N)) runs while someone is left to greet, and once per
         # dead_after_s: a thousand peers in one process must not each scan every tick.
         places = []
+        lazy = mem.lazy  # (a member not greeted yet is greeted by our first probe to it)
         if not self.swim or regreet or self.to_greet:
             for m in mem.members.values():
-                if (not m.greeted and m.status != "left") or (regreet and m.status == "dead"):
+                if ((not m.greeted and m.status != "left" and not lazy)
+                        or (regreet and m.status == "dead")):
                     places.append((m.address, m.peer_id))
                 if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
                     places.append((m.lead, m.peer_id))
@@ -377,6 +391,18 @@ class PeerCore:
         if places:
             hello = self.hello(introduced=True)
             out += [Send(a, hello, 0.05, peer) for a, peer in places]
+        if lazy and self.joining and tick % 2 == 0 and mem.any_greeted_alive() and (
+                len(mem.rotation_order()) < self.cohort_size):
+            # Lazy join, short of node.min_peers: ask a member we greeted for its whole
+            # view (a hello that is not introduced is answered with it). Its records of
+            # the members it heard from itself are its reports: reports_needed of them
+            # put a member in our order, without a handshake of ours.
+            # The bootstrap peers first: every member greets them, so they heard from
+            # everyone that came (while they are fewer than the reports needed, anyone).
+            greeted, _, _ = mem.join_counts()  # (alive and greeted: a few, while joining)
+            first = sorted({p for p, _ in self.bootstrap} & set(greeted))
+            ask = self.rng.choice(first if len(first) >= mem.reports_needed else sorted(greeted))
+            out.append(Send(mem.address_of(ask), self.hello(), 0.05, ask))
         return out
 
     def tick_sends(self, tick: int, now: float) -> list[Instruction]:
@@ -451,10 +477,17 @@ class PeerCore:
             direct.add(nxt)
         probes = sorted(p for p in direct if mem.probe_due(p, now, interval))
         out: list[Instruction] = []
+        # Lazy join: a member that has not answered our hello yet is probed with it (its
+        # welcome is the answer), and not through others (it may not know us).
+        greet = [p for p in probes if not mem.members[p].greeted]
+        if greet:
+            hello = self.hello(introduced=True)
+            out += [Send(mem.address_of(p), hello, 0.05, p) for p in greet]
+            probes = [p for p in probes if mem.members[p].greeted]
         if probes:
             out.append(Broadcast(tuple(probes), self.heartbeat(probe=1), 0.05))
-            for p in probes:
-                mem.expect(p, now)
+        for p in (*probes, *greet):
+            mem.expect(p, now)
         again = [p for p in probes if mem.members[p].probes > 1][:self.INDIRECT_PER_TICK]
         for p in again:
             helpers = mem.random_members(
@@ -532,8 +565,10 @@ class PeerCore:
         else:
             change = mem.heard_from(msg.sender, msg.incarnation, now, address=address, round=round_,
                                     epoch=epoch_,
-                                    answer=isinstance(msg, Heartbeat) and not msg.probe
-                                    and not msg.target)
+                                    answer=(isinstance(msg, Heartbeat) and not msg.probe
+                                            and not msg.target)
+                                    # (lazy: our probe of a member not greeted was a hello)
+                                    or (isinstance(msg, Welcome) and mem.lazy))
         if change:
             out.append(MemberChanged(change))
             self.to_greet = True  # joined or restarted: it may need our hello

@@ -317,6 +317,15 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
         raise ConfigError("cohort.overlap", "needs node.evaluate_every > 1: a round that evaluates "
                           "runs the paper's order, and with evaluate_every 1 every round does "
                           "(set node.evaluate_every, e.g. 50 as examples/rotated_mnist.yaml does)")
+    if cfg.timing.join == "lazy":
+        from hfl.peer.config import SWIM_FROM
+
+        swim = cfg.timing.membership == "swim" or (
+            cfg.timing.membership == "auto" and cfg.node.min_peers >= SWIM_FROM)
+        if not swim:
+            raise ConfigError("timing.join", f"lazy needs SWIM membership (timing.membership: "
+                              f"swim, or auto with node.min_peers >= {SWIM_FROM}): with full "
+                              "heartbeats every member greets every other anyway; allowed: greet")
     alg_cfg = build(alg_cls.Config, cfg.algorithm, "algorithm")
     torch.manual_seed(cfg.cohort.seed)  # the same initial weights for the same architecture
     try:
@@ -346,7 +355,12 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     except ValueError as exc:  # what the options ask of this peer's model, data or key files
         raise ConfigError("algorithm", str(exc)) from exc
     try:
-        aggregates_everywhere(cfg.cohort.aggregate_at, algorithm, cfg.node.min_peers)
+        everywhere = aggregates_everywhere(cfg.cohort.aggregate_at, algorithm, cfg.node.min_peers)
     except ValueError as exc:
         raise ConfigError("cohort.aggregate_at", str(exc)) from None
+    if cfg.timing.join == "lazy" and (alg_cls.mode != "aggregator" or everywhere):
+        raise ConfigError("timing.join", f"lazy needs a method with an elected aggregator; "
+                          f"{cfg.cohort.algorithm} ({alg_cls.mode} mode"
+                          f"{', every peer aggregating' if everywhere else ''}) sends to every "
+                          "member each round, which greets them all anyway; allowed: greet")
     return algorithm, num_classes

@@ -49,6 +49,7 @@ message from a lower one is from a dead process and is ignored.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections import deque
@@ -95,6 +96,9 @@ class Member:
     asked_pause: float = 0.0  # Membership's pauses so far when asked_at was taken
     probes: int = 0
     probed_at: float = 0.0
+    #: the record we last sent of it (Membership.records: reused while it still says the
+    #: same; a welcome carries a thousand of them)
+    wire: MemberRecord | None = field(default=None, repr=False, compare=False)
 
     @property
     def vouched(self) -> bool:
@@ -133,6 +137,12 @@ class Membership:
     #: the rotation order (a late joiner must elect as the members that saw it die).
     reported: dict[str, set[str]] = field(default_factory=dict)
     reports_needed: int = 1  # the node sets f + 1: f malicious members cannot add an id
+    #: ``timing.join: lazy`` (with swim): a member that ``reports_needed`` members vouch
+    #: for (alive records they send with ``vouched``: each heard from it itself) counts
+    #: for the join and the rotation order as if we had greeted it, and a member is
+    #: greeted only when we first probe it (its hello is the probe). The join costs
+    #: O(N) messages instead of every member greeting every other (N^2).
+    lazy: bool = False
     mode: str = "full"  # "full" or "swim" (module docstring)
     rng: random.Random = field(default_factory=random.Random)
     #: swim: news of failures and departures to piggyback: peer id -> [record, sends left]
@@ -144,7 +154,14 @@ class Membership:
     _version: int = 0
     _ids: list[str] = field(default_factory=list)  # every member ever added, in order
     _owing: set[str] = field(default_factory=set)  # swim: members with expect_since set
-    _order: tuple = ((-1, -1), ())
+    #: the rotation order (sorted ids) and its set, kept as members enter it
+    #: (:meth:`_vouched_for`; rebuilt when ``reports_needed`` changes), and how many times
+    #: it grew (a cache key)
+    _order: list[str] = field(default_factory=list)
+    _order_ids: set[str] = field(default_factory=set)
+    _order_needed: int = -1
+    _order_changes: int = 0
+    _sorted_ids: tuple = (-1, [])  # (members then, their ids sorted): records
     _max_round: int | None = None
     _at: tuple = (-1, {})  # (members indexed, address -> peer ids): _members_at
     #: The join's counts (:meth:`join_counts`), kept up to date as members are added and
@@ -159,6 +176,9 @@ class Membership:
     _arrived_n: int = 0
     _live_n: int = 0  # members alive or suspect (:meth:`live_count`), kept the same way
     _confirmed_n: int = 0  # members heard from themselves (:meth:`confirmed_count`)
+    #: bumped by every change the join's counts read (:meth:`join_counts` caches on it)
+    _join_changes: int = 0
+    _join_cache: tuple = (-1, None)
     #: how long this peer stood still in all (:meth:`paused`): silence since a member was
     #: last heard and the wait for its answers leave out the pauses since they began
     _paused_s: float = 0.0
@@ -179,10 +199,24 @@ class Membership:
     #: peer -> when our link to it dropped, while nothing has come from it since
     _hinted: dict[str, float] = field(default_factory=dict)
 
-    def _touch(self) -> None:
-        """A member joined, left, changed status or was vouched for: drop the caches."""
+    def _touch(self, rounds: bool = True) -> None:
+        """A member joined, left, changed status or was vouched for: drop the caches
+        (``rounds``: the highest live round's too; members gossip adds are at round 0)."""
         self._version += 1
-        self._max_round = None
+        if rounds:
+            self._max_round = None
+
+    def _vouched_for(self, peer_id: str) -> None:
+        """``peer_id`` entered the rotation order (heard from itself, or reported enough);
+        no member's round or status changed."""
+        self._enter_order(peer_id)
+        self._touch(rounds=False)
+
+    def _enter_order(self, peer_id: str) -> None:
+        if peer_id not in self._order_ids and self._order_needed == self.reports_needed:
+            self._order_ids.add(peer_id)
+            bisect.insort(self._order, peer_id)
+            self._order_changes += 1
 
     # ------------------------------------------------------------------ events
 
@@ -215,7 +249,9 @@ class Membership:
                 self.members[peer_id].epoch = epoch or 0
                 self.members[peer_id].epoch_heard = now
                 self.members[peer_id].round_heard = now
-            self._touch()
+                if self._max_round is not None:
+                    self._max_round = max(self._max_round, round)
+            self._vouched_for(peer_id)
             return Change(peer_id, "unknown", ALIVE, "joined")
         may_move = self.address_conflict(peer_id, incarnation, address) is None
         if not m.confirmed and incarnation >= 0 and incarnation != m.incarnation:
@@ -269,8 +305,11 @@ class Membership:
                 m.round_heard = now
                 if epoch is not None:
                     m.epoch, m.epoch_heard = epoch, now
+        if not was_vouched:
+            self._enter_order(peer_id)
         if change is not None or not was_vouched:
-            self._touch()
+            # (a status or a life changed: a restart's round went back to 0)
+            self._touch(rounds=change is not None)
         return change
 
     def _members_at(self, address: str) -> list[Member]:
@@ -324,6 +363,7 @@ class Membership:
         self._set(self.members[peer_id], greeted=greeted)
 
     def _count(self, peer_id: str, status: str, greeted: bool, sign: int) -> None:
+        self._join_changes += 1
         if status in (ALIVE, SUSPECT):
             self._live_n += sign
         if status == ALIVE and greeted:
@@ -346,7 +386,21 @@ class Membership:
         was in the cohort and there is nothing to wait for. *Arrived*: greeted
         (whatever its status now) or gone, a count that only grows. O(1) but for the
         peers only reported (few: each is one no member of ours ever greeted).
+        With :attr:`lazy` the join needs no handshake: *gone* counts every member of the
+        rotation order (known by our own evidence, or vouched for by ``reports_needed``
+        members) that is not greeted and alive, and *arrived* the whole order, which
+        only grows.
         The first is a live view of the view's set: read it, do not keep it."""
+        if self.lazy:
+            key = (self._join_changes, self._order_changes, len(self.members), self.reports_needed)
+            if self._join_cache[0] != key:
+                order = self.rotation_order()
+                known = len(order) - 1
+                unknown_left = sum(1 for p in self.reported_left if p not in self.members)
+                ids = set(order)
+                greeted = sum(1 for p in self._greeted_alive if p in ids)
+                self._join_cache = (key, (known - greeted + unknown_left, known + unknown_left))
+            return (self._greeted_alive.keys(), *self._join_cache[1])
         if not self.reported_left and not self.reported:
             return self._greeted_alive.keys(), self._left_n, self._arrived_n
         unknown_left = [p for p in self.reported_left if p not in self.members]
@@ -436,28 +490,32 @@ class Membership:
         is counted as one of its reports (:attr:`reported`).
         """
         new = []
+        members, me, lazy = self.members, self.self_id, self.lazy  # (a view of 1,000: per record)
         for r in records:
-            if (reporter is not None and r.status != ALIVE and r.peer_id != self.self_id
-                    and not (r.peer_id in self.members and self.members[r.peer_id].vouched)):
+            known = members.get(r.peer_id)
+            if (reporter is not None and (r.status != ALIVE or (lazy and r.vouched))
+                    and r.peer_id != me and not (known is not None and known.vouched)):
                 reporters = self.reported.setdefault(r.peer_id, set())
                 if reporter not in reporters:
                     reporters.add(reporter)
+                    self._join_changes += 1
                     if len(reporters) == self.reports_needed:
-                        self._touch()  # it joins the rotation order
-            known = self.members.get(r.peer_id)
-            if (known is not None and known.status in (SUSPECT, DEAD) and r.status == ALIVE
-                    and r.incarnation > known.incarnation and r.address != known.address):
-                known.lead = r.address  # a resubmitted job's peers all moved: greet it there
+                        self._vouched_for(r.peer_id)  # it joins the rotation order
+            if known is not None:
+                if (known.status in (SUSPECT, DEAD) and r.status == ALIVE
+                        and r.incarnation > known.incarnation and r.address != known.address):
+                    known.lead = r.address  # a resubmitted job's peers all moved: greet it there
                 continue
-            if r.peer_id == self.self_id or r.peer_id in self.members:
+            if r.peer_id == me:
                 continue
             if r.status == LEFT:
                 self.reported_left.add(r.peer_id)
+                self._join_changes += 1
                 continue
             self._add(Member(r.peer_id, r.address, r.incarnation, ALIVE, now))
             new.append(r.peer_id)
         if new:
-            self._touch()
+            self._touch(rounds=False)  # (suggestions are at round 0: the highest stands)
         return new
 
     def hint(self, peer_id: str, now: float) -> bool:
@@ -631,9 +689,10 @@ class Membership:
         return now - m.probed_at >= interval * 2 ** (m.probes - 1) - 1e-9
 
     def probeable(self, peer_id: str) -> bool:
-        """A member to probe: alive or suspect, and it knows us (answered our hello)."""
+        """A member to probe: alive or suspect, and it knows us (answered our hello);
+        with :attr:`lazy`, one that does not yet too (the probe is then our hello)."""
         m = self.members.get(peer_id)
-        return m is not None and m.status in (ALIVE, SUSPECT) and m.greeted
+        return m is not None and m.status in (ALIVE, SUSPECT) and (m.greeted or self.lazy)
 
     def next_probe(self) -> str | None:
         """The member to probe this interval: SWIM's randomized round-robin (each
@@ -678,6 +737,7 @@ class Membership:
             if m is None:
                 if r.status == LEFT:
                     self.reported_left.add(r.peer_id)
+                    self._join_changes += 1
                 continue
             if (m.status != ALIVE or (m.confirmed and r.incarnation < m.incarnation)
                     or now - self.heard_at(m) < self.suspect_after_s * patience):
@@ -767,12 +827,14 @@ class Membership:
         member, its elections never matched the others', and no round had a result
         again).
         """
-        key = (self._version, len(self.members))
-        if self._order[0] != key:
-            ids = {self.self_id, *(p for p, m in self.members.items() if m.vouched),
-                   *(p for p, by in self.reported.items() if len(by) >= self.reports_needed)}
-            self._order = (key, tuple(sorted(ids)))
-        return list(self._order[1])
+        if self._order_needed != self.reports_needed:  # (kept as members enter it after)
+            self._order_ids = {
+                self.self_id, *(p for p, m in self.members.items() if m.vouched),
+                *(p for p, by in self.reported.items() if len(by) >= self.reports_needed)}
+            self._order = sorted(self._order_ids)
+            self._order_needed = self.reports_needed
+            self._order_changes += 1
+        return list(self._order)
 
     def gossip_targets(self) -> list[str]:
         """Who to heartbeat and gossip to: every member that has not left."""
@@ -793,17 +855,28 @@ class Membership:
             members = sorted((self.members[p] for p in self.random_members(
                 max(sample - 1, 0), rng or self.rng)), key=lambda m: m.peer_id)
         else:
-            members = sorted(self.members.values(), key=lambda m: m.peer_id)
+            if self._sorted_ids[0] != len(self.members):  # (members are never removed)
+                self._sorted_ids = (len(self.members), sorted(self.members))
+            members = [self.members[p] for p in self._sorted_ids[1]]
         # A member restored from a checkpoint has incarnation -1 until heard from;
         # the wire only carries incarnations >= 0. A suggestion that never answered us
         # is passed on only while alive: a record of a member no longer alive says it
         # was in the cohort (merge counts it towards the rotation order), which only
         # our own evidence can say.
-        return [own] + [
-            MemberRecord(peer_id=m.peer_id, address=m.address, incarnation=max(m.incarnation, 0),
-                         status=m.status)
-            for m in members if m.vouched or m.status == ALIVE
-        ]
+        # With lazy, each record says whether we know the member by our own evidence.
+        lazy = self.lazy
+        out = [own]
+        for m in members:
+            if not (m.vouched or m.status == ALIVE):
+                continue
+            w, incarnation, vouched = m.wire, max(m.incarnation, 0), int(lazy and m.vouched)
+            if (w is None or w.status != m.status or w.address != m.address
+                    or w.incarnation != incarnation or w.vouched != vouched):
+                w = m.wire = MemberRecord(peer_id=m.peer_id, address=m.address,
+                                          incarnation=incarnation, status=m.status,
+                                          vouched=vouched)
+            out.append(w)
+        return out
 
     def welcomed(self, peer_id: str) -> None:
         """``peer_id`` answered our hello (a welcome): it knows us."""

@@ -112,6 +112,7 @@ class RoundProcedures:
         stops waiting as soon as everyone it remembers is known to be dead."""
         mem = self.core.membership
         if need <= 1:
+            self.core.joining = False
             return True
 
         def joined() -> bool:
@@ -127,12 +128,15 @@ class RoundProcedures:
             return mem.join_counts()[2]
 
         count, since = arrived(), self.now()
-        while (yield Wait(lambda c=count: joined() or arrived() > c,
-                          since + self.timing.join_timeout_s)):
-            if joined():
-                return True
-            count, since = arrived(), self.now()
-        return False
+        try:
+            while (yield Wait(lambda c=count: joined() or arrived() > c,
+                              since + self.timing.join_timeout_s)):
+                if joined():
+                    return True
+                count, since = arrived(), self.now()
+            return False
+        finally:
+            self.core.joining = False
 
     # ---------------------------------------------------------------- the run
 

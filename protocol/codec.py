@@ -185,6 +185,8 @@ def _check_member(value: Any, limits: Limits, path: str) -> MemberRecord:
         _fail(ErrorCode.BAD_HEADER, f"{path}.incarnation: negative")
     if kwargs.get("status", "alive") not in MEMBER_STATUSES:
         _fail(ErrorCode.BAD_HEADER, f"{path}.status: {kwargs['status']!r} not in {MEMBER_STATUSES}")
+    if kwargs.get("vouched", 0) not in (0, 1):
+        _fail(ErrorCode.BAD_HEADER, f"{path}.vouched: {kwargs['vouched']!r} not 0 or 1")
     return MemberRecord(**kwargs)
 
 
@@ -412,8 +414,11 @@ def _parse_header(raw: memoryview, limits: Limits) -> tuple[type[Message], dict[
 def _pack_default(obj: Any) -> Any:
     if isinstance(obj, MemberRecord):  # not dataclasses.asdict: it deep-copies (a view of
         # a thousand members goes out in every welcome and gossip)
-        return {"peer_id": obj.peer_id, "address": obj.address, "incarnation": obj.incarnation,
-                "status": obj.status}
+        record = {"peer_id": obj.peer_id, "address": obj.address,
+                  "incarnation": obj.incarnation, "status": obj.status}
+        if obj.vouched:  # (absent means 0: a record without it is as before)
+            record["vouched"] = obj.vouched
+        return record
     if isinstance(obj, np.generic) and obj.dtype.kind in "biuf":
         return obj.item()
     raise TypeError(f"{type(obj).__name__} cannot go on the wire")

@@ -37,6 +37,10 @@ class MemberRecord:
     address: str
     incarnation: int
     status: str = "alive"
+    #: 1: the sender knows this member by its own evidence (heard from it itself), so
+    #: the record is a report that counts towards the receiver's rotation order
+    #: (``timing.join: lazy``; 0 and absent: a suggestion only)
+    vouched: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

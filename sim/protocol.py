@@ -40,6 +40,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Generator
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -467,7 +468,8 @@ class ProtocolSim:
 
     def __init__(self, seed: int, peers: int = 5, rounds: int = 10, mode: str = "aggregator",
                  buggify: bool = False, swim: bool | None = None, train_s: float = 0.3,
-                 scenario: ProtocolScenario | None = None, byzantine: list[str] = ()) -> None:
+                 scenario: ProtocolScenario | None = None, byzantine: list[str] = (),
+                 join: str = "greet") -> None:
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r}; allowed: {', '.join(MODES)}")
         if peers < 2:
@@ -481,6 +483,9 @@ class ProtocolSim:
         f = 1 if twins and mode == "aggregator" else 0
         self.scenario = scenario or plan(seed, names, rounds, buggify, train_s,
                                          quorum=(peers + f) // 2 + 1)
+        if join != self.scenario.timing.join:  # timing.join: lazy (PROTOCOL.md, Lazy join)
+            self.scenario = dataclasses.replace(
+                self.scenario, timing=dataclasses.replace(self.scenario.timing, join=join))
         self.t = 0.0
         # when the last fault ended: the scenario's, or later, when a member was lost at a
         # crash point or joined late (perturbed)
@@ -612,6 +617,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a Byzantine twin under PEER's identity: equivocate (other knowledge "
                          "to one peer; with --mode everywhere) or commit (another result and a "
                          "forged commit to one peer)")
+    ap.add_argument("--join", choices=["greet", "lazy"], default="greet",
+                    help="timing.join: greet (every member greets every other) or lazy "
+                         "(members vouched for by others; with SWIM and --mode aggregator)")
     ap.add_argument("-v", "--verbose", action="store_true", help="each seed's faults")
     args = ap.parse_args(argv)
     try:
@@ -623,7 +631,8 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         try:
             res = run_seed(seed, peers=args.peers, rounds=args.rounds, mode=args.mode,
-                           buggify=args.buggify, swim=swim, byzantine=args.byzantine)
+                           buggify=args.buggify, swim=swim, byzantine=args.byzantine,
+                           join=args.join)
         except ValueError as err:
             ap.error(str(err))
         if args.verbose or res.violations:

@@ -169,6 +169,82 @@ def test_a_peer_greets_its_bootstrap_until_someone_answers_then_only_new_members
     assert not [i for i in out if isinstance(i, Send)]  # p1 answered: no more bootstrap hellos
 
 
+def joining(join: str, cohort_size: int = 5) -> PeerCore:
+    """A fresh SWIM peer of an elected-aggregator cohort, bootstrapping from p1."""
+    import random
+
+    from hfl.peer.config import TimingConfig
+
+    core = PeerCore("p0", mode="aggregator", everywhere=False, lookahead=2, swim=True,
+                    cohort_size=cohort_size, timing=TimingConfig(membership="swim", join=join),
+                    bootstrap=(("p1", "mem://p1"),), hello_terms=TERMS, rng=random.Random(0))
+    core.open_view("mem://p0", random.Random(0))
+    return core
+
+
+def view_of_p1() -> Welcome:
+    from hfl.protocol import MemberRecord
+
+    def record(p: str, vouched: int) -> MemberRecord:
+        return MemberRecord(peer_id=p, address=f"mem://{p}", incarnation=0, vouched=vouched)
+
+    # p1 heard from p2 and p3 itself; p4 it only heard of
+    return Welcome(sender="p1", incarnation=0, address="mem://p1", round=1,
+                   members=[record("p1", 0), record("p2", 1), record("p3", 1), record("p4", 0)])
+
+
+def test_a_lazy_join_greets_only_its_bootstrap_and_asks_it_again_while_short():
+    # PROTOCOL.md, Membership, lazy join: members vouched for count without a handshake;
+    # the joiner greets nobody else, and asks its bootstrap again for its whole view
+    # every second interval while its order is short of node.min_peers (5 here).
+    from hfl.peer.instructions import Send
+
+    def sends(out):
+        return [(i.peer_id or i.address, i.msg.TYPE, getattr(i.msg, "introduced", None))
+                for i in out if isinstance(i, Send)]
+
+    greet, lazy = joining("greet"), joining("lazy")
+    for core in (greet, lazy):
+        assert sends(core.tick_greetings(0, now=0.0)) == [("p1", "hello", 0)]
+        core.handle("p1", view_of_p1(), 0.1)
+    # greet: every member learned is greeted, and only those greeted count
+    assert sorted(sends(greet.tick_greetings(2, now=1.0))) == [
+        ("p2", "hello", 1), ("p3", "hello", 1), ("p4", "hello", 1)]
+    assert greet.membership.rotation_order() == ["p0", "p1"]
+    # lazy: p2 and p3 count (p1 vouched for them); p4 is only a suggestion
+    assert lazy.membership.rotation_order() == ["p0", "p1", "p2", "p3"]
+    assert lazy.membership.join_counts()[1:] == (2, 3)  # p2, p3 not greeted; p1-p3 arrived
+    assert sends(lazy.tick_greetings(2, now=1.0)) == [("p1", "hello", 0)]  # 4 < 5: ask again
+    assert sends(lazy.tick_greetings(3, now=1.5)) == []  # every second interval
+    lazy.joining = False  # the join ended (RoundProcedures.join): no more asking
+    assert sends(lazy.tick_greetings(4, now=2.0)) == []
+
+
+def test_a_lazy_probe_of_a_member_not_greeted_is_our_hello_and_its_welcome_the_answer():
+    from hfl.peer.instructions import Broadcast, Send
+
+    core = joining("lazy")
+    core.handle("p1", view_of_p1(), 0.1)
+    mem = core.membership
+    core.contacts = {"p2"}  # this round's aggregator candidate: probed (4 members: each call)
+    out = core.probe(now=1.0)
+    hellos = [i for i in out if isinstance(i, Send) and i.peer_id == "p2"]
+    assert [(h.msg.TYPE, h.msg.introduced) for h in hellos] == [("hello", 1)]
+    assert not any(isinstance(i, Broadcast) and "p2" in i.peer_ids for i in out)
+    assert not any(getattr(i.msg, "target", None) == "p2" for i in out if hasattr(i, "msg"))
+    assert mem.members["p2"].expect_since == 1.0  # it owes an answer, as after a probe
+    core.handle("p2", Welcome(sender="p2", incarnation=0, address="mem://p2", round=1), 1.2)
+    m = mem.members["p2"]
+    assert m.greeted and m.expect_since is None and m.asked_at is None  # answered
+    assert [i.peer_ids for i in core.probe(now=1.5) if isinstance(i, Broadcast)
+            and i.msg.TYPE == "heartbeat"][0].count("p2") == 1  # a heartbeat probe from now on
+    # p3, vouched for, never answers its hellos: dead after dead_after_s, as any member
+    core.contacts = {"p3"}
+    core.probe(now=2.0)
+    assert mem.members["p3"].expect_since == 2.0
+    assert [c.new for c in mem.tick(2.0 + core.timing.dead_after_s) if c.peer_id == "p3"] == ["dead"]
+
+
 def test_heartbeats_go_only_to_members_that_know_us_and_gossip_every_other_tick():
     from hfl.peer.instructions import Broadcast
 

@@ -413,6 +413,32 @@ def test_overlap_is_refused_where_it_would_undo_a_step_or_never_act(tmp_path):
         build_algorithm(cfg)
 
 
+def test_a_lazy_join_is_refused_where_every_member_greets_every_other_anyway(tmp_path):
+    # timing.join: lazy saves the N^2 handshake only where peers talk to few others
+    # (SWIM, an elected aggregator); elsewhere the config names the field and the fix.
+    import dataclasses
+
+    from hfl.peer.configtools import ConfigError
+    from hfl.peer.factory import build_algorithm
+
+    def lazy(cfg, membership):
+        return dataclasses.replace(cfg, timing=dataclasses.replace(
+            cfg.timing, join="lazy", membership=membership))
+
+    cfg = peer_config(tmp_path, 0, 2, "fedavg", 3)
+    with pytest.raises(ConfigError, match=r"timing\.join.*lazy needs SWIM.*allowed: greet"):
+        build_algorithm(lazy(cfg, "full"))
+    with pytest.raises(ConfigError, match=r"timing\.join.*lazy needs SWIM"):
+        build_algorithm(lazy(cfg, "auto"))  # auto: swim from 16 peers; this cohort has 2
+    with pytest.raises(ConfigError, match=r"timing\.join.*every peer aggregating"):
+        build_algorithm(lazy(cfg, "swim"))  # aggregate_at auto: every peer, in 2 peers
+    cfg = peer_config(tmp_path, 0, 2, "fedavg", 3, cohort={"aggregate_at": "aggregator"})
+    build_algorithm(lazy(cfg, "swim"))  # FedAvg's elected aggregator: allowed
+    cfg = peer_config(tmp_path, 0, 2, "fedh2l", 3)
+    with pytest.raises(ConfigError, match=r"timing\.join.*elected aggregator.*fedh2l"):
+        build_algorithm(lazy(cfg, "swim"))
+
+
 @pytest.mark.timeout(120)
 def test_a_peer_stopped_while_a_step_started_ahead_trains_exits_without_waiting_for_it(
         tmp_path, monkeypatch):

@@ -808,3 +808,58 @@ def test_pauses_kept_as_a_total_decide_as_the_walk_over_the_view_did(seed, mode)
             assert x.expect_since == pytest.approx(y.expect_since)
         assert lazy.answer_times == pytest.approx(eager.answer_times)
     assert deaths  # the walk did decide
+
+
+# ---------------------------------------------------------------------------- lazy join
+
+
+def vouched(peer_id: str) -> MemberRecord:
+    return dataclasses.replace(rec(peer_id), vouched=1)
+
+
+def test_lazy_join_counts_a_member_vouched_for_by_enough_reporters_without_a_handshake():
+    # PROTOCOL.md, Lazy join: a record a member sends with vouched=1 (it heard from that
+    # member itself) is a report; reports_needed of them put the member in the rotation
+    # order and the join's count, as a handshake of our own would.
+    m = view()
+    m.lazy, m.reports_needed = True, 2
+    m.merge([vouched("c"), rec("d")], now=0.0, reporter="b")
+    assert m.rotation_order() == ["a"] and m.join_counts()[1:] == (0, 0)
+    m.merge([vouched("c")], now=0.0, reporter="b")  # the same reporter again: one report
+    assert m.rotation_order() == ["a"]
+    m.merge([vouched("c"), rec("d")], now=0.0, reporter="e")
+    assert m.rotation_order() == ["a", "c"]  # d was only suggested: not counted
+    assert m.join_counts()[1:] == (1, 1)
+    # Heard from itself (a message, not a handshake of ours): ours, as in greet mode.
+    m.heard_from("d", 0, now=1.0, address="mem://d")
+    assert m.rotation_order() == ["a", "c", "d"] and m.join_counts()[1:] == (2, 2)
+    m.heard_from("c", 0, now=1.0, address="mem://c")  # c answered our hello (a welcome)
+    m.welcomed("c")
+    assert list(m.join_counts()[0]) == ["c"] and m.join_counts()[1:] == (1, 2)  # counted once
+    m.left("d", 0)
+    assert m.rotation_order() == ["a", "c", "d"] and m.join_counts()[1:] == (1, 2)  # gone, arrived
+
+
+def test_without_lazy_a_vouched_record_is_still_only_a_suggestion():
+    m = view()
+    m.merge([vouched("c")], now=0.0, reporter="b")
+    assert m.rotation_order() == ["a"] and "c" in m.members and m.join_counts()[1:] == (0, 0)
+
+
+def test_records_say_vouched_only_with_lazy_and_only_for_members_heard_from_themselves():
+    m = view()
+    m.heard_from("b", 0, now=0.0, address="mem://b")
+    m.merge([rec("c")], now=0.0)  # a suggestion
+    assert {r.peer_id: r.vouched for r in m.records()} == {"a": 0, "b": 0, "c": 0}
+    m.lazy = True
+    assert {r.peer_id: r.vouched for r in m.records()} == {"a": 0, "b": 1, "c": 0}
+
+
+def test_lazy_probes_a_member_not_greeted_yet():
+    m = view()
+    m.merge([rec("c")], now=0.0)
+    assert not m.probeable("c")  # greet mode: only a member that answered our hello
+    m.lazy = True
+    assert m.probeable("c")  # lazy: the probe is the hello
+    m.set_status("c", DEAD)
+    assert not m.probeable("c")

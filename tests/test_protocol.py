@@ -557,10 +557,22 @@ def test_a_member_record_goes_on_the_wire_with_every_field() -> None:
     # MemberRecord must be packed too.
     from hfl.protocol.codec import _pack_default
 
-    record = MemberRecord(peer_id="p1", address="tcp://h:1", incarnation=3, status="suspect")
+    record = MemberRecord(peer_id="p1", address="tcp://h:1", incarnation=3, status="suspect",
+                          vouched=1)
     assert _pack_default(record) == dataclasses.asdict(record)
     frames = encode(Gossip(sender="p0", incarnation=0, members=[record]))
     assert decode(frames).members == [record]
+    # vouched 0 (a suggestion) stays off the wire: a record is as before lazy join
+    plain = dataclasses.replace(record, vouched=0)
+    assert "vouched" not in _pack_default(plain)
+    assert decode(encode(Gossip(sender="p0", incarnation=0, members=[plain]))).members == [plain]
+
+
+def test_a_member_record_vouched_is_0_or_1() -> None:
+    member = {"peer_id": "p", "address": "a", "incarnation": 0, "vouched": 2}
+    err = rejects(frames_with(heartbeat_header(type="gossip", body={"members": [member]})),
+                  ErrorCode.BAD_HEADER)
+    assert "members[0].vouched" in str(err)
 
 
 def test_too_many_members() -> None:
