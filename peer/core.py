@@ -149,6 +149,10 @@ class PeerCore:
         self.epoch = 0  # the aggregator epoch of this round this peer is at
         self.round_began = 0.0  # clock time the current round started
         self.joining = True  # until the join ends (RoundProcedures.join)
+        self._view: tuple = (None, 0)  # (order version, view_digest)
+        self._asked_view_at = -math.inf  # lazy join: when we last asked a member for its view
+        #: lazy join: (member, incarnation) -> how much of its view we have (its view_upto)
+        self._view_cursor: dict[tuple[str, int], int] = {}
         self.epoch_began = 0.0  # clock time this peer reached its current epoch of the round
         # How long after reaching an epoch another peer's word of its own epoch is news:
         # one heartbeat interval and a half (set by the node; a heartbeat sent as that
@@ -254,7 +258,17 @@ class PeerCore:
             **self.envelope(), round=self.round, epoch=self.epoch,
             absorbed_round=self.absorbed[0], absorbed_digest=self.absorbed[1],
             sitting_out=self.round if self.round <= self.sit_out_through else 0,
-            members=self.membership.news(NEWS_PER_MESSAGE) if self.swim else [], **probe)
+            members=self.membership.news(NEWS_PER_MESSAGE) if self.swim else [],
+            view=self.view_digest() if self.membership.lazy else 0, **probe)
+
+    def view_digest(self) -> int:
+        """A digest of our rotation order (lazy join): CRC-32 of its ids, plus 1 (0 on the
+        wire means none). Two peers with the same order elect alike."""
+        mem = self.membership
+        if self._view[0] != (mem._order_changes, mem.reports_needed):
+            digest = zlib.crc32("\n".join(mem.rotation_order()).encode()) + 1
+            self._view = ((mem._order_changes, mem.reports_needed), digest)
+        return self._view[1]
 
     def knowledge(self, r: int, payload: Any, epoch: int = 0) -> Knowledge:
         """This peer's knowledge for round r (``payload``: the method's Payload, None: a
@@ -290,15 +304,24 @@ class PeerCore:
         return Broadcast(tuple(targets), Leave(**self.envelope(), reason=reason, round=self.round),
                          timeout_s=0.2)
 
-    def hello(self, introduced: bool = False) -> Hello:
-        """This peer's handshake (``introduced``: to a member gossip suggested)."""
+    def hello(self, introduced: bool = False, view_from: int = 0) -> Hello:
+        """This peer's handshake (``introduced``: to a member gossip suggested;
+        ``view_from``: lazy join, an ask for the rest of the receiver's view)."""
         terms = self.hello_terms
         return Hello(
             **self.envelope(), address=self.membership.self_address, cohort=terms["cohort"],
             algorithm=terms["algorithm"], num_classes=terms["num_classes"],
             rounds=terms["rounds"], round=self.round, shared=terms["shared"],
             capabilities=list(self.capabilities), introduced=int(introduced),
+            view_from=view_from,
         )
+
+    def ask_view(self, peer_id: str) -> Send:
+        """Lazy join: ask ``peer_id`` for the members it heard from itself that its last
+        answer to us did not hold (its whole view the first time)."""
+        m = self.membership.members[peer_id]
+        start = self._view_cursor.get((peer_id, m.incarnation), 0)
+        return Send(m.address, self.hello(view_from=start), 0.05, peer_id)
 
     # ================================================================ ticking
     #
@@ -377,10 +400,15 @@ class PeerCore:
         # With swim the scan (O(N)) runs while someone is left to greet, and once per
         # dead_after_s: a thousand peers in one process must not each scan every tick.
         places = []
-        lazy = mem.lazy  # (a member not greeted yet is greeted by our first probe to it)
+        # Lazy join: a member in our rotation order (vouched for) is greeted by our first
+        # probe to it. Once joined, one we know of from a suggestion alone is greeted now,
+        # so that our order catches up with the cohort's (and our elections with theirs);
+        # while joining, the asks to the bootstrap bring the cohort in.
+        lazy = mem.lazy
         if not self.swim or regreet or self.to_greet:
             for m in mem.members.values():
-                if ((not m.greeted and m.status != "left" and not lazy)
+                if ((not m.greeted and m.status != "left"
+                     and not (lazy and (self.joining or mem.in_order(m.peer_id))))
                         or (regreet and m.status == "dead")):
                     places.append((m.address, m.peer_id))
                 if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
@@ -402,7 +430,7 @@ class PeerCore:
             greeted, _, _ = mem.join_counts()  # (alive and greeted: a few, while joining)
             first = sorted({p for p, _ in self.bootstrap} & set(greeted))
             ask = self.rng.choice(first if len(first) >= mem.reports_needed else sorted(greeted))
-            out.append(Send(mem.address_of(ask), self.hello(), 0.05, ask))
+            out.append(self.ask_view(ask))
         return out
 
     def tick_sends(self, tick: int, now: float) -> list[Instruction]:
@@ -577,6 +605,9 @@ class PeerCore:
         elif isinstance(msg, (Welcome, Gossip)):
             if isinstance(msg, Welcome) and msg.sender in mem.members:
                 mem.welcomed(msg.sender)
+                if msg.view_upto:  # (lazy join: the next ask starts there)
+                    key = (msg.sender, msg.incarnation)
+                    self._view_cursor[key] = max(self._view_cursor.get(key, 0), msg.view_upto)
             suggested = [r for r in msg.members
                          if self.allowed_peers is None or r.peer_id in self.allowed_peers]
             mem.reports_needed = self.byzantine + 1
@@ -654,9 +685,15 @@ class PeerCore:
             # It holds us in its view already (it greets a member gossip suggested): it
             # takes our messages, and needs no member list, nor our hello.
             mem.welcomed(msg.sender)
+        if msg.introduced:
+            members, upto = [], 0
+        elif mem.lazy:  # the members we heard from ourselves it does not have from us yet
+            members, upto = mem.vouched_since(msg.view_from)
+        else:
+            members, upto = mem.records(), 0
         out += [Reply(msg.address, Welcome(
-            **self.envelope(), address=mem.self_address, round=self.round,
-            members=[] if msg.introduced else mem.records()), msg.sender), WAKE]
+            **self.envelope(), address=mem.self_address, round=self.round, members=members,
+            view_upto=upto), msg.sender), WAKE]
         return out
 
     def incompatibility(self, msg: Hello) -> tuple[str, Any, Any] | None:
@@ -688,6 +725,15 @@ class PeerCore:
             news = [r for r in msg.members if self.allowed_peers is None or r.peer_id in self.allowed_peers]
             for change in mem.hear_news(news, msg.sender, now):
                 out.append(MemberChanged(change, logging.INFO, "; probing it"))
+        if (msg.view and mem.lazy and not self.joining and msg.view != self.view_digest()
+                and now - self._asked_view_at >= self.timing.heartbeat_interval_s
+                and msg.sender in mem.members):
+            # Lazy join, once joined (while joining, the asks to the bootstrap do it):
+            # its order differs from ours (one of us has not heard of a member, or not
+            # from enough members): ask it for its view (at most once an interval; our
+            # hello also tells it of us). It asks us in turn if ours has what its lacks.
+            self._asked_view_at = now
+            out.append(self.ask_view(msg.sender))
         if msg.probe:  # answer: to the member that asked for an indirect probe, or the sender
             to = msg.relay or msg.sender
             address = mem.address_of(to)

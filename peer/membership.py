@@ -162,6 +162,9 @@ class Membership:
     _order_needed: int = -1
     _order_changes: int = 0
     _sorted_ids: tuple = (-1, [])  # (members then, their ids sorted): records
+    #: lazy: the members we heard from ourselves, in the order we first did (what a
+    #: member asking for our view gets, from where its last ask ended: vouched_since)
+    _vouch_log: list[str] = field(default_factory=list)
     _max_round: int | None = None
     _at: tuple = (-1, {})  # (members indexed, address -> peer ids): _members_at
     #: The join's counts (:meth:`join_counts`), kept up to date as members are added and
@@ -251,6 +254,7 @@ class Membership:
                 self.members[peer_id].round_heard = now
                 if self._max_round is not None:
                     self._max_round = max(self._max_round, round)
+            self._vouch_log.append(peer_id)
             self._vouched_for(peer_id)
             return Change(peer_id, "unknown", ALIVE, "joined")
         may_move = self.address_conflict(peer_id, incarnation, address) is None
@@ -306,6 +310,7 @@ class Membership:
                 if epoch is not None:
                     m.epoch, m.epoch_heard = epoch, now
         if not was_vouched:
+            self._vouch_log.append(peer_id)
             self._enter_order(peer_id)
         if change is not None or not was_vouched:
             # (a status or a life changed: a restart's round went back to 0)
@@ -836,6 +841,12 @@ class Membership:
             self._order_changes += 1
         return list(self._order)
 
+    def in_order(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` is in :meth:`rotation_order` (in O(1))."""
+        if self._order_needed != self.reports_needed:
+            self.rotation_order()
+        return peer_id in self._order_ids
+
     def gossip_targets(self) -> list[str]:
         """Who to heartbeat and gossip to: every member that has not left."""
         return sorted(p for p, m in self.members.items() if m.status != LEFT)
@@ -877,6 +888,24 @@ class Membership:
                                           vouched=vouched)
             out.append(w)
         return out
+
+    def vouched_since(self, start: int) -> tuple[list[MemberRecord], int]:
+        """Lazy join: ourselves and the members we heard from ourselves after the first
+        ``start`` of them (in the order we first did), each with ``vouched`` 1, and how
+        many there are now (the asker's next ``start``). A ``start`` beyond them (we
+        restarted since) gets them all."""
+        start = 0 if start > len(self._vouch_log) else start
+        out = [MemberRecord(peer_id=self.self_id, address=self.self_address,
+                            incarnation=self.incarnation)]
+        for p in self._vouch_log[start:]:
+            m = self.members[p]
+            w, incarnation = m.wire, max(m.incarnation, 0)
+            if (w is None or w.status != m.status or w.address != m.address
+                    or w.incarnation != incarnation or w.vouched != 1):
+                w = m.wire = MemberRecord(peer_id=p, address=m.address, incarnation=incarnation,
+                                          status=m.status, vouched=1)
+            out.append(w)
+        return out, len(self._vouch_log)
 
     def welcomed(self, peer_id: str) -> None:
         """``peer_id`` answered our hello (a welcome): it knows us."""

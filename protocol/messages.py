@@ -63,6 +63,9 @@ class Hello(Message):
     # 1: the sender already holds the receiver in its view (gossip suggested it), so
     # the receiver's welcome carries no member list and it needs not greet back.
     introduced: int = 0
+    # timing.join lazy, a hello that asks for the receiver's view: how much of it the
+    # sender already has (the receiver's ``view_upto`` of its last answer; 0: all of it).
+    view_from: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +76,10 @@ class Welcome(Message):
     address: str
     round: int
     members: list[MemberRecord] = field(default_factory=list)
+    # timing.join lazy: ``members`` are the members the sender heard from itself after
+    # the first ``view_from`` of them (in the order it did), and this is how many it has
+    # now: the asker's next ``view_from`` (0: a whole view, as before)
+    view_upto: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +119,9 @@ class Heartbeat(Message):
     relay: str = ""
     target: str = ""
     members: list[MemberRecord] = field(default_factory=list)
+    # timing.join lazy: a digest of the sender's rotation order (0: none). A receiver
+    # whose order differs asks the sender for its view (PROTOCOL.md, lazy join).
+    view: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

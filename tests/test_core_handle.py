@@ -7,6 +7,7 @@ and reads what it decided (hfl.peer.instructions), as PROTOCOL.md states the rul
 from __future__ import annotations
 
 import ast
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -218,6 +219,39 @@ def test_a_lazy_join_greets_only_its_bootstrap_and_asks_it_again_while_short():
     assert sends(lazy.tick_greetings(3, now=1.5)) == []  # every second interval
     lazy.joining = False  # the join ended (RoundProcedures.join): no more asking
     assert sends(lazy.tick_greetings(4, now=2.0)) == []
+
+
+def test_a_lazy_peer_answers_an_ask_for_its_view_with_what_the_asker_does_not_have_yet():
+    # PROTOCOL.md, hello view_from / welcome view_upto: a join that lasts minutes asks
+    # the bootstrap every second interval; each ask gets only the members it heard from
+    # itself since the last answer (not its whole view again), and never suggestions.
+    from hfl.protocol import MemberRecord
+
+    core = joining("lazy")
+    mem = core.membership
+    for i, p in enumerate(("p2", "p3")):
+        core.handle(p, hello(p), 0.1 + i)
+    mem.merge([MemberRecord(peer_id="p7", address="mem://p7", incarnation=0)], 1.0)  # suggested
+
+    def answer(view_from: int) -> Welcome:
+        out = core.handle("p4", dataclasses.replace(hello("p4"), view_from=view_from), 2.0)
+        return next(i.msg for i in out if isinstance(i, Reply))
+
+    first = answer(0)  # p4 itself is now heard from too: p2, p3, p4
+    assert [(r.peer_id, r.vouched) for r in first.members] == [
+        ("p0", 0), ("p2", 1), ("p3", 1), ("p4", 1)] and first.view_upto == 3
+    core.handle("p5", hello("p5"), 3.0)
+    again = answer(first.view_upto)
+    assert [r.peer_id for r in again.members] == ["p0", "p5"] and again.view_upto == 4
+    assert [r.peer_id for r in answer(99).members] == ["p0", "p2", "p3", "p4", "p5"]  # restarted
+    # the asker keeps where the answer ended, per member and life
+    asker = joining("lazy")  # (also a "p0": its own record in the answer is skipped)
+    asker.handle("p1", view_of_p1(), 4.0)
+    assert asker.ask_view("p1").msg.view_from == 0  # a whole view: no view_upto
+    asker.handle("p1", dataclasses.replace(again, sender="p1", address="mem://p1"), 4.5)
+    assert asker.ask_view("p1").msg.view_from == 4
+    asker.handle("p1", dataclasses.replace(first, sender="p1", address="mem://p1"), 4.6)
+    assert asker.ask_view("p1").msg.view_from == 4  # a late answer to an older ask
 
 
 def test_a_lazy_probe_of_a_member_not_greeted_is_our_hello_and_its_welcome_the_answer():

@@ -131,6 +131,27 @@ def test_a_crashed_peer_is_dead_on_its_dropped_link_long_before_dead_after_s(tmp
         assert rounds[3]["round_time_s"] < dead_after / 2, rounds[3]  # not dead_after_s
 
 
+def test_a_lazy_join_cohort_runs_every_round_and_survives_its_aggregator_crashing(tmp_path):
+    # timing.join: lazy over real sockets: members vouched for by the bootstrap count
+    # without a handshake, a member is greeted by its first probe, and the round 3
+    # aggregator's crash is still seen (the others' probes of it go unanswered).
+    proc = launch(experiment(tmp_path, rounds=5, peers=6,
+                             faults=[{"peer": "aggregator", "at_round": 3, "phase": "serve"}],
+                             timing={"membership": "swim", "join": "lazy"}))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    crashed = [p for p in ("p0", "p1", "p2", "p3", "p4", "p5")
+               if "injected crash" in (tmp_path / "run" / p / "peer.log").read_text()]
+    assert len(crashed) == 1
+    survivors = [p for p in ("p0", "p1", "p2", "p3", "p4", "p5") if p not in crashed]
+    for pid in survivors:
+        rounds = {r["round"]: r for r in metrics(tmp_path, pid)}
+        assert sorted(rounds) == [1, 2, 3, 4, 5]
+        assert rounds[3]["epoch"] == 1 and rounds[3]["aggregator"] != crashed[0]
+        assert rounds[1]["met_peers"] >= 1  # (heard from directly: the bootstrap at least)
+    finals = {metrics(tmp_path, p)[-1]["global_acc"] for p in survivors}
+    assert len(finals) == 1
+
+
 def test_chfl_aggregator_killed_mid_round_no_peer_applies_a_stale_head(tmp_path):
     # Completely heterogeneous: each peer holds its own slice of breast-cancer's
     # columns and rows and draws its own MLP; only E x C heads travel. Round 3's
