@@ -269,6 +269,13 @@ _SCHEMAS: dict[type, tuple[_FieldSpec, ...]] = {
     cls: _schema(cls, _ENVELOPE_FIELDS) for cls in MESSAGE_TYPES.values()
 }
 _SCHEMAS[MemberRecord] = _schema(MemberRecord)
+#: Optional fields added since protocol version 5 (rev. 3) that stay off the wire when
+#: 0 (absent reads as 0): a peer that does not use them sends what it sent before.
+_ABSENT_AT_ZERO: dict[type, tuple[str, ...]] = {
+    MESSAGE_TYPES["hello"]: ("view_from",),
+    MESSAGE_TYPES["welcome"]: ("view_upto",),
+    MESSAGE_TYPES["heartbeat"]: ("view",),
+}
 _HAS_TENSORS = {
     cls: any(f.name == "tensors" for f in dataclasses.fields(cls)) for cls in MESSAGE_TYPES.values()
 }
@@ -449,6 +456,9 @@ def encode(msg: Message, limits: Limits = DEFAULT_LIMITS) -> list[bytes | memory
     if cls is None or not isinstance(msg, cls):
         _fail(ErrorCode.UNKNOWN_TYPE, f"{type(msg).__name__} is not a protocol message")
     body = {spec.name: getattr(msg, spec.name) for spec in _SCHEMAS[cls]}
+    for name in _ABSENT_AT_ZERO.get(cls, ()):
+        if not body[name]:  # (a message without it is byte for byte as before the field)
+            del body[name]
     specs: list[dict[str, Any]] = []
     payload: list[memoryview] = []
     tensors = getattr(msg, "tensors", None) if _HAS_TENSORS[cls] else {}

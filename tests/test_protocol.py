@@ -568,6 +568,20 @@ def test_a_member_record_goes_on_the_wire_with_every_field() -> None:
     assert decode(encode(Gossip(sender="p0", incarnation=0, members=[plain]))).members == [plain]
 
 
+def test_the_lazy_join_fields_stay_off_the_wire_at_0_and_round_trip_otherwise() -> None:
+    # hello view_from, welcome view_upto, heartbeat view (PROTOCOL.md): a peer in the
+    # default join sends exactly the bytes it sent before the fields existed.
+    for msg, name in ((Hello(sender="p1", incarnation=0, address="a", cohort="c", algorithm="x",
+                             num_classes=2, rounds=3), "view_from"),
+                      (Welcome(sender="p1", incarnation=0, address="a", round=1), "view_upto"),
+                      (Heartbeat(sender="p1", incarnation=0, round=1), "view")):
+        header = msgpack.unpackb(bytes(encode(msg)[0]), raw=False)
+        assert name not in header["body"]
+        lazy = dataclasses.replace(msg, **{name: 7})
+        header = msgpack.unpackb(bytes(encode(lazy)[0]), raw=False)
+        assert header["body"][name] == 7 and decode(encode(lazy)) == lazy
+
+
 def test_a_member_record_vouched_is_0_or_1() -> None:
     member = {"peer_id": "p", "address": "a", "incarnation": 0, "vouched": 2}
     err = rejects(frames_with(heartbeat_header(type="gossip", body={"members": [member]})),
