@@ -153,6 +153,10 @@ class PeerCore:
         self._asked_view_at = -math.inf  # lazy join: when we last asked a member for its view
         #: lazy join: (member, incarnation) -> how much of its view we have (its view_upto)
         self._view_cursor: dict[tuple[str, int], int] = {}
+        self._asked_with: dict[str, tuple[int, int]] = {}  # member -> (its life, view_from)
+        self._asked_about: dict[str, tuple[int, int]] = {}  # member -> (its digest, ours)
+        #: lazy join: the first members a bootstrap peer heard from (view_sources)
+        self._hubs: list[str] = []
         self.epoch_began = 0.0  # clock time this peer reached its current epoch of the round
         # How long after reaching an epoch another peer's word of its own epoch is news:
         # one heartbeat interval and a half (set by the node; a heartbeat sent as that
@@ -319,8 +323,11 @@ class PeerCore:
     def ask_view(self, peer_id: str) -> Send:
         """Lazy join: ask ``peer_id`` for the members it heard from itself that its last
         answer to us did not hold (its whole view the first time)."""
-        m = self.membership.members[peer_id]
+        m = self.membership.members.get(peer_id)
+        if m is None:  # a bootstrap peer that has not answered us yet
+            return Send(dict(self.bootstrap)[peer_id], self.hello(), 0.05, peer_id)
         start = self._view_cursor.get((peer_id, m.incarnation), 0)
+        self._asked_with[peer_id] = (m.incarnation, start)
         return Send(m.address, self.hello(view_from=start), 0.05, peer_id)
 
     # ================================================================ ticking
@@ -421,18 +428,31 @@ class PeerCore:
             out += [Send(a, hello, 0.05, peer) for a, peer in places]
         if lazy and self.joining and tick % 2 == 0 and mem.any_greeted_alive() and (
                 len(mem.rotation_order()) < self.cohort_size):
-            # Lazy join, short of node.min_peers: ask a member we greeted for its whole
-            # view (a hello that is not introduced is answered with it). Its records of
-            # the members it heard from itself are its reports: reports_needed of them
-            # put a member in our order, without a handshake of ours.
-            # The bootstrap peers first: every member greets them, so they heard from
-            # everyone that came (while they are fewer than the reports needed, anyone).
-            greeted, _, _ = mem.join_counts()  # (alive and greeted: a few, while joining)
-            first = sorted({p for p, _ in self.bootstrap} & set(greeted))
-            ask = self.rng.choice(first if len(first) >= mem.reports_needed else sorted(greeted))
-            out.append(self.ask_view(ask))
+            # Lazy join, short of node.min_peers: ask reports_needed members for the rest
+            # of their views (a hello that is not introduced). Their records of the
+            # members they heard from themselves are their reports: reports_needed of
+            # them put a member in our order, without a handshake of ours.
+            out += [self.ask_view(p) for p in self.view_sources(tick // 2)]
         return out
 
+    def view_sources(self, turn: int) -> list[str]:
+        """Lazy join: whom to ask for their views this time, ``reports_needed`` members:
+        the bootstrap peers we greeted, in turn (every joiner greets them, so they hear
+        from everyone that comes), and while those are fewer, the first members a
+        bootstrap peer heard from (:attr:`_hubs`: the same for every joiner, whose asks
+        introduce it to them, so they hear from everyone too)."""
+        mem, need = self.membership, self.membership.reports_needed
+        # (a bootstrap peer named by id is asked whether or not it answered us yet: the
+        # ask is a hello too; one known by its address only, once it answered)
+        addresses = {a for _, a in self.bootstrap}
+        boots = sorted({p for p, _ in self.bootstrap if p and p != self.id and (
+            p not in mem.members or mem.is_live(p))} | {
+            p for p in mem.join_counts()[0] if mem.members[p].address in addresses})
+        if len(boots) >= need:
+            start = turn % len(boots)
+            return (boots[start:] + boots[:start])[:need]
+        hubs = [p for p in self._hubs if p not in boots and mem.is_live(p)]
+        return boots + hubs[:need - len(boots)]
     def tick_sends(self, tick: int, now: float) -> list[Instruction]:
         mem = self.membership
         out: list[Instruction] = []
@@ -605,9 +625,14 @@ class PeerCore:
         elif isinstance(msg, (Welcome, Gossip)):
             if isinstance(msg, Welcome) and msg.sender in mem.members:
                 mem.welcomed(msg.sender)
-                if msg.view_upto:  # (lazy join: the next ask starts there)
+                asked = self._asked_with.get(msg.sender, (msg.incarnation, 0))
+                if msg.view_upto and (asked[0] == msg.incarnation or asked[1] == 0):
+                    # Lazy join: the next ask starts there (not after an answer from a new
+                    # life to an ask made of the old one: only the tail of its view came).
                     key = (msg.sender, msg.incarnation)
                     self._view_cursor[key] = max(self._view_cursor.get(key, 0), msg.view_upto)
+                    if not self._hubs and asked[1] == 0:
+                        self._hubs = [r.peer_id for r in msg.members[1:5] if r.peer_id != self.id]
             suggested = [r for r in msg.members
                          if self.allowed_peers is None or r.peer_id in self.allowed_peers]
             mem.reports_needed = self.byzantine + 1
@@ -727,12 +752,15 @@ class PeerCore:
                 out.append(MemberChanged(change, logging.INFO, "; probing it"))
         if (msg.view and mem.lazy and not self.joining and msg.view != self.view_digest()
                 and now - self._asked_view_at >= self.timing.heartbeat_interval_s
-                and msg.sender in mem.members):
+                and msg.sender in mem.members
+                and self._asked_about.get(msg.sender) != (msg.view, self.view_digest())):
             # Lazy join, once joined (while joining, the asks to the bootstrap do it):
             # its order differs from ours (one of us has not heard of a member, or not
-            # from enough members): ask it for its view (at most once an interval; our
+            # from enough members): ask it for its view (at most once an interval, and
+            # not again while neither order changed: they may differ for good; our
             # hello also tells it of us). It asks us in turn if ours has what its lacks.
             self._asked_view_at = now
+            self._asked_about[msg.sender] = (msg.view, self.view_digest())
             out.append(self.ask_view(msg.sender))
         if msg.probe:  # answer: to the member that asked for an indirect probe, or the sender
             to = msg.relay or msg.sender

@@ -216,7 +216,9 @@ class Membership:
         self._touch(rounds=False)
 
     def _enter_order(self, peer_id: str) -> None:
-        if peer_id not in self._order_ids and self._order_needed == self.reports_needed:
+        if self._order_needed != self.reports_needed:
+            self._order_needed = -1  # built for another reports_needed: rebuilt when asked
+        elif peer_id not in self._order_ids:
             self._order_ids.add(peer_id)
             bisect.insort(self._order, peer_id)
             self._order_changes += 1
@@ -392,17 +394,25 @@ class Membership:
         (whatever its status now) or gone, a count that only grows. O(1) but for the
         peers only reported (few: each is one no member of ours ever greeted).
         With :attr:`lazy` the join needs no handshake: *gone* counts every member of the
-        rotation order (known by our own evidence, or vouched for by ``reports_needed``
-        members) that is not greeted and alive, and *arrived* the whole order, which
-        only grows.
+        rotation order (heard from by us, or vouched for by ``reports_needed`` members)
+        that is not greeted and alive, and *arrived* all of them, a count that only
+        grows. A member only remembered from our checkpoint and heard from by nobody
+        since is not counted (a resumed peer waits for its bootstrap peers, as in
+        ``greet``).
         The first is a live view of the view's set: read it, do not keep it."""
         if self.lazy:
-            key = (self._join_changes, self._order_changes, len(self.members), self.reports_needed)
+            key = (self._join_changes, self._order_changes, self._version, len(self.members),
+                   self.reports_needed)
             if self._join_cache[0] != key:
-                order = self.rotation_order()
-                known = len(order) - 1
-                unknown_left = sum(1 for p in self.reported_left if p not in self.members)
-                ids = set(order)
+                ids = set(self.rotation_order())
+                ids.discard(self.self_id)
+                enough = {p for p, by in self.reported.items() if len(by) >= self.reports_needed}
+                unheard = sum(1 for p in ids if (m := self.members.get(p)) is not None
+                              and m.remembered and not m.confirmed and p not in enough)
+                known = len(ids) - unheard
+                # (one reported left by enough members is in the order already)
+                unknown_left = sum(1 for p in self.reported_left
+                                   if p not in self.members and p not in ids)
                 greeted = sum(1 for p in self._greeted_alive if p in ids)
                 self._join_cache = (key, (known - greeted + unknown_left, known + unknown_left))
             return (self._greeted_alive.keys(), *self._join_cache[1])
@@ -893,8 +903,8 @@ class Membership:
         """Lazy join: ourselves and the members we heard from ourselves after the first
         ``start`` of them (in the order we first did), each with ``vouched`` 1, and how
         many there are now (the asker's next ``start``). A ``start`` beyond them (we
-        restarted since) gets them all."""
-        start = 0 if start > len(self._vouch_log) else start
+        restarted since), or below 0, gets them all."""
+        start = start if 0 <= start <= len(self._vouch_log) else 0  # (a hostile one: all)
         out = [MemberRecord(peer_id=self.self_id, address=self.self_address,
                             incarnation=self.incarnation)]
         for p in self._vouch_log[start:]:

@@ -469,7 +469,7 @@ class ProtocolSim:
     def __init__(self, seed: int, peers: int = 5, rounds: int = 10, mode: str = "aggregator",
                  buggify: bool = False, swim: bool | None = None, train_s: float = 0.3,
                  scenario: ProtocolScenario | None = None, byzantine: list[str] = (),
-                 join: str = "greet") -> None:
+                 join: str = "greet", signed: bool = False, bootstraps: int = 2) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r}; allowed: {', '.join(MODES)}")
         if peers < 2:
@@ -480,7 +480,8 @@ class ProtocolSim:
         self.swim = peers >= SWIM_FROM if swim is None else swim
         # Signed (twins): f = 1 where commits are certified, and a larger quorum
         # (PeerCore.quorum): the planner loses at most n - quorum members for good.
-        f = 1 if twins and mode == "aggregator" else 0
+        signed = signed or bool(twins)  # (signing keys for every peer: f = 1, as hfl-peer)
+        f = 1 if signed and mode == "aggregator" else 0
         self.scenario = scenario or plan(seed, names, rounds, buggify, train_s,
                                          quorum=(peers + f) // 2 + 1)
         if join != self.scenario.timing.join:  # timing.join: lazy (PROTOCOL.md, Lazy join)
@@ -500,8 +501,8 @@ class ProtocolSim:
                                clock=lambda: self.t)
         late = {f.peers[0]: f.t for f in self.scenario.faults if f.kind == "late"}
         min_peers = peers - len(late)
-        bootstrap = tuple(n for n in names if n not in late)[:2]
-        keys = sim_keys(seed, names) if twins else {}  # signed: the defenses need keys
+        bootstrap = tuple(n for n in names if n not in late)[:bootstraps]
+        keys = sim_keys(seed, names) if signed else {}  # signed: the defenses need keys
         self.peers = {n: SimPeer(self, n, mode, min_peers, bootstrap, keys.get(n), twins.get(n))
                       for n in names}
         self.unstarted, self.running = len(names), 0  # peers not started yet, running now
@@ -620,6 +621,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--join", choices=["greet", "lazy"], default="greet",
                     help="timing.join: greet (every member greets every other) or lazy "
                          "(members vouched for by others; with SWIM and --mode aggregator)")
+    ap.add_argument("--signed", action="store_true",
+                    help="signing keys for every peer: certified commits, f = 1 (as hfl-peer "
+                         "with keys in the allow-list)")
+    ap.add_argument("--bootstraps", type=int, default=2,
+                    help="how many peers every peer bootstraps from (default 2; hfl-launch: 1)")
     ap.add_argument("-v", "--verbose", action="store_true", help="each seed's faults")
     args = ap.parse_args(argv)
     try:
@@ -632,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             res = run_seed(seed, peers=args.peers, rounds=args.rounds, mode=args.mode,
                            buggify=args.buggify, swim=swim, byzantine=args.byzantine,
-                           join=args.join)
+                           join=args.join, signed=args.signed, bootstraps=args.bootstraps)
         except ValueError as err:
             ap.error(str(err))
         if args.verbose or res.violations:

@@ -254,6 +254,49 @@ def test_a_lazy_peer_answers_an_ask_for_its_view_with_what_the_asker_does_not_ha
     assert asker.ask_view("p1").msg.view_from == 4  # a late answer to an older ask
 
 
+def test_a_lazy_ask_for_a_view_never_takes_a_hostile_or_stale_cursor():
+    core = joining("lazy")
+    for p in ("p2", "p3"):
+        core.handle(p, hello(p), 0.1)
+
+    def answer(view_from: int) -> Welcome:
+        out = core.handle("p4", dataclasses.replace(hello("p4"), view_from=view_from), 2.0)
+        return next(i.msg for i in out if isinstance(i, Reply))
+
+    assert [r.peer_id for r in answer(-2).members] == ["p0", "p2", "p3", "p4"]  # all, not a tail
+    # An answer from a new life of the member, to an ask made with the old life's
+    # cursor, is only the tail of the new view: the next ask starts over.
+    asker = joining("lazy")
+    asker.handle("p1", view_of_p1(), 1.0)  # (a whole view, no view_upto)
+    asker._view_cursor[("p1", 0)] = 3
+    assert asker.ask_view("p1").msg.view_from == 3
+    tail = Welcome(sender="p1", incarnation=1, address="mem://p1", round=1, view_upto=5,
+                   members=[view_of_p1().members[0]])
+    asker.handle("p1", tail, 2.0)
+    assert asker.ask_view("p1").msg.view_from == 0
+
+
+def test_a_joined_lazy_peer_asks_a_member_whose_order_differs_once_until_either_changes():
+    core = joining("lazy")
+    core.handle("p1", view_of_p1(), 0.1)
+    core.joining = False
+
+    def asks(view: int, now: float) -> int:
+        beat = Heartbeat(sender="p1", incarnation=0, round=1, view=view)
+        return sum(1 for i in core.handle("p1", beat, now)
+                   if isinstance(i, Send) and i.msg.TYPE == "hello")
+
+    from hfl.peer.instructions import Send
+
+    ours = core.view_digest()
+    assert asks(ours, 1.0) == 0  # the same order: nothing to ask
+    assert asks(12345, 2.0) == 1
+    assert asks(12345, 3.0) == 0  # nothing changed since: orders may differ for good
+    core.handle("p5", hello("p5"), 3.5)  # our order changed
+    assert core.view_digest() != ours and asks(12345, 4.0) == 1
+    assert asks(777, 4.1) == 0  # at most once an interval
+
+
 def test_a_lazy_probe_of_a_member_not_greeted_is_our_hello_and_its_welcome_the_answer():
     from hfl.peer.instructions import Broadcast, Send
 

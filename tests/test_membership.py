@@ -863,3 +863,29 @@ def test_lazy_probes_a_member_not_greeted_yet():
     assert m.probeable("c")  # lazy: the probe is the hello
     m.set_status("c", DEAD)
     assert not m.probeable("c")
+
+
+def test_lazy_join_counts_neither_members_only_remembered_nor_an_id_twice():
+    # A resumed peer remembers its cohort (incarnation -1) from its checkpoint: nobody
+    # heard from yet, so nobody counts (it waits for its bootstrap peers, as in greet).
+    m = view()
+    m.lazy = True
+    for p in ("b", "c", "d"):
+        m.heard_from(p, -1, now=0.0, address=f"mem://{p}")
+    assert m.join_counts()[1:] == (0, 0)
+    m.heard_from("b", 2, now=1.0, address="mem://b")  # b's own word: it counts
+    assert m.join_counts()[1:] == (1, 1)
+    # An id reported left by enough members is in the order once, not also as "left".
+    m.merge([rec("x", status=LEFT)], now=1.0, reporter="b")
+    assert "x" in m.rotation_order() and m.join_counts()[1:] == (2, 2)
+
+
+def test_the_rotation_order_kept_incrementally_follows_a_change_of_reports_needed():
+    m = view()
+    m.merge([rec("x", status=DEAD)], now=0.0, reporter="b")
+    m.merge([rec("x", status=DEAD)], now=0.0, reporter="c")
+    assert m.rotation_order() == ["a", "x"]
+    m.reports_needed = 3  # no query of the order in between, and back
+    m.heard_from("y", 0, now=0.0, address="mem://y")
+    m.reports_needed = 1
+    assert m.rotation_order() == ["a", "x", "y"]
