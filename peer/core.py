@@ -153,8 +153,8 @@ class PeerCore:
         self._asked_view_at = -math.inf  # lazy join: when we last asked a member for its view
         #: lazy join: (member, incarnation) -> how much of its view we have (its view_upto)
         self._view_cursor: dict[tuple[str, int], int] = {}
-        self._asked_with: dict[str, tuple[int, int]] = {}  # member -> (its life, view_from)
-        self._asked_about: dict[str, tuple[int, int]] = {}  # member -> (its digest, ours)
+        #: member -> (its digest, ours, when) of our last ask made on a digest that differed
+        self._asked_about: dict[str, tuple[int, int, float]] = {}
         #: lazy join: the first members a bootstrap peer heard from (view_sources)
         self._hubs: list[str] = []
         self.epoch_began = 0.0  # clock time this peer reached its current epoch of the round
@@ -327,7 +327,6 @@ class PeerCore:
         if m is None:  # a bootstrap peer that has not answered us yet
             return Send(dict(self.bootstrap)[peer_id], self.hello(), 0.05, peer_id)
         start = self._view_cursor.get((peer_id, m.incarnation), 0)
-        self._asked_with[peer_id] = (m.incarnation, start)
         return Send(m.address, self.hello(view_from=start), 0.05, peer_id)
 
     # ================================================================ ticking
@@ -436,23 +435,34 @@ class PeerCore:
         return out
 
     def view_sources(self, turn: int) -> list[str]:
-        """Lazy join: whom to ask for their views this time, ``reports_needed`` members:
-        the bootstrap peers we greeted, in turn (every joiner greets them, so they hear
-        from everyone that comes), and while those are fewer, the first members a
+        """Lazy join: whom to ask for their views this time. ``reports_needed`` members
+        that answered us: the bootstrap peers, in turn (every joiner greets them, so they
+        hear from everyone that comes); while those are fewer, the first members a
         bootstrap peer heard from (:attr:`_hubs`: the same for every joiner, whose asks
-        introduce it to them, so they hear from everyone too)."""
+        introduce it to them, so they hear from everyone too); then any member we
+        greeted. And the bootstrap peers that have not answered yet (an ask is a hello:
+        they may be starting), which count for nothing until they do."""
         mem, need = self.membership, self.membership.reports_needed
-        # (a bootstrap peer named by id is asked whether or not it answered us yet: the
-        # ask is a hello too; one known by its address only, once it answered)
-        addresses = {a for _, a in self.bootstrap}
-        boots = sorted({p for p, _ in self.bootstrap if p and p != self.id and (
-            p not in mem.members or mem.is_live(p))} | {
-            p for p in mem.join_counts()[0] if mem.members[p].address in addresses})
+        greeted = mem.join_counts()[0]  # (alive and greeted: a few, while joining)
+        boots = sorted(p for p in greeted if self._is_bootstrap(p, mem.members[p].address))
+        silent = sorted(p for p, _ in self.bootstrap if p and p != self.id
+                        and p not in greeted and (p not in mem.members or mem.is_live(p)))
         if len(boots) >= need:
             start = turn % len(boots)
-            return (boots[start:] + boots[:start])[:need]
-        hubs = [p for p in self._hubs if p not in boots and mem.is_live(p)]
-        return boots + hubs[:need - len(boots)]
+            return (boots[start:] + boots[:start])[:need] + silent
+        more = [p for p in self._hubs if p not in boots and p != self.id and mem.is_live(p)]
+        more += sorted(p for p in greeted if p not in boots and p not in more)
+        return boots + more[:need - len(boots)] + silent
+
+    def _asked_lately(self, peer_id: str, view: int, now: float) -> bool:
+        """Whether we asked ``peer_id`` for its view on these same two digests within
+        ``dead_after_s`` (a lost ask or answer is made good then)."""
+        last = self._asked_about.get(peer_id)
+        return (last is not None and last[:2] == (view, self.view_digest())
+                and now - last[2] < self.timing.dead_after_s)
+
+    def _is_bootstrap(self, peer_id: str, address: str | None) -> bool:
+        return any(peer_id == p or address == a for p, a in self.bootstrap)
     def tick_sends(self, tick: int, now: float) -> list[Instruction]:
         mem = self.membership
         out: list[Instruction] = []
@@ -625,13 +635,16 @@ class PeerCore:
         elif isinstance(msg, (Welcome, Gossip)):
             if isinstance(msg, Welcome) and msg.sender in mem.members:
                 mem.welcomed(msg.sender)
-                asked = self._asked_with.get(msg.sender, (msg.incarnation, 0))
-                if msg.view_upto and (asked[0] == msg.incarnation or asked[1] == 0):
-                    # Lazy join: the next ask starts there (not after an answer from a new
-                    # life to an ask made of the old one: only the tail of its view came).
-                    key = (msg.sender, msg.incarnation)
+                key = (msg.sender, msg.incarnation)
+                start = msg.view_upto - (len(msg.members) - 1)  # where the answer began
+                if msg.view_upto and 0 <= start <= self._view_cursor.get(key, 0):
+                    # Lazy join: the next ask to this life of it starts where this answer
+                    # ended (an answer that begins past what we hold, such as a late one
+                    # from a new life to an ask of the old, leaves a gap: not taken).
                     self._view_cursor[key] = max(self._view_cursor.get(key, 0), msg.view_upto)
-                    if not self._hubs and asked[1] == 0:
+                    if start == 0 and self._is_bootstrap(msg.sender, msg.address) and not any(
+                            mem.is_live(h) for h in self._hubs):
+                        # A bootstrap peer's whole view: its first members are the hubs
                         self._hubs = [r.peer_id for r in msg.members[1:5] if r.peer_id != self.id]
             suggested = [r for r in msg.members
                          if self.allowed_peers is None or r.peer_id in self.allowed_peers]
@@ -753,14 +766,15 @@ class PeerCore:
         if (msg.view and mem.lazy and not self.joining and msg.view != self.view_digest()
                 and now - self._asked_view_at >= self.timing.heartbeat_interval_s
                 and msg.sender in mem.members
-                and self._asked_about.get(msg.sender) != (msg.view, self.view_digest())):
+                and not self._asked_lately(msg.sender, msg.view, now)):
             # Lazy join, once joined (while joining, the asks to the bootstrap do it):
             # its order differs from ours (one of us has not heard of a member, or not
             # from enough members): ask it for its view (at most once an interval, and
-            # not again while neither order changed: they may differ for good; our
-            # hello also tells it of us). It asks us in turn if ours has what its lacks.
+            # while neither order changed, once per dead_after_s: they may differ for
+            # good; our hello also tells it of us). It asks us in turn if ours has what
+            # its lacks.
             self._asked_view_at = now
-            self._asked_about[msg.sender] = (msg.view, self.view_digest())
+            self._asked_about[msg.sender] = (msg.view, self.view_digest(), now)
             out.append(self.ask_view(msg.sender))
         if msg.probe:  # answer: to the member that asked for an indirect probe, or the sender
             to = msg.relay or msg.sender

@@ -218,6 +218,7 @@ class Membership:
     def _enter_order(self, peer_id: str) -> None:
         if self._order_needed != self.reports_needed:
             self._order_needed = -1  # built for another reports_needed: rebuilt when asked
+            self._order_changes += 1
         elif peer_id not in self._order_ids:
             self._order_ids.add(peer_id)
             bisect.insort(self._order, peer_id)
@@ -406,13 +407,12 @@ class Membership:
             if self._join_cache[0] != key:
                 ids = set(self.rotation_order())
                 ids.discard(self.self_id)
-                enough = {p for p, by in self.reported.items() if len(by) >= self.reports_needed}
                 unheard = sum(1 for p in ids if (m := self.members.get(p)) is not None
-                              and m.remembered and not m.confirmed and p not in enough)
+                              and m.remembered and not m.confirmed)
                 known = len(ids) - unheard
-                # (one reported left by enough members is in the order already)
-                unknown_left = sum(1 for p in self.reported_left
-                                   if p not in self.members and p not in ids)
+                # (one reported left by enough members is in the order already; one a
+                # suggestion added since is still counted: arrived only grows)
+                unknown_left = sum(1 for p in self.reported_left if p not in ids)
                 greeted = sum(1 for p in self._greeted_alive if p in ids)
                 self._join_cache = (key, (known - greeted + unknown_left, known + unknown_left))
             return (self._greeted_alive.keys(), *self._join_cache[1])

@@ -469,7 +469,8 @@ class ProtocolSim:
     def __init__(self, seed: int, peers: int = 5, rounds: int = 10, mode: str = "aggregator",
                  buggify: bool = False, swim: bool | None = None, train_s: float = 0.3,
                  scenario: ProtocolScenario | None = None, byzantine: list[str] = (),
-                 join: str = "greet", signed: bool = False, bootstraps: int = 2) -> None:
+                 join: str = "greet", signed: bool = False, bootstraps: int = 2,
+                 absent: tuple[str, ...] = ()) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r}; allowed: {', '.join(MODES)}")
         if peers < 2:
@@ -500,14 +501,18 @@ class ProtocolSim:
                                everywhere=mode == "everywhere", bound_s=bound, twins=twins,
                                clock=lambda: self.t)
         late = {f.peers[0]: f.t for f in self.scenario.faults if f.kind == "late"}
-        min_peers = peers - len(late)
+        min_peers = peers - len(late) - len(absent)  # (absent: never started, as a peer down)
         bootstrap = tuple(n for n in names if n not in late)[:bootstraps]
         keys = sim_keys(seed, names) if signed else {}  # signed: the defenses need keys
         self.peers = {n: SimPeer(self, n, mode, min_peers, bootstrap, keys.get(n), twins.get(n))
                       for n in names}
-        self.unstarted, self.running = len(names), 0  # peers not started yet, running now
+        # peers not started yet, running now
+        self.unstarted, self.running = len(names) - len(absent), 0
         for n in names:
-            self.at(late.get(n, 0.0), self.peers[n].start)
+            if n in absent:
+                self.peers[n].outcome = "lost"  # (lost from the start: the checks skip it)
+            else:
+                self.at(late.get(n, 0.0), self.peers[n].start)
         for f in self.scenario.faults:
             self.at(f.t, self.fault_begins, f)
 

@@ -248,9 +248,16 @@ def test_a_lazy_peer_answers_an_ask_for_its_view_with_what_the_asker_does_not_ha
     asker = joining("lazy")  # (also a "p0": its own record in the answer is skipped)
     asker.handle("p1", view_of_p1(), 4.0)
     assert asker.ask_view("p1").msg.view_from == 0  # a whole view: no view_upto
-    asker.handle("p1", dataclasses.replace(again, sender="p1", address="mem://p1"), 4.5)
+
+    def from_p1(welcome: Welcome, now: float) -> None:
+        asker.handle("p1", dataclasses.replace(welcome, sender="p1", address="mem://p1"), now)
+
+    from_p1(again, 4.2)  # begins at 3, past what we hold: a gap, not taken
+    assert asker.ask_view("p1").msg.view_from == 0
+    from_p1(first, 4.5)
+    from_p1(again, 4.6)
     assert asker.ask_view("p1").msg.view_from == 4
-    asker.handle("p1", dataclasses.replace(first, sender="p1", address="mem://p1"), 4.6)
+    from_p1(first, 4.7)
     assert asker.ask_view("p1").msg.view_from == 4  # a late answer to an older ask
 
 
@@ -274,6 +281,14 @@ def test_a_lazy_ask_for_a_view_never_takes_a_hostile_or_stale_cursor():
                    members=[view_of_p1().members[0]])
     asker.handle("p1", tail, 2.0)
     assert asker.ask_view("p1").msg.view_from == 0
+    # Hubs (view_sources) come only from a bootstrap peer's whole view: an unsolicited
+    # welcome from another member names none.
+    other = joining("lazy")
+    other.handle("p7", dataclasses.replace(view_of_p1(), sender="p7", address="mem://p7",
+                                           view_upto=3), 1.0)
+    assert other._hubs == []
+    other.handle("p1", dataclasses.replace(view_of_p1(), view_upto=3), 1.1)
+    assert other._hubs == ["p2", "p3", "p4"]
 
 
 def test_a_joined_lazy_peer_asks_a_member_whose_order_differs_once_until_either_changes():
@@ -292,9 +307,10 @@ def test_a_joined_lazy_peer_asks_a_member_whose_order_differs_once_until_either_
     assert asks(ours, 1.0) == 0  # the same order: nothing to ask
     assert asks(12345, 2.0) == 1
     assert asks(12345, 3.0) == 0  # nothing changed since: orders may differ for good
-    core.handle("p5", hello("p5"), 3.5)  # our order changed
-    assert core.view_digest() != ours and asks(12345, 4.0) == 1
-    assert asks(777, 4.1) == 0  # at most once an interval
+    assert asks(12345, 2.0 + core.timing.dead_after_s) == 1  # (the ask may have been lost)
+    core.handle("p5", hello("p5"), 7.5)  # our order changed
+    assert core.view_digest() != ours and asks(12345, 8.0) == 1
+    assert asks(777, 8.1) == 0  # at most once an interval
 
 
 def test_a_lazy_probe_of_a_member_not_greeted_is_our_hello_and_its_welcome_the_answer():

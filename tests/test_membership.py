@@ -878,6 +878,12 @@ def test_lazy_join_counts_neither_members_only_remembered_nor_an_id_twice():
     # An id reported left by enough members is in the order once, not also as "left".
     m.merge([rec("x", status=LEFT)], now=1.0, reporter="b")
     assert "x" in m.rotation_order() and m.join_counts()[1:] == (2, 2)
+    # A peer reported left, suggested alive later: still arrived (the count only grows).
+    m.reports_needed = 2
+    m.merge([rec("z", status=LEFT)], now=1.0, reporter="b")
+    before = m.join_counts()[2]
+    m.merge([rec("z")], now=1.5)
+    assert m.join_counts()[2] == before
 
 
 def test_the_rotation_order_kept_incrementally_follows_a_change_of_reports_needed():
