@@ -463,6 +463,7 @@ class PeerCore:
 
     def _is_bootstrap(self, peer_id: str, address: str | None) -> bool:
         return any(peer_id == p or address == a for p, a in self.bootstrap)
+
     def tick_sends(self, tick: int, now: float) -> list[Instruction]:
         mem = self.membership
         out: list[Instruction] = []
@@ -636,12 +637,13 @@ class PeerCore:
             if isinstance(msg, Welcome) and msg.sender in mem.members:
                 mem.welcomed(msg.sender)
                 key = (msg.sender, msg.incarnation)
+                held = self._view_cursor.get(key, 0)
                 start = msg.view_upto - (len(msg.members) - 1)  # where the answer began
-                if msg.view_upto and 0 <= start <= self._view_cursor.get(key, 0):
+                if msg.view_upto and 0 <= start <= held:
                     # Lazy join: the next ask to this life of it starts where this answer
                     # ended (an answer that begins past what we hold, such as a late one
                     # from a new life to an ask of the old, leaves a gap: not taken).
-                    self._view_cursor[key] = max(self._view_cursor.get(key, 0), msg.view_upto)
+                    self._view_cursor[key] = max(held, msg.view_upto)
                     if start == 0 and self._is_bootstrap(msg.sender, msg.address) and not any(
                             mem.is_live(h) for h in self._hubs):
                         # A bootstrap peer's whole view: its first members are the hubs

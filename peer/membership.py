@@ -869,9 +869,7 @@ class Membership:
                 ) -> list[MemberRecord]:
         """Our view as member records, ourselves first; with ``sample``, ourselves and
         at most ``sample - 1`` members drawn with ``rng`` (a bounded gossip)."""
-        own = MemberRecord(
-            peer_id=self.self_id, address=self.self_address, incarnation=self.incarnation
-        )
+        own = self._own_record()
         if sample is not None and len(self.members) > sample - 1:
             members = sorted((self.members[p] for p in self.random_members(
                 max(sample - 1, 0), rng or self.rng)), key=lambda m: m.peer_id)
@@ -886,18 +884,8 @@ class Membership:
         # our own evidence can say.
         # With lazy, each record says whether we know the member by our own evidence.
         lazy = self.lazy
-        out = [own]
-        for m in members:
-            if not (m.vouched or m.status == ALIVE):
-                continue
-            w, incarnation, vouched = m.wire, max(m.incarnation, 0), int(lazy and m.vouched)
-            if (w is None or w.status != m.status or w.address != m.address
-                    or w.incarnation != incarnation or w.vouched != vouched):
-                w = m.wire = MemberRecord(peer_id=m.peer_id, address=m.address,
-                                          incarnation=incarnation, status=m.status,
-                                          vouched=vouched)
-            out.append(w)
-        return out
+        return [own] + [_wire(m, int(lazy and m.vouched)) for m in members
+                        if m.vouched or m.status == ALIVE]
 
     def vouched_since(self, start: int) -> tuple[list[MemberRecord], int]:
         """Lazy join: ourselves and the members we heard from ourselves after the first
@@ -905,17 +893,12 @@ class Membership:
         many there are now (the asker's next ``start``). A ``start`` beyond them (we
         restarted since), or below 0, gets them all."""
         start = start if 0 <= start <= len(self._vouch_log) else 0  # (a hostile one: all)
-        out = [MemberRecord(peer_id=self.self_id, address=self.self_address,
-                            incarnation=self.incarnation)]
-        for p in self._vouch_log[start:]:
-            m = self.members[p]
-            w, incarnation = m.wire, max(m.incarnation, 0)
-            if (w is None or w.status != m.status or w.address != m.address
-                    or w.incarnation != incarnation or w.vouched != 1):
-                w = m.wire = MemberRecord(peer_id=p, address=m.address, incarnation=incarnation,
-                                          status=m.status, vouched=1)
-            out.append(w)
-        return out, len(self._vouch_log)
+        records = [_wire(self.members[p], 1) for p in self._vouch_log[start:]]
+        return [self._own_record(), *records], len(self._vouch_log)
+
+    def _own_record(self) -> MemberRecord:
+        return MemberRecord(peer_id=self.self_id, address=self.self_address,
+                            incarnation=self.incarnation)
 
     def welcomed(self, peer_id: str) -> None:
         """``peer_id`` answered our hello (a welcome): it knows us."""
@@ -928,6 +911,17 @@ class Membership:
             self._max_round = max((m.round for m in self.members.values()
                                    if m.status in (ALIVE, SUSPECT)), default=0)
         return self._max_round
+
+
+def _wire(m: Member, vouched: int) -> MemberRecord:
+    """``m`` as a member record (the wire carries incarnations >= 0): the one sent last
+    time while it still says the same (a welcome carries a thousand of them)."""
+    w, incarnation = m.wire, max(m.incarnation, 0)
+    if (w is None or w.status != m.status or w.address != m.address
+            or w.incarnation != incarnation or w.vouched != vouched):
+        w = m.wire = MemberRecord(peer_id=m.peer_id, address=m.address, incarnation=incarnation,
+                                  status=m.status, vouched=vouched)
+    return w
 
 
 def elect(order: list[str], is_live, round: int, epoch: int) -> tuple[str, int] | None:

@@ -31,6 +31,7 @@ justified epochs, liveness after the last fault), plus *learning* and *exit*
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import heapq
 import itertools
@@ -40,7 +41,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Generator
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
