@@ -67,7 +67,7 @@ PATIENCE_MAX = 8.0
 ANSWER_WINDOW, ANSWER_MIN = 64, 8
 
 
-@dataclass
+@dataclass(slots=True)  # (a thousand peers in one process hold a million of them)
 class Member:
     peer_id: str
     address: str
@@ -182,6 +182,8 @@ class Membership:
     #: bumped by every change the join's counts read (:meth:`join_counts` caches on it)
     _join_changes: int = 0
     _join_cache: tuple = (-1, None)
+    _remembered: list[str] = field(default_factory=list)  # members added from our checkpoint
+    _live_cache: tuple = (None, ())  # (_join_changes, members then; live ids): live_ids
     #: how long this peer stood still in all (:meth:`paused`): silence since a member was
     #: last heard and the wait for its answers leave out the pauses since they began
     _paused_s: float = 0.0
@@ -250,6 +252,8 @@ class Membership:
                 return None  # unknown and no address: cannot add it
             self._add(Member(peer_id, address, incarnation, ALIVE, now,
                              confirmed=incarnation >= 0, remembered=incarnation < 0))
+            if incarnation < 0:
+                self._remembered.append(peer_id)
             if round is not None:
                 self.members[peer_id].round = round
                 self.members[peer_id].epoch = epoch or 0
@@ -403,13 +407,13 @@ class Membership:
         The first is a live view of the view's set: read it, do not keep it."""
         if self.lazy:
             key = (self._join_changes, self._order_changes, self._version, len(self.members),
-                   self.reports_needed)
+                   self.reports_needed, self._confirmed_n)
             if self._join_cache[0] != key:
-                ids = set(self.rotation_order())
-                ids.discard(self.self_id)
-                unheard = sum(1 for p in ids if (m := self.members.get(p)) is not None
-                              and m.remembered and not m.confirmed)
-                known = len(ids) - unheard
+                self.in_order(self.self_id)  # (the order's ids up to date; ourselves in them)
+                ids, members = self._order_ids, self.members
+                unheard = sum(1 for p in self._remembered if p in ids
+                              and members[p].remembered and not members[p].confirmed)
+                known = len(ids) - 1 - unheard
                 # (one reported left by enough members is in the order already; one a
                 # suggestion added since is still counted: arrived only grows)
                 unknown_left = sum(1 for p in self.reported_left if p not in ids)
@@ -507,22 +511,20 @@ class Membership:
         new = []
         members, me, lazy = self.members, self.self_id, self.lazy  # (a view of 1,000: per record)
         for r in records:
-            known = members.get(r.peer_id)
-            if (reporter is not None and (r.status != ALIVE or (lazy and r.vouched))
-                    and r.peer_id != me and not (known is not None and known.vouched)):
-                reporters = self.reported.setdefault(r.peer_id, set())
-                if reporter not in reporters:
-                    reporters.add(reporter)
-                    self._join_changes += 1
-                    if len(reporters) == self.reports_needed:
-                        self._vouched_for(r.peer_id)  # it joins the rotation order
-            if known is not None:
+            peer_id = r.peer_id
+            known = members.get(peer_id)
+            if known is not None:  # (most records of a big view: kept lean)
+                if (reporter is not None and not (known.confirmed or known.remembered)
+                        and (r.status != ALIVE or (lazy and r.vouched))):
+                    self._report(peer_id, reporter)
                 if (known.status in (SUSPECT, DEAD) and r.status == ALIVE
                         and r.incarnation > known.incarnation and r.address != known.address):
                     known.lead = r.address  # a resubmitted job's peers all moved: greet it there
                 continue
-            if r.peer_id == me:
+            if peer_id == me:
                 continue
+            if reporter is not None and (r.status != ALIVE or (lazy and r.vouched)):
+                self._report(peer_id, reporter)
             if r.status == LEFT:
                 self.reported_left.add(r.peer_id)
                 self._join_changes += 1
@@ -532,6 +534,17 @@ class Membership:
         if new:
             self._touch(rounds=False)  # (suggestions are at round 0: the highest stands)
         return new
+
+    def _report(self, peer_id: str, reporter: str) -> None:
+        """``reporter`` knows ``peer_id`` by its own evidence (its record said so: not
+        alive, or with lazy ``vouched``), and we do not: ``reports_needed`` such
+        reporters put it in the rotation order (:attr:`reported`)."""
+        reporters = self.reported.setdefault(peer_id, set())
+        if reporter not in reporters:
+            reporters.add(reporter)
+            self._join_changes += 1
+            if len(reporters) == self.reports_needed:
+                self._vouched_for(peer_id)  # it joins the rotation order
 
     def hint(self, peer_id: str, now: float) -> bool:
         """Our link to ``peer_id`` dropped (the transport saw its connection end, as
@@ -802,7 +815,17 @@ class Membership:
 
     def live_peers(self) -> list[str]:
         """Other members we still wait for (alive or suspect), sorted."""
-        return sorted(p for p, m in self.members.items() if m.status in (ALIVE, SUSPECT))
+        return list(self.live_ids())
+
+    def live_ids(self) -> tuple[str, ...]:
+        """:meth:`live_peers` as a tuple, rebuilt only when a member was added or changed
+        status (every change of status goes through :meth:`_set`, which bumps
+        ``_join_changes``): an aggregator asks on every contribution it receives."""
+        key = (self._join_changes, len(self.members))
+        if self._live_cache[0] != key:
+            self._live_cache = (key, tuple(sorted(
+                p for p, m in self.members.items() if m.status in (ALIVE, SUSPECT))))
+        return self._live_cache[1]
 
     def live_view(self) -> list[str]:
         """Live members including ourselves, sorted."""

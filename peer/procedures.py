@@ -289,7 +289,7 @@ class RoundProcedures:
         ask_after, paused0 = 4 * hb, self.paused()
         while True:
             end = deadline + (self.paused() - paused0)  # a pause moves the deadline on
-            complete = yield Wait(lambda: not core.awaited(r), min(end, self.now() + ask_after))
+            complete = yield Wait(lambda: not core.awaits_any(r), min(end, self.now() + ask_after))
             if complete or self.now() >= deadline + (self.paused() - paused0):
                 return complete
             ask_after = 8 * hb

@@ -593,11 +593,14 @@ class ProtocolSim:
                 c.fail("exit", f"{p}: {o} at simulated t={self.t:.1f}s")
         if calm == float("inf"):
             return c.violations
+        rounds: dict[str, list[dict]] = {}
+        for e in c.events:
+            if e["event"] == "round" and e["learned_from"] is not None:
+                rounds.setdefault(e["peer"], []).append(e)
         for p, o in sorted(outcomes.items()):
             # (A late joiner's rounds are what was left of the run: liveness holds it.)
             if o == "ok" and p not in c.twins and self.peers[p].started_at == 0:
-                c.check_learning(p, [e for e in c.events if e["event"] == "round"
-                                     and e["peer"] == p and e["learned_from"] is not None])
+                c.check_learning(p, rounds.get(p, []))
         return c.violations
 
 

@@ -119,6 +119,39 @@ def test_an_aggregator_still_awaiting_our_knowledge_gets_it_again():
     assert not [i for i in out if isinstance(i, SendTo)]
 
 
+def test_awaits_any_and_the_cached_live_members_agree_with_a_scan_after_every_event():
+    # awaits_any (an aggregator's wait, asked on every contribution) keeps the peer it
+    # found and live_ids a cached tuple: both against recomputation from the view, over
+    # random contributions, deaths, returns, departures, rounds heard and new members.
+    import random
+
+    for seed in range(40):
+        rng = random.Random(seed)
+        r = 3
+        core = bare(members=tuple(f"p{i}" for i in range(1, 25)), round=r)
+        mem = core.membership
+        core.round_began = 0.5
+        for step in range(120):
+            ids = sorted(mem.members)
+            p = rng.choice(ids)
+            event = rng.randrange(6)
+            if event == 0:
+                core.buffer.offer_knowledge(Knowledge(sender=p, incarnation=0, round=r,
+                                                      kind="weights"))
+            elif event == 1:
+                mem.set_status(p, rng.choice(["alive", "suspect", "dead", "left"]))
+            elif event == 2:
+                mem.heard_from(p, 0, 1.0 + step, round=rng.choice([r - 2, r - 1, r, r + 1]))
+            elif event == 3:
+                mem.heard_from(f"q{step}", 0, 1.0 + step, address=f"mem://q{step}", round=r)
+            elif event == 4:
+                core.sources = None if rng.random() < 0.7 else set(rng.sample(ids, 5))
+            live = sorted(q for q, m in mem.members.items() if m.status in ("alive", "suspect"))
+            assert mem.live_peers() == live and list(mem.live_ids()) == live
+            assert core.awaits_any(r) == bool(core.awaited(r)), (seed, step)
+            assert set(core.awaited(r)) <= set(live)
+
+
 def test_knowledge_for_a_round_this_peer_finished_is_dropped_as_late():
     core = bare(round=4)
     out = core.handle("p1", Knowledge(sender="p1", incarnation=0, round=3, kind="weights"), 1.0)
