@@ -18,10 +18,9 @@ and runs :func:`hfl.peer.runner.run_peer` for each plan on one ``MemoryHub``. On
   but :data:`NOT_MEMBERSHIP`, so a new type (a probe, say) counts as membership.
 * **A kill.** Once every peer has finished round ``kill_after`` (its ``round`` note,
   and from ``metrics.jsonl`` every second),
-  the peer with the highest index dies as a SIGKILLed process would: its transport's
-  ``send`` and ``send_now`` return False without delivering (no goodbye gets out), its address leaves
-  the hub and its inbox is gone (sends to it fail), then its ``run_peer`` task is
-  cancelled. ``t_kill`` is ``time.monotonic()`` at that moment.
+  the peer with the highest index dies as a SIGKILLed process would: its transport
+  crashes (``InMemoryTransport.crash``: its sends fail, no goodbye gets out, its address
+  leaves the hub and sends to it fail), then its ``run_peer`` task is cancelled. ``t_kill`` is ``time.monotonic()`` at that moment.
 * **Detection.** Each peer runs with :class:`MembershipWatch` as its observer, which
   takes the nodes' typed notes (docs/runtime.md, Typed events) and notes
   ``time.monotonic()`` of each observer's first ``member`` note that the victim is
@@ -295,19 +294,10 @@ class MembershipWatch:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        text = (run_dir / "metrics.jsonl").read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    """A peer's metrics lines so far (a torn last line is skipped)."""
+    from hfl.peer.checkpoint import read_jsonl  # (not at import: use_hfl_from runs first)
+
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def max_round(recs: list[dict[str, Any]]) -> int:
@@ -460,18 +450,12 @@ async def run_cohort(
                 )
                 pending -= reached
                 rescan = time.monotonic() + RESCAN_S
-        transport = hub.endpoints.pop(victim.config.node.listen, None)
-        if transport is None:
-            state["no_kill"] = f"{victim.id}'s transport was not on the hub"
+        transport = hub.endpoints.get(victim.config.node.listen)
+        if transport is None or not hasattr(transport, "crash"):
+            state["no_kill"] = (f"{victim.id}'s transport was not on the hub" if transport is None
+                                else "this checkout's InMemoryTransport has no crash()")
             return
-
-        async def lost(*args, **kwargs) -> bool:  # the process is gone: nothing leaves it
-            return False
-
-        transport.send = lost
-        transport.send_now = lambda *args, **kwargs: False
-        if hasattr(transport, "_inbox"):
-            transport._inbox = None
+        transport.crash()  # the process is gone: nothing reaches it or leaves it
         watch.t_kill = state["t_kill"] = time.monotonic()
         state["t_kill_unix"] = time.time()
         state["running_at_kill"] = sorted(

@@ -861,6 +861,9 @@ class InMemoryTransport(Transport):
         # Never waits: a full inbox is a failed send. In one process the hub itself
         # vouches for the sender: it delivers our transport's peer id, which nothing
         # in a message can change.
+        if self._inbox is None:  # closed, or crashed: nothing leaves it
+            self.stats.send_failures += 1
+            return False
         dest = self.hub.endpoints.get(address)
         nbytes = frames_nbytes(frames)
         if dest is not None and nbytes > dest.options.max_message_bytes:
@@ -897,6 +900,13 @@ class InMemoryTransport(Transport):
             return None
 
     async def close(self) -> None:
+        self.crash()
+
+    def crash(self) -> None:
+        """Go as a SIGKILLed process's sockets go: nothing reaches this transport or
+        leaves it from now on (sends to its address fail; its own sends, a goodbye
+        included, return False), with no close of its own. An in-process cohort's
+        benchmark kills a peer with this, then cancels its task."""
         if self.hub.endpoints.get(self.address) is self:
             del self.hub.endpoints[self.address]
         self._inbox = None

@@ -385,6 +385,26 @@ def test_in_memory_round_trip_copies_frames():
     asyncio.run(main())
 
 
+def test_a_crashed_in_memory_transport_neither_sends_nor_receives_and_its_address_is_free():
+    # What an in-process cohort's benchmark kills a peer with (bench/_scale_worker.py).
+    async def main():
+        hub = MemoryHub()
+        a, b = await started(
+            InMemoryTransport("a", "mem://a", hub), InMemoryTransport("b", "mem://b", hub)
+        )
+        assert a.send_now("mem://b", [b"before"])
+        b.crash()
+        assert a.send_now("mem://b", [b"after"]) is False  # nothing reaches it
+        assert b.send_now("mem://a", [b"bye"]) is False  # nothing leaves it, a goodbye neither
+        assert await b.send("mem://a", [b"bye"], 1.0) is False and a.recv_nowait() is None
+        assert b.recv_nowait() is None and "mem://b" not in hub.endpoints
+        (b2,) = await started(InMemoryTransport("b", "mem://b", hub))  # a restart takes it
+        assert a.send_now("mem://b", [b"again"]) and (await recv(b2))[1] == [b"again"]
+        await close_all(a, b, b2)
+
+    asyncio.run(main())
+
+
 def test_in_memory_inbox_is_bounded():
     async def main():
         hub = MemoryHub()
