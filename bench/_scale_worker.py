@@ -451,11 +451,19 @@ async def run_cohort(
                 pending -= reached
                 rescan = time.monotonic() + RESCAN_S
         transport = hub.endpoints.get(victim.config.node.listen)
-        if transport is None or not hasattr(transport, "crash"):
-            state["no_kill"] = (f"{victim.id}'s transport was not on the hub" if transport is None
-                                else "this checkout's InMemoryTransport has no crash()")
+        if transport is None:
+            state["no_kill"] = f"{victim.id}'s transport was not on the hub"
             return
-        transport.crash()  # the process is gone: nothing reaches it or leaves it
+        if hasattr(transport, "crash"):
+            transport.crash()  # the process is gone: nothing reaches it or leaves it
+        else:  # (--hfl-src: a checkout from before InMemoryTransport.crash)
+            del hub.endpoints[victim.config.node.listen]
+
+            async def lost(*args, **kwargs) -> bool:
+                return False
+
+            transport.send, transport.send_now = lost, lambda *args, **kwargs: False
+            transport._inbox = None
         watch.t_kill = state["t_kill"] = time.monotonic()
         state["t_kill_unix"] = time.time()
         state["running_at_kill"] = sorted(
