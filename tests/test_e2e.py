@@ -273,17 +273,14 @@ def test_stopping_the_launcher_stops_every_peer(tmp_path, sig):
             os.kill(pid, 0)
 
 
-def test_sigterm_stops_a_fedh2l_cohort_with_overlap_leaving_evaluated_checkpoints(tmp_path):
-    # cohort.overlap in real hfl-peer processes (docs/runtime.md, Overlapped local steps):
-    # SIGTERM to the launcher while the peers run, most of the time in a step started
-    # ahead. Every peer stops without waiting for such a step, and what each leaves on
-    # disk is the checkpoint of a round it evaluated (every 3rd), with its metrics line:
-    # a step started ahead is in no file.
+def overlap_experiment(tmp_path: Path, rounds: int, faults=()) -> Path:
+    """examples/rotated_digits.yaml (FedH2L, 4 peers) made small, with cohort.overlap:
+    most of a round's time is a step started ahead; evaluated every 3rd round."""
     exp = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples"
                           / "rotated_digits.yaml").read_text())
-    exp.update(name="e2e-overlap", run_dir=str(tmp_path / "run"))
+    exp.update(name="e2e-overlap", run_dir=str(tmp_path / "run"), faults=list(faults))
     d = exp["defaults"]
-    d["cohort"].update(rounds=10_000, overlap=True)
+    d["cohort"].update(rounds=rounds, overlap=True)
     d["node"] = {"evaluate_every": 3}
     d["data"]["options"].update(per_class=30, size=8)
     d["model"] = {"arch": "mlp", "embedding_dim": 32, "options": {"hidden": [64]}}
@@ -291,6 +288,36 @@ def test_sigterm_stops_a_fedh2l_cohort_with_overlap_leaving_evaluated_checkpoint
     d["timing"] = dict(FAST_TIMING)
     path = tmp_path / "experiment.yaml"
     path.write_text(yaml.safe_dump(exp))
+    return path
+
+
+def test_a_peer_killed_with_a_step_started_ahead_resumes_from_its_evaluated_checkpoint(tmp_path):
+    # cohort.overlap and a crash as a SIGKILL's (os._exit, no goodbye, nothing flushed)
+    # in round 5's wait, just after round 6's local step was started ahead in a worker
+    # thread. The restarted process resumes from round 3's checkpoint (evaluated, so
+    # with no step of round 4 in it), catches up with the cohort and finishes with it.
+    rounds = 400
+    proc = launch(overlap_experiment(tmp_path, rounds, faults=[
+        {"peer": "p1", "at_round": 5, "phase": "wait", "restart_at_round": 7}]), timeout=280)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (tmp_path / "run" / "p1" / "peer.log").read_text()
+    assert "injected crash in round 5 (wait)" in log
+    assert "resumed from checkpoint after round 3 (incarnation 1)" in log
+    p1 = metrics(tmp_path, "p1")
+    assert [r["round"] for r in p1 if r["incarnation"] == 0] == [3]
+    again = [r["round"] for r in p1 if r["incarnation"] == 1]
+    assert again and again[0] > 3 and again == sorted(set(again)) and again[-1] == rounds
+    for pid in ("p0", "p2", "p3"):
+        assert metrics(tmp_path, pid)[-1]["round"] == rounds
+
+
+def test_sigterm_stops_a_fedh2l_cohort_with_overlap_leaving_evaluated_checkpoints(tmp_path):
+    # cohort.overlap in real hfl-peer processes (docs/runtime.md, Overlapped local steps):
+    # SIGTERM to the launcher while the peers run, most of the time in a step started
+    # ahead. Every peer stops without waiting for such a step, and what each leaves on
+    # disk is the checkpoint of a round it evaluated (every 3rd), with its metrics line:
+    # a step started ahead is in no file.
+    path = overlap_experiment(tmp_path, rounds=10_000)
     proc = subprocess.Popen(
         [sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
