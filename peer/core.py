@@ -152,7 +152,6 @@ class PeerCore:
         self.epoch = 0  # the aggregator epoch of this round this peer is at
         self.round_began = 0.0  # clock time the current round started
         self.joining = True  # until the join ends (RoundProcedures.join)
-        self._view: tuple = (None, 0)  # (order version, view_digest)
         self._asked_view_at = -math.inf  # lazy join: when we last asked a member for its view
         #: lazy join: (member, incarnation) -> how much of its view we have (its view_upto)
         self._view_cursor: dict[tuple[str, int], int] = {}
@@ -270,13 +269,8 @@ class PeerCore:
             view=self.view_digest() if self.membership.lazy else 0, **probe)
 
     def view_digest(self) -> int:
-        """A digest of our rotation order (lazy join): CRC-32 of its ids, plus 1 (0 on the
-        wire means none). Two peers with the same order elect alike."""
-        mem = self.membership
-        if self._view[0] != (mem._order_changes, mem.reports_needed):
-            digest = zlib.crc32("\n".join(mem.rotation_order()).encode()) + 1
-            self._view = ((mem._order_changes, mem.reports_needed), digest)
-        return self._view[1]
+        """A digest of our rotation order (lazy join): Membership.order_digest."""
+        return self.membership.order_digest()
 
     def knowledge(self, r: int, payload: Any, epoch: int = 0) -> Knowledge:
         """This peer's knowledge for round r (``payload``: the method's Payload, None: a

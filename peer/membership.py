@@ -52,6 +52,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
+import zlib
 from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -161,6 +162,7 @@ class Membership:
     _order_ids: set[str] = field(default_factory=set)
     _order_needed: int = -1
     _order_changes: int = 0
+    _digest: tuple = (-1, 0)  # (_order_changes then, the order's digest): order_digest
     _sorted_ids: tuple = (-1, [])  # (members then, their ids sorted): records
     #: lazy: the members we heard from ourselves, in the order we first did (what a
     #: member asking for our view gets, from where its last ask ended: vouched_since)
@@ -873,6 +875,15 @@ class Membership:
             self._order_needed = self.reports_needed
             self._order_changes += 1
         return list(self._order)
+
+    def order_digest(self) -> int:
+        """CRC-32 of the rotation order's ids, plus 1 (0 on the wire means none): a lazy
+        peer's heartbeats carry it (``view``), and two peers whose digests differ ask each
+        other for their views. Kept until the order changes (every heartbeat says it)."""
+        self.in_order(self.self_id)  # (the order up to date)
+        if self._digest[0] != self._order_changes:
+            self._digest = (self._order_changes, zlib.crc32("\n".join(self._order).encode()) + 1)
+        return self._digest[1]
 
     def in_order(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is in :meth:`rotation_order` (in O(1))."""
