@@ -38,7 +38,7 @@ from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
 from hfl.peer.core import PeerCore, clip, hello_terms
 from hfl.peer.ledger import RoundLedger
 from hfl.peer.outbox import Outbox
-from hfl.peer.procedures import RoundProcedures
+from hfl.peer.procedures import ALONE, JOINED, RoundProcedures
 from hfl.peer.security import split_bootstrap
 from hfl.peer.seeds import SeedStore
 from hfl.peer.status import nobody_joined
@@ -480,17 +480,16 @@ class Node:
         cohort. With ``stop_if_alone``, a first start needs one other peer at least,
         and sets ``stopped_alone`` (no round runs) when none joined in time."""
         mem = self.membership
-        resumed = self.round > 1
         need = self.core.join_need(self.stop_if_alone)
-        joined = await self._drive(self.procedures.join(
-            need, resumed, bool(self.known_members),
-            lambda greeted: self.seeds is None or self.seeds.has_all(greeted)))
-        if not joined:
+        outcome = await self._drive(self.procedures.join(
+            need, self.round > 1, bool(self.known_members),
+            lambda greeted: self.seeds is None or self.seeds.has_all(greeted),
+            self.stop_if_alone))
+        if outcome != JOINED:
             causes = sorted({c for c in (self.transport.dial_failure(a) for a in
                                          [a for _, a in self.bootstrap]
                                          + [m.address for m in mem.members.values()]) if c})
-            greeted, departed = self.procedures.cohort_so_far()
-            if self.stop_if_alone and not resumed and not greeted and not departed:
+            if outcome == ALONE:
                 self.stopped_alone = nobody_joined(
                     self.cohort.algorithm, [a for _, a in self.bootstrap],
                     self.timing.join_timeout_s, causes, refused=self.dropped["refused"] > 0)

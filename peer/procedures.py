@@ -55,6 +55,9 @@ WARNING, INFO, ERROR = logging.WARNING, logging.INFO, logging.ERROR
 Procedure = Generator[Instruction, Any, dict[str, Payload]]
 
 NO_RESULT = "no result published, keeping the local model"
+#: How a join ended (:meth:`RoundProcedures.join`): enough members came; the wait ran
+#: out with too few (the rounds start anyway); nobody came at all (``stop_if_alone``).
+JOINED, SHORT, ALONE = "joined", "short", "alone"
 
 
 def payload_of(msg: Knowledge | AggregateResult) -> Payload:
@@ -101,19 +104,21 @@ class RoundProcedures:
         return self.core.membership.join_counts()[:2]
 
     def join(self, need: int, resumed: bool, remembered: bool,
-             seeds_ready: Callable[[Collection[str]], bool] = lambda greeted: True
-             ) -> Generator[Instruction, Any, bool]:
+             seeds_ready: Callable[[Collection[str]], bool] = lambda greeted: True,
+             stop_if_alone: bool = False) -> Generator[Instruction, Any, str]:
         """Wait until ``need`` members (ourselves included) completed a handshake (and,
         for methods that learn on peers' public samples, ``seeds_ready``: we hold
-        theirs); True once they have, False when none new arrived for
-        ``timing.join_timeout_s``. A cohort still coming together (two hundred peers
-        started one after another on a busy machine take minutes) is waited for as
-        long as peers keep arriving. A ``resumed`` peer that ``remembered`` members
-        stops waiting as soon as everyone it remembers is known to be dead."""
+        theirs): :data:`JOINED` once they have. When none new arrived for
+        ``timing.join_timeout_s``: :data:`ALONE` with ``stop_if_alone`` on a first start
+        (not ``resumed``) that no member at all joined or left (no round runs), else
+        :data:`SHORT` (the rounds start with whoever came). A cohort still coming together
+        (two hundred peers started one after another on a busy machine take minutes) is
+        waited for as long as peers keep arriving. A ``resumed`` peer that ``remembered``
+        members stops waiting as soon as everyone it remembers is known to be dead."""
         mem = self.core.membership
         if need <= 1:
             self.core.joining = False
-            return True
+            return JOINED
 
         def joined() -> bool:
             greeted, departed = self.cohort_so_far()
@@ -132,9 +137,10 @@ class RoundProcedures:
             while (yield Wait(lambda c=count: joined() or arrived() > c,
                               since + self.timing.join_timeout_s)):
                 if joined():
-                    return True
+                    return JOINED
                 count, since = arrived(), self.now()
-            return False
+            greeted, departed = self.cohort_so_far()
+            return ALONE if stop_if_alone and not resumed and not greeted and not departed else SHORT
         finally:
             self.core.joining = False
 

@@ -50,7 +50,7 @@ from hfl.algorithms.payload import Payload
 from hfl.peer import instructions as do
 from hfl.peer.config import SWIM_FROM, TimingConfig
 from hfl.peer.core import PeerCore
-from hfl.peer.procedures import RoundProcedures
+from hfl.peer.procedures import ALONE, SHORT, RoundProcedures
 from hfl.protocol import Message
 from hfl.sim.model import (
     Checker,
@@ -301,12 +301,12 @@ class SimPeer:
 
     def life(self) -> Generator:
         core, procs, last = self.core, self.procedures, self.sim.rounds
-        if not (yield from procs.join(self.min_peers, resumed=False, remembered=False)):
-            greeted, departed = procs.cohort_so_far()
-            if not greeted and not departed:
-                self.outcome = "alone"  # as hfl-peer with node.stop_if_alone
-                return
-            # as hfl-peer: "only k of n peers joined ...; starting anyway"
+        joined = yield from procs.join(self.min_peers, resumed=False, remembered=False,
+                                       stop_if_alone=True)
+        if joined == ALONE:
+            self.outcome = "alone"  # as hfl-peer with node.stop_if_alone
+            return
+        if joined == SHORT:  # as hfl-peer: "only k of n peers joined ...; starting anyway"
             self.said[logging.WARNING] += 1
         self.note("started", round=core.round)
         yield from procs.rounds(last)

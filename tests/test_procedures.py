@@ -32,7 +32,7 @@ from hfl.peer.instructions import (
     Wait,
 )
 from hfl.peer.membership import Membership
-from hfl.peer.procedures import RoundProcedures
+from hfl.peer.procedures import ALONE, JOINED, SHORT, RoundProcedures
 from hfl.protocol import Ack, AggregateResult, Commit, Heartbeat, Knowledge
 
 HB = TimingConfig().heartbeat_interval_s
@@ -124,6 +124,38 @@ def serving(r: int = 1):
         r += 1
     enter(core, r)
     return core, procs, clock, r
+
+
+def join_ending(members: tuple[str, ...], stop_if_alone: bool, resumed: bool = False,
+                left: tuple[str, ...] = ()) -> str:
+    """How RoundProcedures.join ends for a peer that heard of ``members`` (none greeted)
+    and of ``left`` leaving, when the join's timeout passes with nobody new."""
+    core, procs, clock = peer(members=members)
+    for p in left:
+        core.membership.heard_from(p, 0, 0.0, address=f"mem://{p}")
+        core.membership.left(p, 0)
+    step = Stepper(procs.join(4, resumed, remembered=False, stop_if_alone=stop_if_alone))
+    wait = step.until(Wait)
+    assert not wait.done()
+    clock.t = wait.deadline
+    step.answer(False)  # the wait ran out
+    assert step.done and not core.joining
+    return step.value
+
+
+def test_a_join_nobody_came_to_ends_alone_only_with_stop_if_alone_on_a_first_start():
+    # PROTOCOL.md, Membership: node.stop_if_alone stops before round 1 if no member joined
+    # in timing.join_timeout_s; one that came and left, or a resumed peer, starts short.
+    assert join_ending((), stop_if_alone=True) == ALONE
+    assert join_ending((), stop_if_alone=False) == SHORT
+    assert join_ending((), stop_if_alone=True, resumed=True) == SHORT
+    assert join_ending((), stop_if_alone=True, left=("p1",)) == SHORT
+    assert join_ending(("p1",), stop_if_alone=True) == ALONE  # heard of, never greeted
+    core, procs, clock = peer(members=("p1", "p2", "p3"))
+    for p in ("p1", "p2", "p3"):
+        core.membership.welcomed(p)
+    step = Stepper(procs.join(4, False, remembered=False, stop_if_alone=True))
+    assert step.until(Wait).done() and step.answer(True) is None and step.value == JOINED
 
 
 def test_an_aggregator_publishes_once_the_contributions_are_in_and_commits_on_a_quorum_of_acks():
