@@ -414,7 +414,7 @@ class Membership:
                 self.in_order(self.self_id)  # (the order's ids up to date; ourselves in them)
                 ids, members = self._order_ids, self.members
                 unheard = sum(1 for p in self._remembered if p in ids
-                              and members[p].remembered and not members[p].confirmed)
+                              and (m := members.get(p)) is not None and not m.confirmed)
                 known = len(ids) - 1 - unheard
                 # (one reported left by enough members is in the order already; one a
                 # suggestion added since is still counted: arrived only grows)
