@@ -58,7 +58,11 @@ class TransportOptions:
 
     max_message_bytes: int = 256 * 2**20  # ZMQ_MAXMSGSIZE: larger inbound parts drop the link
     send_hwm: int = 1000  # messages queued per destination before sends fail
-    recv_hwm: int = 10000
+    # Messages read ahead from one connection and not yet taken, at most: ZeroMQ then
+    # stops reading that connection, and the rest waits in the sender's queue (its
+    # send_hwm). A count, not bytes: with 10,000 a member's large messages, sent
+    # faster than we handled them, piled up here (4 GB in 7 s from one sender).
+    recv_hwm: int = 16
     reconnect_ivl_ms: int = 100  # first reconnect attempt after a dropped link...
     reconnect_ivl_max_ms: int = 2000  # ...then exponential backoff up to this
     linger_ms: int = 0  # never block process exit on unsent messages
