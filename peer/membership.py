@@ -411,7 +411,7 @@ class Membership:
             key = (self._join_changes, self._order_changes, self._version, len(self.members),
                    self.reports_needed, self._confirmed_n)
             if self._join_cache[0] != key:
-                self.in_order(self.self_id)  # (the order's ids up to date; ourselves in them)
+                self._order_current()  # (its ids include ourselves)
                 ids, members = self._order_ids, self.members
                 unheard = sum(1 for p in self._remembered if p in ids
                               and (m := members.get(p)) is not None and not m.confirmed)
@@ -867,28 +867,32 @@ class Membership:
         member, its elections never matched the others', and no round had a result
         again).
         """
-        if self._order_needed != self.reports_needed:  # (kept as members enter it after)
+        self._order_current()
+        return list(self._order)
+
+    def _order_current(self) -> None:
+        """Rebuild the rotation order (and its set) if it was built for another
+        ``reports_needed``; else it is kept as members enter it (:meth:`_enter_order`)."""
+        if self._order_needed != self.reports_needed:
             self._order_ids = {
                 self.self_id, *(p for p, m in self.members.items() if m.vouched),
                 *(p for p, by in self.reported.items() if len(by) >= self.reports_needed)}
             self._order = sorted(self._order_ids)
             self._order_needed = self.reports_needed
             self._order_changes += 1
-        return list(self._order)
 
     def order_digest(self) -> int:
         """CRC-32 of the rotation order's ids, plus 1 (0 on the wire means none): a lazy
         peer's heartbeats carry it (``view``), and two peers whose digests differ ask each
         other for their views. Kept until the order changes (every heartbeat says it)."""
-        self.in_order(self.self_id)  # (the order up to date)
+        self._order_current()
         if self._digest[0] != self._order_changes:
             self._digest = (self._order_changes, zlib.crc32("\n".join(self._order).encode()) + 1)
         return self._digest[1]
 
     def in_order(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is in :meth:`rotation_order` (in O(1))."""
-        if self._order_needed != self.reports_needed:
-            self.rotation_order()
+        self._order_current()
         return peer_id in self._order_ids
 
     def gossip_targets(self) -> list[str]:

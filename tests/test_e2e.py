@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -308,6 +309,53 @@ def test_a_peer_killed_with_a_step_started_ahead_resumes_from_its_evaluated_chec
     again = [r["round"] for r in p1 if r["incarnation"] == 1]
     assert again and again[0] > 3 and again == sorted(set(again)) and again[-1] == rounds
     for pid in ("p0", "p2", "p3"):
+        assert metrics(tmp_path, pid)[-1]["round"] == rounds
+
+
+def test_a_peer_sigkilled_from_outside_with_overlap_restarts_from_an_evaluated_checkpoint(
+        tmp_path):
+    # The same from outside, as an operator sees it: four hfl-peer processes started by
+    # hand from the configs `hfl-launch --dry-run` writes; p1 gets a real SIGKILL once
+    # it has evaluated twice (wherever it is: most of a round is a step started ahead),
+    # and is started again with the same command. It resumes from a round it evaluated
+    # (a step started ahead is in no checkpoint), catches up and finishes with the rest;
+    # every process exits 0. (The restart takes about 300 of these rounds here: the
+    # python and torch start-up of a new process; 1,200 leave it room on a slower box.)
+    rounds = 1200
+    dry = launch(overlap_experiment(tmp_path, rounds), "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    configs = {c.stem: c for c in sorted((tmp_path / "run" / "peers").glob("p*.yaml"))}
+
+    def hfl_peer(pid: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "hfl.peer.cli", "--config",
+                                 str(configs[pid])], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    procs = {pid: hfl_peer(pid) for pid in configs}
+    try:
+        lines = tmp_path / "run" / "p1" / "metrics.jsonl"
+        deadline = time.monotonic() + 150
+        while not (lines.exists() and lines.read_text().count("\n") >= 2):
+            assert procs["p1"].poll() is None and time.monotonic() < deadline, "p1 never got going"
+            time.sleep(0.05)  # waiting for an external process to evaluate twice
+        procs["p1"].send_signal(signal.SIGKILL)
+        assert procs["p1"].wait(timeout=30) == -signal.SIGKILL
+        procs["p1"] = hfl_peer("p1")
+        logs = {}
+        for pid, proc in procs.items():
+            _, logs[pid] = proc.communicate(timeout=200)
+            assert proc.returncode == 0, (pid, logs[pid][-3000:])
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.communicate()
+    log = logs["p1"]  # (the restarted process's: hfl-peer logs to stderr)
+    saved = re.search(r"resumed from checkpoint after round (\d+) \(incarnation 1\)", log)
+    assert saved and int(saved[1]) % 3 == 0 and int(saved[1]) >= 6, log[-2000:]
+    p1 = metrics(tmp_path, "p1")
+    again = [r["round"] for r in p1 if r["incarnation"] == 1]
+    assert again and again[0] > int(saved[1]) and again == sorted(set(again))
+    for pid in configs:
         assert metrics(tmp_path, pid)[-1]["round"] == rounds
 
 
