@@ -409,10 +409,13 @@ class PeerCore:
         # so that our order catches up with the cohort's (and our elections with theirs);
         # while joining, the asks to the bootstrap bring the cohort in.
         lazy = mem.lazy
-        if not self.swim or regreet or self.to_greet:
+        if lazy and self.joining and not regreet and not mem.any_lead:
+            self.to_greet = False  # (a lazy joiner greets no one here: nothing to scan for)
+        elif not self.swim or regreet or self.to_greet:
+            order = mem.order_ids() if lazy else ()
             for m in mem.members.values():
                 if ((not m.greeted and m.status != "left"
-                     and not (lazy and (self.joining or mem.in_order(m.peer_id))))
+                     and not (lazy and (self.joining or m.peer_id in order)))
                         or (regreet and m.status == "dead")):
                     places.append((m.address, m.peer_id))
                 if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
@@ -649,8 +652,11 @@ class PeerCore:
             suggested = [r for r in msg.members
                          if self.allowed_peers is None or r.peer_id in self.allowed_peers]
             mem.reports_needed = self.byzantine + 1
-            for new in mem.merge(suggested, now, reporter=msg.sender):
-                out.append(Say(logging.DEBUG, "%s: learned of %s via %s", (self.id, new, msg.sender)))
+            if new := mem.merge(suggested, now, reporter=msg.sender):
+                # One line a message (a welcome can teach a thousand members at once)
+                out.append(Say(logging.DEBUG, "%s: learned of %d member(s) via %s: %s%s",
+                               (self.id, len(new), msg.sender, ", ".join(new[:8]),
+                                " ..." if len(new) > 8 else "")))
                 self.to_greet = True
         elif isinstance(msg, Knowledge):
             if (drop := self.admit_knowledge(msg)) is not None:

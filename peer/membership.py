@@ -54,7 +54,7 @@ import math
 import random
 import zlib
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hfl.protocol.messages import MemberRecord
@@ -146,6 +146,8 @@ class Membership:
     lazy: bool = False
     mode: str = "full"  # "full" or "swim" (module docstring)
     rng: random.Random = field(default_factory=random.Random)
+    #: whether a member was ever given a ``lead`` (the tick's greeting scan looks for them)
+    any_lead: bool = False
     #: swim: news of failures and departures to piggyback: peer id -> [record, sends left]
     rumors: dict[str, list] = field(default_factory=dict)
     _probe_order: list[str] = field(default_factory=list)
@@ -216,17 +218,25 @@ class Membership:
     def _vouched_for(self, peer_id: str) -> None:
         """``peer_id`` entered the rotation order (heard from itself, or reported enough);
         no member's round or status changed."""
-        self._enter_order(peer_id)
+        self._enter_order((peer_id,))
         self._touch(rounds=False)
 
-    def _enter_order(self, peer_id: str) -> None:
+    def _enter_order(self, peer_ids: Sequence[str]) -> None:
         if self._order_needed != self.reports_needed:
             self._order_needed = -1  # built for another reports_needed: rebuilt when asked
             self._order_changes += 1
-        elif peer_id not in self._order_ids:
-            self._order_ids.add(peer_id)
-            bisect.insort(self._order, peer_id)
-            self._order_changes += 1
+            return
+        ids = self._order_ids
+        fresh = [p for p in dict.fromkeys(peer_ids) if p not in ids]
+        if not fresh:
+            return
+        ids.update(fresh)
+        if len(fresh) == 1:
+            bisect.insort(self._order, fresh[0])
+        else:
+            self._order += fresh
+            self._order.sort()
+        self._order_changes += 1
 
     # ------------------------------------------------------------------ events
 
@@ -320,7 +330,7 @@ class Membership:
                     m.epoch, m.epoch_heard = epoch, now
         if not was_vouched:
             self._vouch_log.append(peer_id)
-            self._enter_order(peer_id)
+            self._enter_order((peer_id,))
         if change is not None or not was_vouched:
             # (a status or a life changed: a restart's round went back to 0)
             self._touch(rounds=change is not None)
@@ -510,43 +520,52 @@ class Membership:
         A member ``reporter`` knows as no longer alive, and we never heard from,
         is counted as one of its reports (:attr:`reported`).
         """
-        new = []
+        new, entered = [], []  # (entered: reported enough to join the rotation order)
         members, me, lazy = self.members, self.self_id, self.lazy  # (a view of 1,000: per record)
         for r in records:
             peer_id = r.peer_id
             known = members.get(peer_id)
             if known is not None:  # (most records of a big view: kept lean)
                 if (reporter is not None and not (known.confirmed or known.remembered)
-                        and (r.status != ALIVE or (lazy and r.vouched))):
-                    self._report(peer_id, reporter)
+                        and (r.status != ALIVE or (lazy and r.vouched))
+                        and self._report(peer_id, reporter)):
+                    entered.append(peer_id)
                 if (known.status in (SUSPECT, DEAD) and r.status == ALIVE
                         and r.incarnation > known.incarnation and r.address != known.address):
                     known.lead = r.address  # a resubmitted job's peers all moved: greet it there
+                    self.any_lead = True
                 continue
             if peer_id == me:
                 continue
-            if reporter is not None and (r.status != ALIVE or (lazy and r.vouched)):
-                self._report(peer_id, reporter)
+            if (reporter is not None and (r.status != ALIVE or (lazy and r.vouched))
+                    and self._report(peer_id, reporter)):
+                entered.append(peer_id)
             if r.status == LEFT:
                 self.reported_left.add(r.peer_id)
                 self._join_changes += 1
                 continue
             self._add(Member(r.peer_id, r.address, r.incarnation, ALIVE, now))
             new.append(r.peer_id)
-        if new:
+        if entered:
+            self._enter_order(entered)  # (one sort for a welcome's thousand, not an insert each)
+        if new or entered:
             self._touch(rounds=False)  # (suggestions are at round 0: the highest stands)
         return new
 
-    def _report(self, peer_id: str, reporter: str) -> None:
+    def _report(self, peer_id: str, reporter: str) -> bool:
         """``reporter`` knows ``peer_id`` by its own evidence (its record said so: not
         alive, or with lazy ``vouched``), and we do not: ``reports_needed`` such
-        reporters put it in the rotation order (:attr:`reported`)."""
-        reporters = self.reported.setdefault(peer_id, set())
-        if reporter not in reporters:
+        reporters put it in the rotation order (:attr:`reported`). Returns whether this
+        report did (the caller enters it)."""
+        reporters = self.reported.get(peer_id)  # (no empty set built per call: a
+        if reporters is None:                    # 1,000-peer join makes two million)
+            reporters = self.reported[peer_id] = {reporter}
+        elif reporter in reporters:
+            return False
+        else:
             reporters.add(reporter)
-            self._join_changes += 1
-            if len(reporters) == self.reports_needed:
-                self._vouched_for(peer_id)  # it joins the rotation order
+        self._join_changes += 1
+        return len(reporters) == self.reports_needed
 
     def hint(self, peer_id: str, now: float) -> bool:
         """Our link to ``peer_id`` dropped (the transport saw its connection end, as
@@ -894,6 +913,12 @@ class Membership:
         """Whether ``peer_id`` is in :meth:`rotation_order` (in O(1))."""
         self._order_current()
         return peer_id in self._order_ids
+
+    def order_ids(self) -> Collection[str]:
+        """The ids of :meth:`rotation_order`, as a set to test against (a scan of the
+        view asks for each member): read it, do not keep it."""
+        self._order_current()
+        return self._order_ids
 
     def gossip_targets(self) -> list[str]:
         """Who to heartbeat and gossip to: every member that has not left."""

@@ -912,3 +912,21 @@ def test_the_rotation_order_kept_incrementally_follows_a_change_of_reports_neede
     m.heard_from("y", 0, now=0.0, address="mem://y")
     m.reports_needed = 1
     assert m.rotation_order() == ["a", "x", "y"]
+
+
+def test_a_view_that_vouches_for_many_members_enters_each_once_in_sorted_order():
+    # A lazy welcome puts a thousand members in the order at once (one sort, not an
+    # insert each): the order stays sorted and holds each id once, even when a hostile
+    # record list names one twice, and a member already in it is not added again.
+    m = view()
+    m.lazy = True
+    assert m.rotation_order() == ["a"]  # built: kept as members enter from here on
+    m.merge([rec("m1")], now=0.0)  # suggested, then heard from itself (two letters: an
+    m.heard_from("m1", 0, now=0.0, address="mem://m1")  # id, not a sequence of them)
+    m.merge([vouched(p) for p in ("z", "c", "m1", "c", "b", "y")], now=0.0, reporter="b")
+    assert m.rotation_order() == ["a", "b", "c", "m1", "y", "z"]
+    assert m.in_order("y") and not m.in_order("q")
+    m.merge([vouched("d")], now=0.0, reporter="c")  # one more, inserted
+    m.heard_from("n2", 0, now=0.0, address="mem://n2")  # and one new, heard from itself
+    assert m.rotation_order() == ["a", "b", "c", "d", "m1", "n2", "y", "z"]
+    assert m.join_counts()[1:] == (7, 7)
