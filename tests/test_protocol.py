@@ -875,3 +875,37 @@ def test_the_aggregate_digest_is_what_protocol_md_defines():
     assert payload_digest(dataclasses.replace(msg, meta={**meta, "round": 2})) != payload_digest(msg)
     reordered = {"z": {"a": 2.5, "b": 1}, "excluded": ["p3"], "round": 1}
     assert payload_digest(dataclasses.replace(msg, meta=reordered)) == payload_digest(msg)
+
+
+def test_a_member_record_checked_in_one_test_is_what_the_field_walk_makes_of_it() -> None:
+    # _check_member takes a plain, well-formed record in one test; anything else goes
+    # the field walk, which names the problem. Oracle: the walk itself (a dict subclass
+    # is never taken by the one test). Both must accept the same records, make the same
+    # MemberRecord of each and reject the same others.
+    from hfl.protocol.codec import DEFAULT_LIMITS, _check_member
+
+    class Walked(dict):
+        pass
+
+    rng = random.Random(5)
+    values = ["p", "", 0, 1, -1, 2, True, False, None, 1.0, 2**70, "alive", "dead", "left",
+              "suspect", "zombie", b"p", ["p"], {"p": 1}]
+    fields = ["peer_id", "address", "incarnation", "status", "vouched"]
+    outcomes = set()
+    for _ in range(3000):
+        record = {f: rng.choice(values) for f in fields if rng.random() < 0.85}
+        if rng.random() < 0.5:  # most records of a real view are well-formed
+            record.update(peer_id=f"p{rng.randrange(9)}", address="tcp://h:1",
+                          incarnation=rng.randrange(3))
+        if rng.random() < 0.2:
+            record["latency_ms"] = 3  # unknown keys are ignored either way
+        results = []
+        for value in (record, Walked(record)):
+            try:
+                got = _check_member(value, DEFAULT_LIMITS, "members[0]")
+                results.append(("ok", got, type(got), dataclasses.astuple(got)))
+            except ProtocolError as err:
+                results.append(("error", err.code, str(err)))
+        assert results[0] == results[1], record
+        outcomes.add(results[0][0])
+    assert outcomes == {"ok", "error"}
