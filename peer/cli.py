@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = asyncio.run
     from hfl.peer.checkpoint import RunFileError, os_error_text
     from hfl.peer.runner import thawed_after
-    from hfl.peer.status import CohortGone, CohortTooSmall, StartError, address_in_use
+    from hfl.peer.status import CohortGone, CohortTooSmall, StartError, Unsendable, address_in_use
 
     profiler = None
     if args.profile:
@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except StartError as err:
         print(f"hfl-peer: {cfg.node.id}: {err}", file=sys.stderr)
+        return 1
+    except Unsendable as err:  # (its text names the peer)
+        print(f"hfl-peer: {err}", file=sys.stderr)
         return 1
     except CohortGone as err:
         print(f"hfl-peer: {cfg.node.id}: {err}", file=sys.stderr)

@@ -51,6 +51,7 @@ from hfl.peer.instructions import (
 from hfl.peer.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, elect
 from hfl.peer.rounds import RoundBuffer
 from hfl.protocol import (
+    DEFAULT_LIMITS,
     Ack,
     AggregateResult,
     Commit,
@@ -86,6 +87,13 @@ class Drop:
 
     code: str
     reason: str
+
+
+#: A hello's ``shared`` terms that stay off the wire at their default (a hello is then
+#: as before the option existed), and what their absence means: the values a refusal
+#: names, and what a peer that sends the default explicitly agrees with.
+SHARED_ABSENT = {"aggregate_everywhere": 0, "communicate_every": 1, "overlap": 0,
+                 "max_message_mib": DEFAULT_LIMITS.max_message_bytes // 2**20}
 
 
 def hello_terms(cohort: Any, mode: str, num_classes: int, everywhere: bool,
@@ -752,7 +760,8 @@ class PeerCore:
             ("rounds", msg.rounds, terms.get("rounds")),
             # what the method and cohort options add (model dimensions, fanout,
             # communicate_every, ...), each named
-            *((key, msg.shared.get(key), shared.get(key))
+            *((key, msg.shared.get(key, SHARED_ABSENT.get(key)),
+               shared.get(key, SHARED_ABSENT.get(key)))
               for key in sorted({*msg.shared, *shared}, key=str)),
         ]
         for name, theirs, ours in checks:

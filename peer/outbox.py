@@ -4,8 +4,10 @@ The node (hfl.peer.node) carries the core's send instructions out through one
 :class:`Outbox`. Every send follows the same path:
 
 - encode the message once, however many peers get it; a message that breaks the
-  protocol's limits is counted (``unsendable``) and logged, never raised: an
-  algorithm producing an unsendable payload must not crash its peer;
+  protocol's limits is counted (``unsendable``) and logged. This peer's own work (its
+  knowledge, the aggregate it publishes) that cannot go out raises
+  :class:`~hfl.peer.status.Unsendable`, which stops the peer: the next round's would
+  be as large, and a peer that cannot share only trains alone, round after round;
 - hand the frames to the transport at once where it can take them without waiting
   (``Transport.send_now``: most sends, no task each);
 - otherwise wait for the link, at most the send timeout;
@@ -24,10 +26,15 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from hfl.peer import instructions as do
+from hfl.peer.status import Unsendable
 from hfl.peer.transport import frames_nbytes
-from hfl.protocol import Limits, Message, ProtocolError, encode
+from hfl.protocol import ErrorCode, Limits, Message, ProtocolError, encode
 
 log = logging.getLogger("hfl.peer")
+
+#: The messages that carry this peer's work: one that cannot go on the wire stops the
+#: peer (:meth:`Outbox.encode`).
+OWN_WORK = frozenset({"knowledge", "aggregate"})
 
 
 class Outbox:
@@ -45,13 +52,30 @@ class Outbox:
         self.sent_bytes: Counter[str] = Counter()  # and their bytes (frames), by type
 
     def encode(self, msg: Message):
-        """The message's frames, or None (counted and logged) when it breaks the limits."""
+        """The message's frames, or None (counted and logged) when it breaks the limits;
+        for this peer's own work (:data:`OWN_WORK`), :class:`Unsendable` instead."""
         try:
             return encode(msg, self.limits)
         except ProtocolError as err:
             self.dropped["unsendable"] += 1
+            if msg.TYPE in OWN_WORK:
+                raise Unsendable(self._why_unsendable(msg, err)) from err
             log.error("%s: cannot send %s: %s", self.id, msg.TYPE, err)
             return None
+
+    def _why_unsendable(self, msg: Message, err: ProtocolError) -> str:
+        what = f"its {msg.TYPE} for round {getattr(msg, 'round', '?')}"
+        if err.code != ErrorCode.TOO_LARGE or not any(
+                bound in str(err) for bound in ("max_message_bytes", "elements")):
+            return (f"{self.id}: {what} cannot go on the wire ({err}): the method made a "
+                    "payload the protocol does not carry; stopping, since every round "
+                    "would fail the same way")
+        mib = self.limits.max_message_bytes / 2**20
+        return (f"{self.id}: {what} cannot go on the wire ({err}): every message must fit "
+                f"node.max_message_mib ({mib:g} MiB, tensors of at most "
+                f"{self.limits.max_tensor_elements:,} elements); raise it on every peer of "
+                "the cohort (each must set the same), or share a smaller model. Stopping "
+                "now rather than training alone every round")
 
     def _counted(self, msg: Message, address: str, ok: bool, frames) -> bool:
         self.sent[msg.TYPE] += ok  # (a type whose every send failed is listed, with 0)

@@ -50,7 +50,15 @@ from hfl.peer.status import (
     max_rss_mb,
     watch_join,
 )
-from hfl.peer.transport import FaultPlan, FaultyTransport, MemoryHub, Transport, make_transport
+from hfl.peer.transport import (
+    FaultPlan,
+    FaultyTransport,
+    MemoryHub,
+    Transport,
+    TransportOptions,
+    make_transport,
+)
+from hfl.protocol import DEFAULT_LIMITS, limits_for
 
 log = logging.getLogger("hfl.peer")
 
@@ -439,11 +447,19 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         log.warning("%s: security.mode is none: messages travel in plaintext and any process that "
                     "reaches %s can claim to be any peer; use CURVE keys outside a trusted network",
                     cfg.node.id, cfg.node.listen)
+    limits = limits_for(cfg.node.max_message_mib)  # what it sends, and what it takes
     transport = (make(cfg) if make is not None
-                 else make_transport(cfg.node.id, cfg.node.listen, hub=hub, security=identity))
+                 else make_transport(cfg.node.id, cfg.node.listen, hub=hub, security=identity,
+                                     options=TransportOptions(
+                                         max_message_bytes=limits.max_message_bytes)))
     if fault_plan is not None:
         transport = FaultyTransport(transport, fault_plan)
     shared = data_split_fingerprint(cfg.data)
+    if limits != DEFAULT_LIMITS:
+        # Every member must take what the others send (a larger message drops the link):
+        # a peer with another size is refused at its hello. Off the wire at the default,
+        # so that a hello is as it was.
+        shared = {**shared, "max_message_mib": cfg.node.max_message_mib}
     if shared:
         log.info("%s: data split %d (partition %s into %d, seed %d): peers that split "
                  "differently are refused", cfg.node.id, shared["data_split"],
@@ -483,7 +499,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
         stop_if_alone=stop_if_alone, run_blocking=run_blocking, hold_round=recorder.hold,
         observer=observe, on_enter_round=enter_round if cfg.node.checkpoint else None,
-        sit_out_through=sit_out_through, inline_short_calls=inline_short_calls,
+        sit_out_through=sit_out_through, inline_short_calls=inline_short_calls, limits=limits,
     )
     recorder.node = node
     watcher = asyncio.create_task(watch_join(

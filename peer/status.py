@@ -52,6 +52,12 @@ class StartError(Exception):
     """The peer cannot start here (e.g. its port is taken); one line for the user."""
 
 
+class Unsendable(Exception):
+    """This peer's own knowledge or aggregate cannot go on the wire (larger than
+    ``node.max_message_mib``, say): the peer stops at once (hfl-peer exit status 1),
+    since every round would fail the same way; one paragraph for the user."""
+
+
 def check_listen(listen: str) -> None:
     """Raise :class:`StartError` when ``tcp://host:port`` (port not 0) is taken.
 

@@ -8,6 +8,7 @@ from .codec import (
     Limits,
     decode,
     encode,
+    limits_for,
     message_nbytes,
 )
 from .messages import (
@@ -59,5 +60,6 @@ __all__ = [
     "Welcome",
     "decode",
     "encode",
+    "limits_for",
     "message_nbytes",
 ]

@@ -121,6 +121,14 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
+def limits_for(max_message_mib: int) -> Limits:
+    """The limits of a cohort whose messages are at most ``max_message_mib`` MiB
+    (``node.max_message_mib``): tensors of at most 2^18 elements a MiB, the default's
+    ratio (64 Mi elements in 256 MiB). The other bounds stay the defaults."""
+    return dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_mib * 2**20,
+                               max_tensor_elements=max_message_mib * 2**18)
+
+
 # --------------------------------------------------------------------------- body schema
 # Each body field is checked against its dataclass annotation by a validator built
 # once at import time. A validator takes (value, limits, path) and returns the value

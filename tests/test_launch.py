@@ -228,6 +228,52 @@ def test_in_process_peers_freeze_what_they_built_for_the_run_only(tmp_path, monk
     assert gc.get_freeze_count() == 0
 
 
+def test_a_share_over_max_message_mib_stops_the_cohort_in_round_1_not_after_every_round(
+        tmp_path, capsys):
+    # A model whose knowledge does not fit one message never goes out: each peer used to
+    # log "cannot send" every round and train alone to the end (then fail as a cohort
+    # too small). Its peers now stop in round 1 and say what to change.
+    from hfl.launch import cli
+
+    path = _written(tmp_path)
+    rc = cli.main([path, "--in-process", "--quiet", "--set", "defaults.cohort.rounds=50",
+                   "--set", "defaults.model.options.hidden=[512]",
+                   "--set", "defaults.model.embedding_dim=512",
+                   "--set", "defaults.node.max_message_mib=1"])
+    assert rc != 0
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "its knowledge for round 1 cannot go on the wire" in text, text
+    assert "node.max_message_mib (1 MiB, tensors of at most 262,144 elements)" in text
+    assert not list((tmp_path / "run").glob("p*/metrics.jsonl")) or all(
+        not f.read_text().strip() for f in (tmp_path / "run").glob("p*/metrics.jsonl"))
+    # 1 MiB is enough for the default model: the same cohort runs
+    assert cli.main([path, "--in-process", "--quiet", "--set", "defaults.node.max_message_mib=1",
+                     "--set", "run_dir=" + str(tmp_path / "small")]) == 0
+
+
+def test_peers_that_set_different_max_message_mib_refuse_each_other_naming_it(tmp_path):
+    # A peer takes no message over its own limit (ZeroMQ drops the link), so the cohort
+    # must agree; the default stays off the wire and reads as 256.
+    from hfl.launch import cli
+
+    path = _written(tmp_path)
+    assert cli.main([path, "--in-process", "--quiet",
+                     "--set", "peer_overrides.p1.node.max_message_mib=8",
+                     "--set", "defaults.timing.join_timeout_s=3"]) != 0
+    log = (tmp_path / "run" / "peers.log").read_text()
+    assert "max_message_mib differs: theirs 256, ours 8" in log
+    assert "max_message_mib differs: theirs 8, ours 256" in log
+
+
+def test_max_message_mib_is_checked_with_the_field_named(tmp_path):
+    for bad, expected in ((0, "expected an integer >= 1 and <= 4096"),
+                          (5000, "expected an integer >= 1 and <= 4096"), ("big", "expected int")):
+        with pytest.raises(ConfigError, match=f"peer p0: node.max_message_mib: got .*; {expected}"):
+            expand(make(tmp_path, defaults={"node": {"max_message_mib": bad}}),
+                   gpus=[], ports=[7000, 7001, 7002, 7003])
+
+
 # ---------------------------------------------------------------- plots
 
 

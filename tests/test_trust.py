@@ -1174,14 +1174,27 @@ def test_gossiped_ids_that_never_run_do_not_raise_the_quorum_over_curve(tmp_path
         assert not any(rec.get("below_quorum") for rec in recs.values()), rr
 
 
-def test_an_unsendable_message_is_logged_and_dropped_not_raised(tmp_path):
+def test_an_unsendable_message_is_logged_and_dropped_and_unsendable_work_stops_the_peer(tmp_path):
     # A payload over the protocol's limits (here 70 tensors > max_frames) used to raise
-    # out of encode() and end the sending peer.
+    # out of encode() and end the sending peer with a traceback. Now a message that
+    # breaks them is counted and logged; this peer's own work (its knowledge, its
+    # aggregate) raises Unsendable, which stops the peer with the reason: the next
+    # round's would break them as well, and the peer would only train alone.
+    from hfl.peer.status import Unsendable
+    from hfl.protocol import SeedChunk
+
     node = build_node(cohort_cfgs(tmp_path, 2, rounds=1)[0], None)
     tensors = {f"t{i}": np.zeros(1, dtype=np.float32) for i in range(70)}
-    msg = Knowledge(sender="p0", incarnation=0, round=1, kind="weights", tensors=tensors)
-    assert node.out.encode(msg) is None
+    chunk = SeedChunk(sender="p0", incarnation=0, owner="p0", chunk=0, num_chunks=1, start=0,
+                      total=1, digest="0" * 64, tensors=tensors)
+    assert node.out.encode(chunk) is None
     assert node.dropped["unsendable"] == 1
+    msg = Knowledge(sender="p0", incarnation=0, round=3, kind="weights", tensors=tensors)
+    with pytest.raises(Unsendable, match=r"p0: its knowledge for round 3 cannot go on the wire "
+                                         r"\(too_large: 71 frames > max_frames=64\): the "
+                                         r"method made a payload the protocol does not carry"):
+        node.out.encode(msg)
+    assert node.dropped["unsendable"] == 2
 
 
 def test_refusal_logging_is_bounded_in_total_whatever_keys_a_flooder_brings(caplog):
