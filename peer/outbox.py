@@ -4,10 +4,12 @@ The node (hfl.peer.node) carries the core's send instructions out through one
 :class:`Outbox`. Every send follows the same path:
 
 - encode the message once, however many peers get it; a message that breaks the
-  protocol's limits is counted (``unsendable``) and logged. This peer's own work (its
-  knowledge, the aggregate it publishes) that cannot go out raises
+  protocol's limits is counted (``unsendable``) and logged. This peer's knowledge
+  (its own work: its model on its own data) that cannot go out raises
   :class:`~hfl.peer.status.Unsendable`, which stops the peer: the next round's would
-  be as large, and a peer that cannot share only trains alone, round after round;
+  be as large, and a peer that cannot share only trains alone, round after round.
+  Not an aggregate: it is made of members' contributions, and a member must not be
+  able to stop its aggregator (that round fails over instead);
 - hand the frames to the transport at once where it can take them without waiting
   (``Transport.send_now``: most sends, no task each);
 - otherwise wait for the link, at most the send timeout;
@@ -32,9 +34,9 @@ from hfl.protocol import ErrorCode, Limits, Message, ProtocolError, encode
 
 log = logging.getLogger("hfl.peer")
 
-#: The messages that carry this peer's work: one that cannot go on the wire stops the
-#: peer (:meth:`Outbox.encode`).
-OWN_WORK = frozenset({"knowledge", "aggregate"})
+#: The messages that carry this peer's own work, made of nothing a member sent: one
+#: that cannot go on the wire stops the peer (:meth:`Outbox.encode`).
+OWN_WORK = frozenset({"knowledge"})
 
 
 class Outbox:

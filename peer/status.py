@@ -53,7 +53,7 @@ class StartError(Exception):
 
 
 class Unsendable(Exception):
-    """This peer's own knowledge or aggregate cannot go on the wire (larger than
+    """This peer's own knowledge cannot go on the wire (larger than
     ``node.max_message_mib``, say): the peer stops at once (hfl-peer exit status 1),
     since every round would fail the same way; one paragraph for the user."""
 

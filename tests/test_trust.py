@@ -1177,9 +1177,10 @@ def test_gossiped_ids_that_never_run_do_not_raise_the_quorum_over_curve(tmp_path
 def test_an_unsendable_message_is_logged_and_dropped_and_unsendable_work_stops_the_peer(tmp_path):
     # A payload over the protocol's limits (here 70 tensors > max_frames) used to raise
     # out of encode() and end the sending peer with a traceback. Now a message that
-    # breaks them is counted and logged; this peer's own work (its knowledge, its
-    # aggregate) raises Unsendable, which stops the peer with the reason: the next
-    # round's would break them as well, and the peer would only train alone.
+    # breaks them is counted and logged; this peer's knowledge (its own work) raises
+    # Unsendable, which stops the peer with the reason: the next round's would break
+    # them as well, and the peer would only train alone. Not an aggregate, made of the
+    # members' contributions: a member must not be able to stop its aggregator.
     from hfl.peer.status import Unsendable
     from hfl.protocol import SeedChunk
 
@@ -1195,6 +1196,10 @@ def test_an_unsendable_message_is_logged_and_dropped_and_unsendable_work_stops_t
                                          r"method made a payload the protocol does not carry"):
         node.out.encode(msg)
     assert node.dropped["unsendable"] == 2
+    result = AggregateResult(sender="p0", incarnation=0, round=3, epoch=0, kind="weights",
+                             contributors=["p0", "p1"], tensors=tensors)
+    assert node.out.encode(result) is None  # an aggregator is not stopped by its members
+    assert node.dropped["unsendable"] == 3
 
 
 def test_refusal_logging_is_bounded_in_total_whatever_keys_a_flooder_brings(caplog):
