@@ -387,9 +387,11 @@ class Supervisor:
                 self._say(f"hfl-launch: {pid} exited with status {code}; last lines of {log_path}:\n"
                           f"{_tail(log_path, 15)}")
                 if pp.last_round == 0:
-                    # It never got going (bad data path, bad architecture...): the
-                    # others would only wait out their join timeout. Stop them now.
-                    self._say(f"hfl-launch: {pid} failed at start-up; stopping the cohort")
+                    # It never got going (bad data path, bad architecture, a share
+                    # that does not fit a message...): the others would only wait out
+                    # their join timeout, or train alone. Stop them now.
+                    self._say(f"hfl-launch: {pid} failed before its first round ended; "
+                              "stopping the cohort")
                     self.stop_all()
 
 
