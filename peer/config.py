@@ -86,9 +86,9 @@ class NodeConfig:
     max_message_mib: int = field(
         default=DEFAULT_LIMITS.max_message_bytes // 2**20, metadata={"min": 1, "max": 4096,
                                "help": "the largest message this peer sends or takes (MiB; "
-                                       "tensors of at most 2^18 elements a MiB): every peer of "
-                                       "the cohort sets the same, and a member's unread "
-                                       "messages hold at most 17 times it per connection"})
+                                       "tensors of at most 2^18 elements a MiB; ZeroMQ's "
+                                       "MAXMSGSIZE, a bound per frame): every peer of the "
+                                       "cohort sets the same"})
 
     def validate(self) -> None:
         scheme = self.listen.split("://", 1)[0]

@@ -704,7 +704,11 @@ class PeerCore:
         elif isinstance(msg, SeedRequest):
             out.append(ServeSeeds(msg))
         elif isinstance(msg, SeedChunk):
-            out.append(StoreSeedChunk(msg))
+            if msg.owner in mem.members:
+                out.append(StoreSeedChunk(msg))
+            else:  # (we ask only for members' sets; an owner's name ends up in knowledge)
+                return [*out, Dropped("seed_rejected", f"seed chunk from {msg.sender} for "
+                                      f"{clip(msg.owner, 40)!r}: not a member")]
         elif isinstance(msg, Error):
             out.append(Say(logging.WARNING, "%s: %s reports %s: %s",
                            (self.id, msg.sender, clip(msg.code), clip(msg.reason, 300))))
@@ -1220,7 +1224,9 @@ class PeerCore:
         """``sig`` is ``peer``'s signature of the statement (:meth:`statement`)."""
         invalid_signature, public_key = _ed25519()
         key = (self.verify_keys or {}).get(peer)
-        if key is None or len(sig) != 128:
+        # (a digest is payload_digest's 64 hex digits: a member's signature over a longer
+        # string, shown as an equivocation proof, went into every honest peer's knowledge)
+        if key is None or len(sig) != 128 or len(digest) != 64:
             return False
         try:
             verifier = self._verifiers.get(key)

@@ -5,7 +5,7 @@ The node (hfl.peer.node) carries the core's send instructions out through one
 
 - encode the message once, however many peers get it; a message that breaks the
   protocol's limits is counted (``unsendable``) and logged. This peer's knowledge
-  (its own work: its model on its own data) that cannot go out raises
+  whose payload (its own work: its model on its own data) cannot go out raises
   :class:`~hfl.peer.status.Unsendable`, which stops the peer: the next round's would
   be as large, and a peer that cannot share only trains alone, round after round.
   Not an aggregate: it is made of members' contributions, and a member must not be
@@ -22,6 +22,7 @@ Nothing here decides what to send or to whom: the core and its round procedures 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -34,8 +35,8 @@ from hfl.protocol import ErrorCode, Limits, Message, ProtocolError, encode
 
 log = logging.getLogger("hfl.peer")
 
-#: The messages that carry this peer's own work, made of nothing a member sent: one
-#: that cannot go on the wire stops the peer (:meth:`Outbox.encode`).
+#: The messages that carry this peer's own work: one whose payload cannot go on the
+#: wire by itself stops the peer (:meth:`Outbox.encode`).
 OWN_WORK = frozenset({"knowledge"})
 
 
@@ -60,10 +61,21 @@ class Outbox:
             return encode(msg, self.limits)
         except ProtocolError as err:
             self.dropped["unsendable"] += 1
-            if msg.TYPE in OWN_WORK:
+            if msg.TYPE in OWN_WORK and not self._fits_without_what_members_sent(msg):
                 raise Unsendable(self._why_unsendable(msg, err)) from err
             log.error("%s: cannot send %s: %s", self.id, msg.TYPE, err)
             return None
+
+    def _fits_without_what_members_sent(self, msg: Message) -> bool:
+        """Whether ``msg`` would go out without the parts members' messages put in it
+        (what it heard, the equivocation proofs it passes on, the method's meta: FedMD
+        names a member's seed set there). Only a payload too large by itself stops the
+        peer: a member must not be able to stop it by what it sends."""
+        try:
+            encode(dataclasses.replace(msg, meta={}, heard={}, equivocations={}), self.limits)
+        except ProtocolError:
+            return False
+        return True
 
     def _why_unsendable(self, msg: Message, err: ProtocolError) -> str:
         what = f"its {msg.TYPE} for round {getattr(msg, 'round', '?')}"

@@ -436,18 +436,20 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         log.info("%s: resumed from checkpoint after round %d (incarnation %d)",
                  cfg.node.id, resumed_after, incarnation)
 
+    limits = limits_for(cfg.node.max_message_mib)  # what it sends, and what it takes
     seeds = None
     if algorithm.uses_public_seeds:
         public = algorithm.ctx.public
         own = (public.x, public.y) if public is not None and len(public) else None
-        seeds = SeedStore(cfg.node.id, own, chunk_bytes=cfg.node.seed_chunk_bytes)
+        # (a chunk and its header in one message, whatever node.max_message_mib says)
+        seeds = SeedStore(cfg.node.id, own, chunk_bytes=min(
+            cfg.node.seed_chunk_bytes, limits.max_message_bytes // 2))
     if identity is not None:
         log.info("%s: CURVE on, %d peers on the allow-list", cfg.node.id, len(identity.allowed))
     elif not cfg.node.listen.startswith("mem://"):
         log.warning("%s: security.mode is none: messages travel in plaintext and any process that "
                     "reaches %s can claim to be any peer; use CURVE keys outside a trusted network",
                     cfg.node.id, cfg.node.listen)
-    limits = limits_for(cfg.node.max_message_mib)  # what it sends, and what it takes
     transport = (make(cfg) if make is not None
                  else make_transport(cfg.node.id, cfg.node.listen, hub=hub, security=identity,
                                      options=TransportOptions(
@@ -455,15 +457,15 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     if fault_plan is not None:
         transport = FaultyTransport(transport, fault_plan)
     shared = data_split_fingerprint(cfg.data)
+    if shared:
+        log.info("%s: data split %d (partition %s into %d, seed %d): peers that split "
+                 "differently are refused", cfg.node.id, shared["data_split"],
+                 cfg.data.partition, cfg.data.num_partitions, cfg.data.seed)
     if limits != DEFAULT_LIMITS:
         # Every member must take what the others send (a larger message drops the link):
         # a peer with another size is refused at its hello. Off the wire at the default,
         # so that a hello is as it was.
         shared = {**shared, "max_message_mib": cfg.node.max_message_mib}
-    if shared:
-        log.info("%s: data split %d (partition %s into %d, seed %d): peers that split "
-                 "differently are refused", cfg.node.id, shared["data_split"],
-                 cfg.data.partition, cfg.data.num_partitions, cfg.data.seed)
     recorder = RoundRecorder(run_dir, cfg, algorithm.mode, resumed_after, cfg.node.checkpoint,
                              remembered=len([p for p, _ in members if p != cfg.node.id]),
                              model=spec, clock=clock, wall=wall)

@@ -237,6 +237,33 @@ def test_a_report_of_a_version_its_member_never_signed_names_the_reporter():
     assert a.equivocators == {}
 
 
+def test_signatures_over_strings_that_are_not_digests_prove_nothing():
+    # A member signed two "knowledge" statements over half-megabyte strings of its own
+    # choosing and showed them as a proof against itself: every honest peer adopted the
+    # proof and passed it on in its own knowledge, whose header then broke the 1 MiB
+    # bound (its knowledge went nowhere, every round). A digest is payload_digest's 64
+    # hex digits; a signature over anything else is not a statement of a contribution.
+    import dataclasses
+
+    a = everywhere_core("p0")
+    for long in (65, 4_000):
+        d1, d2 = "a" * long, "b" * long
+        s1 = KEYS["p3"].sign(a.statement("knowledge", R, 0, d1)).hex()
+        s2 = KEYS["p3"].sign(a.statement("knowledge", R, 0, d2)).hex()
+        m = Knowledge(sender="p3", incarnation=0, round=R + 1, kind="none",
+                      equivocations={"p3": f"{R}:0:{d1}:{s1}:0:{d2}:{s2}"})
+        m = dataclasses.replace(m, sig=KEYS["p3"].sign(
+            a.statement("knowledge", R + 1, 0, payload_digest(m))).hex())
+        assert a.check_heard(m) == ([], None) and a.equivocators == {}
+    # the same proof over two 64-digit digests is one
+    d1, d2 = "a" * 64, "b" * 64
+    s1 = KEYS["p3"].sign(a.statement("knowledge", R, 0, d1)).hex()
+    s2 = KEYS["p3"].sign(a.statement("knowledge", R, 0, d2)).hex()
+    m = Knowledge(sender="p3", incarnation=0, round=R + 1, kind="none",
+                  equivocations={"p3": f"{R}:0:{d1}:{s1}:0:{d2}:{s2}"})
+    assert a.check_heard(m)[0] == ["p3"]
+
+
 def test_two_lives_are_no_excuse_and_an_unsigned_contribution_is_dropped():
     # A member that showed two peers two versions under two incarnations of its own
     # escaped: the proof compared lives. A restarted peer now sits out the rounds its

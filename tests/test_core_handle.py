@@ -480,6 +480,30 @@ def test_missing_seed_chunks_are_asked_of_each_live_member_that_has_them():
     assert asked == {"p1": [2, 5], "p3": []}  # p2's set is complete; p3's: all of it
 
 
+def test_a_seed_chunk_is_kept_only_for_a_member_s_set():
+    # We ask only for members' seed sets; a chunk of a set for any other name (a
+    # megabyte-long one, say: FedMD names the set it teaches on in its knowledge,
+    # whose header then broke the bound) is dropped with its reason.
+    import numpy as np
+
+    from hfl.peer.instructions import Dropped, StoreSeedChunk
+    from hfl.protocol import SeedChunk
+
+    core = bare()
+    x, y = np.zeros((1, 4), np.float32), np.zeros(1, np.int64)
+
+    def chunk(owner):
+        return SeedChunk(sender="p1", incarnation=0, owner=owner, chunk=0, num_chunks=1,
+                         start=0, total=1, digest="0" * 64, tensors={"x": x, "y": y})
+
+    assert any(isinstance(i, StoreSeedChunk) for i in core.handle("p1", chunk("p2"), 1.0))
+    out = core.handle("p1", chunk("x" * 100_000), 1.0)
+    assert not any(isinstance(i, StoreSeedChunk) for i in out)
+    drop, = [i for i in out if isinstance(i, Dropped)]
+    assert drop.code == "seed_rejected" and "not a member" in drop.reason
+    assert len(drop.reason) < 200
+
+
 def test_hello_terms_name_a_cohort_option_the_method_cannot_use():
     from types import SimpleNamespace
 

@@ -247,8 +247,10 @@ def test_a_share_over_max_message_mib_stops_the_cohort_in_round_1_not_after_ever
     assert "node.max_message_mib (1 MiB, tensors of at most 262,144 elements)" in text
     assert not list((tmp_path / "run").glob("p*/metrics.jsonl")) or all(
         not f.read_text().strip() for f in (tmp_path / "run").glob("p*/metrics.jsonl"))
-    # 1 MiB is enough for the default model: the same cohort runs
+    # 1 MiB is enough for the default model: the same cohort runs (with no data split:
+    # the hello's shared terms then hold only this one)
     assert cli.main([path, "--in-process", "--quiet", "--set", "defaults.node.max_message_mib=1",
+                     "--set", "defaults.data.partition=none",
                      "--set", "run_dir=" + str(tmp_path / "small")]) == 0
 
 

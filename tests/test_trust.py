@@ -1200,6 +1200,13 @@ def test_an_unsendable_message_is_logged_and_dropped_and_unsendable_work_stops_t
                              contributors=["p0", "p1"], tensors=tensors)
     assert node.out.encode(result) is None  # an aggregator is not stopped by its members
     assert node.dropped["unsendable"] == 3
+    # Nor a peer whose payload fits but whose header does not, with what members put
+    # there (the reports it passes on, a member's name in the method's meta).
+    small = {"w": np.zeros(4, dtype=np.float32)}
+    crowded = Knowledge(sender="p0", incarnation=0, round=3, kind="weights", tensors=small,
+                        meta={"owner": "x" * 1_100_000})
+    assert node.out.encode(crowded) is None
+    assert node.dropped["unsendable"] == 4
 
 
 def test_refusal_logging_is_bounded_in_total_whatever_keys_a_flooder_brings(caplog):
