@@ -704,11 +704,12 @@ class PeerCore:
         elif isinstance(msg, SeedRequest):
             out.append(ServeSeeds(msg))
         elif isinstance(msg, SeedChunk):
-            if msg.owner in mem.members:
+            if msg.owner == msg.sender:
                 out.append(StoreSeedChunk(msg))
-            else:  # (we ask only for members' sets; an owner's name ends up in knowledge)
-                return [*out, Dropped("seed_rejected", f"seed chunk from {msg.sender} for "
-                                      f"{clip(msg.owner, 40)!r}: not a member")]
+            else:  # (we ask each member for its own set only: seed_requests)
+                return [*out, Dropped("seed_rejected", f"seed chunk from {msg.sender} of "
+                                      f"{clip(msg.owner, 40)!r}'s set: only a member's own set "
+                                      "is taken from it")]
         elif isinstance(msg, Error):
             out.append(Say(logging.WARNING, "%s: %s reports %s: %s",
                            (self.id, msg.sender, clip(msg.code), clip(msg.reason, 300))))

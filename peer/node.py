@@ -404,8 +404,8 @@ class Node:
                           reason=change.reason, **silent)
 
     def _serve_seeds(self, msg: SeedRequest) -> None:
-        if self.seeds is None:
-            return
+        if self.seeds is None or msg.owner != self.id:  # (our own set only: members take
+            return                                       # no other from us)
         chunks = self.seeds.chunks_for(msg.owner, msg.chunks, self.id, self.incarnation)
         address = self.membership.address_of(msg.sender)
         if chunks and address:

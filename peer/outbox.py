@@ -68,11 +68,12 @@ class Outbox:
 
     def _fits_without_what_members_sent(self, msg: Message) -> bool:
         """Whether ``msg`` would go out without the parts members' messages put in it
-        (what it heard, the equivocation proofs it passes on, the method's meta: FedMD
-        names a member's seed set there). Only a payload too large by itself stops the
-        peer: a member must not be able to stop it by what it sends."""
+        (the contributions it heard, the equivocation proofs it passes on). Only the
+        method's own payload stops the peer: a member must not be able to stop it by
+        what it sends. (The method's meta stays: FedMD names there the member whose set
+        it teaches on, an id, which the sender check bounds.)"""
         try:
-            encode(dataclasses.replace(msg, meta={}, heard={}, equivocations={}), self.limits)
+            encode(dataclasses.replace(msg, heard={}, equivocations={}), self.limits)
         except ProtocolError:
             return False
         return True

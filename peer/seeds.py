@@ -19,6 +19,10 @@ import numpy as np
 from hfl.protocol.messages import SeedChunk
 
 DEFAULT_CHUNK_BYTES = 1 << 20
+#: The most samples a member's seed set may have: its size comes from the member's
+#: word (the first chunk's ``total``), and a peer lists what it still misses, chunk
+#: by chunk, on every request (``num_chunks`` of 2^62 held the event loop for good).
+MAX_SEED_SAMPLES = 1_000_000
 
 
 def digest(x: np.ndarray, y: np.ndarray) -> str:
@@ -53,15 +57,23 @@ class SeedSet:
 
 class SeedStore:
     def __init__(self, self_id: str, own: tuple[np.ndarray, np.ndarray] | None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, num_classes: int | None = None,
+                 max_samples: int = MAX_SEED_SAMPLES):
         self.self_id = self_id
         self.sets: dict[str, SeedSet] = {}
         self._delivered: set[str] = set()
+        # What a member's set must look like to be kept: a method runs its own model on
+        # the members' samples and reads their labels (a set of another sample shape,
+        # or with labels past num_classes, raised in the round and stopped the peer).
+        self.num_classes = num_classes
+        self.max_samples = max_samples
+        self.sample_shape: tuple[int, ...] | None = None
         if own is not None:
             x = np.ascontiguousarray(own[0], dtype=np.float32)
             y = np.ascontiguousarray(own[1], dtype=np.int64)
             if len(x) != len(y) or len(x) == 0:
                 raise ValueError(f"public seed set needs matching, non-empty x and y; got {len(x)}, {len(y)}")
+            self.sample_shape = x.shape[1:]
             per_sample = max(1, x[0].nbytes + y[0].nbytes)
             per_chunk = max(1, chunk_bytes // per_sample)
             starts = list(range(0, len(x), per_chunk))
@@ -102,6 +114,16 @@ class SeedStore:
             return f"seed chunk {msg.chunk} of {msg.owner} lacks x or y"
         if x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or len(y) == 0:
             return f"seed chunk {msg.chunk} of {msg.owner} has shapes {x.shape} / {y.shape}"
+        if x.dtype != np.float32 or y.dtype != np.int64:  # (what every peer's chunks hold)
+            return f"seed chunk {msg.chunk} of {msg.owner} holds {x.dtype} / {y.dtype}, not float32 / int64"
+        if self.sample_shape is not None and x.shape[1:] != self.sample_shape:
+            return (f"seed chunk {msg.chunk} of {msg.owner} has sample shape {x.shape[1:]}; "
+                    f"this peer's model takes {self.sample_shape}")
+        if self.num_classes is not None and (y.min() < 0 or y.max() >= self.num_classes):
+            return f"seed chunk {msg.chunk} of {msg.owner} has labels outside 0..{self.num_classes - 1}"
+        if msg.total > self.max_samples or msg.num_chunks > msg.total:
+            return (f"seed set of {msg.owner}: {msg.total} samples in {msg.num_chunks} chunks "
+                    f"(at most {self.max_samples} samples, a chunk holds one at least)")
         if not (0 <= msg.chunk < msg.num_chunks) or msg.start < 0 or msg.start + len(y) > msg.total:
             return f"seed chunk {msg.chunk}/{msg.num_chunks} of {msg.owner} is out of range"
         if digest(x, y) != msg.digest:

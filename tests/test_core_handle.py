@@ -480,10 +480,12 @@ def test_missing_seed_chunks_are_asked_of_each_live_member_that_has_them():
     assert asked == {"p1": [2, 5], "p3": []}  # p2's set is complete; p3's: all of it
 
 
-def test_a_seed_chunk_is_kept_only_for_a_member_s_set():
-    # We ask only for members' seed sets; a chunk of a set for any other name (a
-    # megabyte-long one, say: FedMD names the set it teaches on in its knowledge,
-    # whose header then broke the bound) is dropped with its reason.
+def test_a_seed_chunk_is_kept_only_from_its_owner():
+    # We ask each member for its own set (seed_requests). A chunk of another's set was
+    # kept: a member could get in first with its own labels under a peer's name (the
+    # real chunks were then refused as duplicates), or name a set after a megabyte-long
+    # id gossip taught us (FedMD names the set in its knowledge, whose header then
+    # broke the bound). Dropped with the reason.
     import numpy as np
 
     from hfl.peer.instructions import Dropped, StoreSeedChunk
@@ -496,12 +498,13 @@ def test_a_seed_chunk_is_kept_only_for_a_member_s_set():
         return SeedChunk(sender="p1", incarnation=0, owner=owner, chunk=0, num_chunks=1,
                          start=0, total=1, digest="0" * 64, tensors={"x": x, "y": y})
 
-    assert any(isinstance(i, StoreSeedChunk) for i in core.handle("p1", chunk("p2"), 1.0))
-    out = core.handle("p1", chunk("x" * 100_000), 1.0)
-    assert not any(isinstance(i, StoreSeedChunk) for i in out)
-    drop, = [i for i in out if isinstance(i, Dropped)]
-    assert drop.code == "seed_rejected" and "not a member" in drop.reason
-    assert len(drop.reason) < 200
+    assert any(isinstance(i, StoreSeedChunk) for i in core.handle("p1", chunk("p1"), 1.0))
+    for owner in ("p2", "x" * 100_000):
+        out = core.handle("p1", chunk(owner), 1.0)
+        assert not any(isinstance(i, StoreSeedChunk) for i in out)
+        drop, = [i for i in out if isinstance(i, Dropped)]
+        assert drop.code == "seed_rejected" and "only a member's own set" in drop.reason
+        assert len(drop.reason) < 200
 
 
 def test_hello_terms_name_a_cohort_option_the_method_cannot_use():

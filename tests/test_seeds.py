@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hfl.peer.seeds import SeedStore, digest
+from hfl.protocol import SeedChunk
 
 
 def own_set(n=100, shape=(1, 8, 8), seed=0):
@@ -47,7 +48,8 @@ def test_receiver_assembles_despite_a_dropped_and_a_duplicated_chunk():
     np.testing.assert_array_equal(done["a"][0], x)
     np.testing.assert_array_equal(done["a"][1], y)
     assert me.take_completed() == {}  # handed out once
-    # Now b can serve a's set to a late joiner.
+    # The store can serve a's set on (the node takes a set only from its owner, though:
+    # PeerCore.handle drops a chunk whose sender is not its owner).
     late = SeedStore("c", None)
     for c in me.chunks_for("a", [], "b", 0):
         assert late.offer(c) is None
@@ -68,6 +70,32 @@ def test_corrupt_inconsistent_or_misshapen_chunks_are_dropped_with_a_reason():
     bad = dataclasses.replace(c1, tensors=wrong_shape, digest=digest(*wrong_shape.values()))
     assert "sample shape" in me.offer(bad)
     assert "own seed set" in owner.offer(c0)
+
+
+def test_a_member_s_set_is_kept_only_in_the_shape_labels_and_size_a_peer_can_use():
+    # A member's set whose samples the receiver's model cannot take, or whose labels
+    # are past num_classes, raised in a later round and stopped the peer; one claiming
+    # 2^62 chunks made every request list them. Each is dropped with its reason.
+    x, y = own_set(40)
+    me = SeedStore("b", own_set(10), num_classes=10, max_samples=1_000)
+
+    def chunk(x, y, **kw):
+        x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+        fields = {"chunk": 0, "num_chunks": 1, "start": 0, "total": len(y), **kw}
+        return SeedChunk(sender="a", incarnation=0, owner="a", digest=digest(x, y),
+                         tensors={"x": x, "y": y}, **fields)
+
+    assert "sample shape (1, 4, 16)" in me.offer(chunk(x.reshape(40, 1, 4, 16), y))
+    assert "not float32 / int64" in me.offer(chunk(x.astype(np.float64), y))
+    assert "not float32 / int64" in me.offer(chunk(x, y.astype(np.int32)))
+    assert "labels outside 0..9" in me.offer(chunk(x, y + 10))
+    assert "labels outside 0..9" in me.offer(chunk(x, y - 20))
+    assert "at most 1000 samples" in me.offer(chunk(x, y, total=2**62))
+    assert "a chunk holds one at least" in me.offer(chunk(x, y, total=40, num_chunks=2**62))
+    assert me.sets == {"b": me.sets["b"]}  # nothing of a's kept
+    assert me.offer(chunk(x, y)) is None and me.has_all(["a"])
+    # Without a set of its own (or classes), a peer takes any sample shape and label.
+    assert SeedStore("c", None).offer(chunk(x.reshape(40, 1, 4, 16), y + 10)) is None
 
 
 def test_an_owner_that_restarts_with_another_set_replaces_a_partial_one():

@@ -1201,12 +1201,15 @@ def test_an_unsendable_message_is_logged_and_dropped_and_unsendable_work_stops_t
     assert node.out.encode(result) is None  # an aggregator is not stopped by its members
     assert node.dropped["unsendable"] == 3
     # Nor a peer whose payload fits but whose header does not, with what members put
-    # there (the reports it passes on, a member's name in the method's meta).
+    # there (the contributions it heard, the equivocation proofs it passes on).
     small = {"w": np.zeros(4, dtype=np.float32)}
     crowded = Knowledge(sender="p0", incarnation=0, round=3, kind="weights", tensors=small,
-                        meta={"owner": "x" * 1_100_000})
+                        heard_round=2, heard={f"p{i}": "x" * 1_000 for i in range(1_100)})
     assert node.out.encode(crowded) is None
     assert node.dropped["unsendable"] == 4
+    # The method's own meta is its own work: too large, it stops the peer too.
+    with pytest.raises(Unsendable, match="max_header_bytes"):
+        node.out.encode(dataclasses.replace(crowded, heard={}, meta={"note": "x" * 1_100_000}))
 
 
 def test_refusal_logging_is_bounded_in_total_whatever_keys_a_flooder_brings(caplog):
