@@ -509,10 +509,11 @@ class PeerCore:
     def seed_requests(self) -> list[Instruction]:
         """Ask each live peer for the chunks of its seed set we still miss."""
         out: list[Instruction] = []
-        for p in self.membership.live_peers():
-            missing = self.seeds.missing(p)
+        mem = self.membership
+        for p in mem.live_peers():
+            missing = self.seeds.missing(p, mem.members[p].incarnation)
             if missing != []:  # None: nothing of it yet, ask for all
-                out.append(Send(self.membership.address_of(p), SeedRequest(
+                out.append(Send(mem.address_of(p), SeedRequest(
                     **self.envelope(), owner=p, chunks=missing or []), 0.05, p))
         return out
 

@@ -442,8 +442,12 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         public = algorithm.ctx.public
         own = (public.x, public.y) if public is not None and len(public) else None
         # (a chunk and its header in one message, whatever node.max_message_mib says)
-        seeds = SeedStore(cfg.node.id, own, chunk_bytes=min(
-            cfg.node.seed_chunk_bytes, limits.max_message_bytes // 2), num_classes=num_classes)
+        try:
+            seeds = SeedStore(cfg.node.id, own, chunk_bytes=min(
+                cfg.node.seed_chunk_bytes, limits.max_message_bytes // 2),
+                num_classes=num_classes)
+        except ValueError as exc:  # a set the members would refuse: say so now
+            raise ConfigError(f"data: {exc}") from None
     if identity is not None:
         log.info("%s: CURVE on, %d peers on the allow-list", cfg.node.id, len(identity.allowed))
     elif not cfg.node.listen.startswith("mem://"):

@@ -68,11 +68,22 @@ class SeedStore:
         self.num_classes = num_classes
         self.max_samples = max_samples
         self.sample_shape: tuple[int, ...] | None = None
+        #: owners whose set we dropped (owner -> the incarnation it came from): not asked
+        #: for again until a later life of theirs speaks, nor waited for by the join
+        self.refused: dict[str, int] = {}
         if own is not None:
             x = np.ascontiguousarray(own[0], dtype=np.float32)
             y = np.ascontiguousarray(own[1], dtype=np.int64)
             if len(x) != len(y) or len(x) == 0:
                 raise ValueError(f"public seed set needs matching, non-empty x and y; got {len(x)}, {len(y)}")
+            # What the members would refuse, refused here, loudly, at start-up.
+            if len(x) > max_samples:
+                raise ValueError(f"public seed set has {len(x)} samples; members take at most "
+                                 f"{max_samples} (set a smaller public set: data.public_fraction, "
+                                 "data.public_set.size)")
+            if num_classes is not None and (y.min() < 0 or y.max() >= num_classes):
+                raise ValueError(f"public seed set has labels outside 0..{num_classes - 1} "
+                                 f"(cohort.num_classes {num_classes})")
             self.sample_shape = x.shape[1:]
             per_sample = max(1, x[0].nbytes + y[0].nbytes)
             per_chunk = max(1, chunk_bytes // per_sample)
@@ -106,17 +117,32 @@ class SeedStore:
     # ------------------------------------------------------------------ receiving
 
     def offer(self, msg: SeedChunk) -> str | None:
-        """Keep a chunk; returns None if kept, else why it was dropped."""
+        """Keep a chunk; returns None if kept, else why it was dropped. A set this peer
+        cannot use (its dtype, sample shape, labels or size) is refused for that life of
+        its owner (:meth:`refuse`): asked for again, it would only come back."""
         if msg.owner == self.self_id:
             return "a chunk of our own seed set"
+        if self.refused.get(msg.owner, -1) >= msg.incarnation:
+            return f"seed chunk {msg.chunk} of {msg.owner}: its set was refused"
+        self.refused.pop(msg.owner, None)  # (a later life of it: its set may be another)
+        reason = self._unusable(msg)
+        if reason is not None:
+            self.refuse(msg.owner, msg.incarnation)
+            return reason + "; this set is not asked for again"
+        return self._keep(msg)
+
+    def _unusable(self, msg: SeedChunk) -> str | None:
+        """Why ``msg``'s set is of no use to this peer, whatever its other chunks say."""
         x, y = msg.tensors.get("x"), msg.tensors.get("y")
-        if x is None or y is None:
-            return f"seed chunk {msg.chunk} of {msg.owner} lacks x or y"
-        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or len(y) == 0:
-            return f"seed chunk {msg.chunk} of {msg.owner} has shapes {x.shape} / {y.shape}"
+        if x is None or y is None or x.ndim < 2 or y.ndim != 1 or len(y) == 0:
+            return None  # (a malformed chunk: _keep drops it alone)
         if x.dtype != np.float32 or y.dtype != np.int64:  # (what every peer's chunks hold)
             return f"seed chunk {msg.chunk} of {msg.owner} holds {x.dtype} / {y.dtype}, not float32 / int64"
-        if self.sample_shape is not None and x.shape[1:] != self.sample_shape:
+        if self.sample_shape is not None and (x.ndim - 1 != len(self.sample_shape)
+                                              or x.shape[1:2] != self.sample_shape[:1]):
+            # Features of a table, channels of an image: an image of another height and
+            # width is fine (models with adaptive pooling take any, and FedH2L runs
+            # teachers of other sizes one by one), another channel count is not.
             return (f"seed chunk {msg.chunk} of {msg.owner} has sample shape {x.shape[1:]}; "
                     f"this peer's model takes {self.sample_shape}")
         if self.num_classes is not None and (y.min() < 0 or y.max() >= self.num_classes):
@@ -124,6 +150,14 @@ class SeedStore:
         if msg.total > self.max_samples or msg.num_chunks > msg.total:
             return (f"seed set of {msg.owner}: {msg.total} samples in {msg.num_chunks} chunks "
                     f"(at most {self.max_samples} samples, a chunk holds one at least)")
+        return None
+
+    def _keep(self, msg: SeedChunk) -> str | None:
+        x, y = msg.tensors.get("x"), msg.tensors.get("y")
+        if x is None or y is None:
+            return f"seed chunk {msg.chunk} of {msg.owner} lacks x or y"
+        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or len(y) == 0:
+            return f"seed chunk {msg.chunk} of {msg.owner} has shapes {x.shape} / {y.shape}"
         if not (0 <= msg.chunk < msg.num_chunks) or msg.start < 0 or msg.start + len(y) > msg.total:
             return f"seed chunk {msg.chunk}/{msg.num_chunks} of {msg.owner} is out of range"
         if digest(x, y) != msg.digest:
@@ -148,13 +182,24 @@ class SeedStore:
 
     # ------------------------------------------------------------------ queries
 
-    def missing(self, owner: str) -> list[int] | None:
-        """Chunks still needed from ``owner``: [] when complete, None when unknown (ask for all)."""
+    def refuse(self, owner: str, incarnation: int) -> None:
+        """``owner``'s set (of that life) was dropped (:meth:`offer` said why): what we
+        hold of it goes, and we ask for it no more, nor wait for it."""
+        self.sets.pop(owner, None)
+        self.refused[owner] = max(incarnation, self.refused.get(owner, -1))
+
+    def missing(self, owner: str, incarnation: int = 0) -> list[int] | None:
+        """Chunks still needed from ``owner``: [] when complete (or refused for this
+        life of it), None when unknown (ask for all)."""
+        if self.refused.get(owner, -1) >= incarnation:
+            return []
         s = self.sets.get(owner)
         return None if s is None else s.missing()
 
     def has_all(self, owners: list[str]) -> bool:
-        return all(o in self.sets and self.sets[o].complete for o in owners)
+        """Whether every set of ``owners`` is here (or was refused: not waited for)."""
+        return all(o in self.refused or (o in self.sets and self.sets[o].complete)
+                   for o in owners)
 
     def take_completed(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Sets completed since the last call (each handed out once), as (x, y)."""

@@ -472,7 +472,7 @@ def test_missing_seed_chunks_are_asked_of_each_live_member_that_has_them():
     from hfl.peer.instructions import Send
 
     class Store:  # which chunks of each member's seed set we still miss
-        def missing(self, owner):
+        def missing(self, owner, incarnation):
             return {"p1": [2, 5], "p2": []}.get(owner)
 
     core = bare(members=("p1", "p2", "p3"), seeds=Store())

@@ -75,27 +75,49 @@ def test_corrupt_inconsistent_or_misshapen_chunks_are_dropped_with_a_reason():
 def test_a_member_s_set_is_kept_only_in_the_shape_labels_and_size_a_peer_can_use():
     # A member's set whose samples the receiver's model cannot take, or whose labels
     # are past num_classes, raised in a later round and stopped the peer; one claiming
-    # 2^62 chunks made every request list them. Each is dropped with its reason.
+    # 2^62 chunks made every request list them. Each is dropped with its reason, and
+    # that life of its owner is asked for it no more, nor waited for by the join (it
+    # would only come back, every few heartbeats, and be dropped again).
     x, y = own_set(40)
-    me = SeedStore("b", own_set(10), num_classes=10, max_samples=1_000)
 
-    def chunk(x, y, **kw):
+    def chunk(x, y, incarnation=0, **kw):
         x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
         fields = {"chunk": 0, "num_chunks": 1, "start": 0, "total": len(y), **kw}
-        return SeedChunk(sender="a", incarnation=0, owner="a", digest=digest(x, y),
+        return SeedChunk(sender="a", incarnation=incarnation, owner="a", digest=digest(x, y),
                          tensors={"x": x, "y": y}, **fields)
 
-    assert "sample shape (1, 4, 16)" in me.offer(chunk(x.reshape(40, 1, 4, 16), y))
-    assert "not float32 / int64" in me.offer(chunk(x.astype(np.float64), y))
-    assert "not float32 / int64" in me.offer(chunk(x, y.astype(np.int32)))
-    assert "labels outside 0..9" in me.offer(chunk(x, y + 10))
-    assert "labels outside 0..9" in me.offer(chunk(x, y - 20))
-    assert "at most 1000 samples" in me.offer(chunk(x, y, total=2**62))
-    assert "a chunk holds one at least" in me.offer(chunk(x, y, total=40, num_chunks=2**62))
-    assert me.sets == {"b": me.sets["b"]}  # nothing of a's kept
-    assert me.offer(chunk(x, y)) is None and me.has_all(["a"])
+    cases = [(chunk(np.repeat(x, 3, axis=1), y), "has sample shape (3, 8, 8)"),
+             (chunk(x.reshape(40, 64), y), "has sample shape (64,)"),
+             (chunk(x.astype(np.float64), y), "not float32 / int64"),
+             (chunk(x, y.astype(np.int32)), "not float32 / int64"),
+             (chunk(x, y + 10), "labels outside 0..9"), (chunk(x, y - 20), "labels outside 0..9"),
+             (chunk(x, y, total=2**62), "at most 1000 samples"),
+             (chunk(x, y, num_chunks=2**62), "a chunk holds one at least")]
+    for bad, reason in cases:
+        me = SeedStore("b", own_set(10), num_classes=10, max_samples=1_000)
+        assert me.missing("a", 0) is None  # not heard of: ask for all of it
+        got = me.offer(bad)
+        assert reason in got and "not asked for again" in got, (reason, got)
+        assert "a" not in me.sets and me.missing("a", 0) == [] and me.has_all(["a"])
+        assert "was refused" in me.offer(chunk(x, y))  # that life's other chunks too
+        assert me.missing("a", 1) is None  # a later life is asked again...
+        assert me.offer(chunk(x, y, incarnation=1)) is None and me.has_all(["a"])  # ...and heard
+        assert me.take_completed()["a"][1].shape == (40,)
+    # Images of another height and width are for the model to take (adaptive pooling
+    # takes any size; FedH2L runs teachers of other sizes one by one): kept.
+    me = SeedStore("b", own_set(10), num_classes=10)
+    big = np.zeros((4, 1, 16, 16), np.float32)
+    assert me.offer(chunk(big, y[:4])) is None
     # Without a set of its own (or classes), a peer takes any sample shape and label.
-    assert SeedStore("c", None).offer(chunk(x.reshape(40, 1, 4, 16), y + 10)) is None
+    assert SeedStore("c", None).offer(chunk(x.reshape(40, 64), y + 10)) is None
+
+
+def test_an_own_set_the_members_would_refuse_is_refused_at_start_up():
+    x, y = own_set(40)
+    with pytest.raises(ValueError, match="40 samples; members take at most 30"):
+        SeedStore("a", (x, y), max_samples=30)
+    with pytest.raises(ValueError, match=r"labels outside 0..4 \(cohort.num_classes 5\)"):
+        SeedStore("a", (x, y), num_classes=5)
 
 
 def test_an_owner_that_restarts_with_another_set_replaces_a_partial_one():
