@@ -483,7 +483,8 @@ class Node:
         need = self.core.join_need(self.stop_if_alone)
         outcome = await self._drive(self.procedures.join(
             need, self.round > 1, bool(self.known_members),
-            lambda greeted: self.seeds is None or self.seeds.has_all(greeted),
+            lambda greeted: self.seeds is None or self.seeds.has_all(
+                greeted, lambda p: self.membership.members[p].incarnation),
             self.stop_if_alone))
         if outcome != JOINED:
             causes = sorted({c for c in (self.transport.dial_failure(a) for a in

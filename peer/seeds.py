@@ -12,6 +12,7 @@ The node asks for missing chunks on its heartbeat and answers others' requests
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,7 +123,7 @@ class SeedStore:
         its owner (:meth:`refuse`): asked for again, it would only come back."""
         if msg.owner == self.self_id:
             return "a chunk of our own seed set"
-        if self.refused.get(msg.owner, -1) >= msg.incarnation:
+        if self._refused(msg.owner, msg.incarnation):
             return f"seed chunk {msg.chunk} of {msg.owner}: its set was refused"
         self.refused.pop(msg.owner, None)  # (a later life of it: its set may be another)
         reason = self._unusable(msg)
@@ -138,11 +139,9 @@ class SeedStore:
             return None  # (a malformed chunk: _keep drops it alone)
         if x.dtype != np.float32 or y.dtype != np.int64:  # (what every peer's chunks hold)
             return f"seed chunk {msg.chunk} of {msg.owner} holds {x.dtype} / {y.dtype}, not float32 / int64"
-        if self.sample_shape is not None and (x.ndim - 1 != len(self.sample_shape)
-                                              or x.shape[1:2] != self.sample_shape[:1]):
-            # Features of a table, channels of an image: an image of another height and
-            # width is fine (models with adaptive pooling take any, and FedH2L runs
-            # teachers of other sizes one by one), another channel count is not.
+        if self.sample_shape is not None and x.shape[1:] != self.sample_shape:
+            # (every sample shape: the methods pool members' sets with their own data,
+            # and LeNet and MLPs take one input size only)
             return (f"seed chunk {msg.chunk} of {msg.owner} has sample shape {x.shape[1:]}; "
                     f"this peer's model takes {self.sample_shape}")
         if self.num_classes is not None and (y.min() < 0 or y.max() >= self.num_classes):
@@ -188,17 +187,23 @@ class SeedStore:
         self.sets.pop(owner, None)
         self.refused[owner] = max(incarnation, self.refused.get(owner, -1))
 
+    def _refused(self, owner: str, incarnation: int) -> bool:
+        """Whether ``owner``'s set is refused for its life ``incarnation``."""
+        return owner in self.refused and self.refused[owner] >= incarnation
+
     def missing(self, owner: str, incarnation: int = 0) -> list[int] | None:
-        """Chunks still needed from ``owner``: [] when complete (or refused for this
-        life of it), None when unknown (ask for all)."""
-        if self.refused.get(owner, -1) >= incarnation:
+        """Chunks still needed from ``owner`` (its life ``incarnation``): [] when complete
+        or refused for that life, None when unknown (ask for all)."""
+        if self._refused(owner, incarnation):
             return []
         s = self.sets.get(owner)
         return None if s is None else s.missing()
 
-    def has_all(self, owners: list[str]) -> bool:
-        """Whether every set of ``owners`` is here (or was refused: not waited for)."""
-        return all(o in self.refused or (o in self.sets and self.sets[o].complete)
+    def has_all(self, owners: list[str],
+                incarnation: Callable[[str], int] = lambda owner: 0) -> bool:
+        """Whether every set of ``owners`` is here, or refused for the life of its owner
+        that ``incarnation`` gives (not waited for)."""
+        return all(self._refused(o, incarnation(o)) or (o in self.sets and self.sets[o].complete)
                    for o in owners)
 
     def take_completed(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:

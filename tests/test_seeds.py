@@ -87,6 +87,7 @@ def test_a_member_s_set_is_kept_only_in_the_shape_labels_and_size_a_peer_can_use
                          tensors={"x": x, "y": y}, **fields)
 
     cases = [(chunk(np.repeat(x, 3, axis=1), y), "has sample shape (3, 8, 8)"),
+             (chunk(np.zeros((4, 1, 16, 16), np.float32), y[:4]), "has sample shape (1, 16, 16)"),
              (chunk(x.reshape(40, 64), y), "has sample shape (64,)"),
              (chunk(x.astype(np.float64), y), "not float32 / int64"),
              (chunk(x, y.astype(np.int32)), "not float32 / int64"),
@@ -95,19 +96,16 @@ def test_a_member_s_set_is_kept_only_in_the_shape_labels_and_size_a_peer_can_use
              (chunk(x, y, num_chunks=2**62), "a chunk holds one at least")]
     for bad, reason in cases:
         me = SeedStore("b", own_set(10), num_classes=10, max_samples=1_000)
-        assert me.missing("a", 0) is None  # not heard of: ask for all of it
+        assert me.missing("a", 0) is None and me.missing("a", -1) is None  # ask for all
         got = me.offer(bad)
         assert reason in got and "not asked for again" in got, (reason, got)
         assert "a" not in me.sets and me.missing("a", 0) == [] and me.has_all(["a"])
         assert "was refused" in me.offer(chunk(x, y))  # that life's other chunks too
-        assert me.missing("a", 1) is None  # a later life is asked again...
-        assert me.offer(chunk(x, y, incarnation=1)) is None and me.has_all(["a"])  # ...and heard
+        # A later life is asked again and waited for, until its set is here.
+        assert me.missing("a", 1) is None and not me.has_all(["a"], lambda owner: 1)
+        assert me.offer(chunk(x, y, incarnation=1)) is None
+        assert me.has_all(["a"], lambda owner: 1)
         assert me.take_completed()["a"][1].shape == (40,)
-    # Images of another height and width are for the model to take (adaptive pooling
-    # takes any size; FedH2L runs teachers of other sizes one by one): kept.
-    me = SeedStore("b", own_set(10), num_classes=10)
-    big = np.zeros((4, 1, 16, 16), np.float32)
-    assert me.offer(chunk(big, y[:4])) is None
     # Without a set of its own (or classes), a peer takes any sample shape and label.
     assert SeedStore("c", None).offer(chunk(x.reshape(40, 64), y + 10)) is None
 
