@@ -15,7 +15,7 @@ from hfl.algorithms.registry import CATALOG
 from hfl.algorithms.registry import check_name as check_algorithm_name
 from hfl.algorithms.settings import SelectionConfig, TrainConfig
 from hfl.peer.configtools import ConfigError, apply_overrides, build, load_yaml
-from hfl.protocol import DEFAULT_LIMITS
+from hfl.protocol import DEFAULT_MAX_MESSAGE_MIB
 
 ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 DEVICE_PATTERN = r"cpu|auto|cuda|cuda:\d+|mps"
@@ -84,7 +84,7 @@ class NodeConfig:
         default=1 << 20, metadata={"min": 256, "help": "size of the chunks a public seed set travels in"}
     )
     max_message_mib: int = field(
-        default=DEFAULT_LIMITS.max_message_bytes // 2**20, metadata={"min": 1, "max": 4096,
+        default=DEFAULT_MAX_MESSAGE_MIB, metadata={"min": 1, "max": 4096,
                                "help": "the largest message this peer sends or takes (MiB; "
                                        "tensors of at most 2^18 elements a MiB; ZeroMQ's "
                                        "MAXMSGSIZE, a bound per frame): every peer of the "

@@ -51,7 +51,7 @@ from hfl.peer.instructions import (
 from hfl.peer.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, elect
 from hfl.peer.rounds import RoundBuffer
 from hfl.protocol import (
-    DEFAULT_LIMITS,
+    DEFAULT_MAX_MESSAGE_MIB,
     Ack,
     AggregateResult,
     Commit,
@@ -93,7 +93,7 @@ class Drop:
 #: as before the option existed), and what their absence means: the values a refusal
 #: names, and what a peer that sends the default explicitly agrees with.
 SHARED_ABSENT = {"aggregate_everywhere": 0, "communicate_every": 1, "overlap": 0,
-                 "max_message_mib": DEFAULT_LIMITS.max_message_bytes // 2**20}
+                 "max_message_mib": DEFAULT_MAX_MESSAGE_MIB}
 
 
 def hello_terms(cohort: Any, mode: str, num_classes: int, everywhere: bool,

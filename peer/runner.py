@@ -58,7 +58,7 @@ from hfl.peer.transport import (
     TransportOptions,
     make_transport,
 )
-from hfl.protocol import DEFAULT_LIMITS, limits_for
+from hfl.protocol import DEFAULT_MAX_MESSAGE_MIB, limits_for
 
 log = logging.getLogger("hfl.peer")
 
@@ -465,7 +465,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         log.info("%s: data split %d (partition %s into %d, seed %d): peers that split "
                  "differently are refused", cfg.node.id, shared["data_split"],
                  cfg.data.partition, cfg.data.num_partitions, cfg.data.seed)
-    if limits != DEFAULT_LIMITS:
+    if cfg.node.max_message_mib != DEFAULT_MAX_MESSAGE_MIB:
         # Every member must take what the others send (a larger message drops the link):
         # a peer with another size is refused at its hello. Off the wire at the default,
         # so that a hello is as it was.

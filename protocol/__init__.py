@@ -3,6 +3,7 @@
 from .codec import (
     DEFAULT_ALLOWED_DTYPES,
     DEFAULT_LIMITS,
+    DEFAULT_MAX_MESSAGE_MIB,
     MAX_SENDER_CHARS,
     Frame,
     Limits,
@@ -36,6 +37,7 @@ from .messages import (
 __all__ = [
     "DEFAULT_ALLOWED_DTYPES",
     "DEFAULT_LIMITS",
+    "DEFAULT_MAX_MESSAGE_MIB",
     "MAX_SENDER_CHARS",
     "MEMBER_STATUSES",
     "MESSAGE_TYPES",

@@ -119,6 +119,8 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+#: ``node.max_message_mib`` by default: the default limits' message size
+DEFAULT_MAX_MESSAGE_MIB = DEFAULT_LIMITS.max_message_bytes // 2**20
 
 
 def limits_for(max_message_mib: int) -> Limits:

@@ -254,6 +254,22 @@ def test_a_share_over_max_message_mib_stops_the_cohort_in_round_1_not_after_ever
                      "--set", "run_dir=" + str(tmp_path / "small")]) == 0
 
 
+def test_a_peer_process_whose_share_does_not_fit_exits_1_with_the_reason(tmp_path, capsys):
+    # The same stop through real hfl-peer processes: exit status 1 and its one paragraph
+    # on stderr (hfl-peer maps Unsendable to it), and the launcher stops the cohort.
+    from hfl.launch import cli
+
+    rc = cli.main([_written(tmp_path), "--quiet", "--set", "defaults.cohort.rounds=50",
+                   "--set", "defaults.model.options.hidden=[512]",
+                   "--set", "defaults.model.embedding_dim=512",
+                   "--set", "defaults.node.max_message_mib=1"])
+    assert rc != 0
+    err = capsys.readouterr().err
+    assert "exited with status 1" in err, err
+    assert "its knowledge for round 1 cannot go on the wire" in err
+    assert "failed before its first round ended; stopping the cohort" in err
+
+
 def test_peers_that_set_different_max_message_mib_refuse_each_other_naming_it(tmp_path):
     # A peer takes no message over its own limit (ZeroMQ drops the link), so the cohort
     # must agree; the default stays off the wire and reads as 256.
