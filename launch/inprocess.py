@@ -45,19 +45,29 @@ def in_memory(plans: list[PeerPlan]) -> list[PeerPlan]:
     return out
 
 
-def _progress(plans: list[PeerPlan], t0: float, rounds: int) -> str:
-    from hfl.launch.results import read_metrics
+class Progress:
+    """The progress line of peers in this process, from their metrics files followed as
+    they grow (:class:`~hfl.launch.results.JsonlTail`: each line read once)."""
 
-    last = [read_metrics(Path(p.config.run_dir)) for p in plans]
-    done = min((recs[-1]["round"] if recs else 0) for recs in last)
-    accs = [recs[-1].get("global_acc", recs[-1].get("test_acc")) for recs in last if recs]
-    accs = [a for a in accs if isinstance(a, (int, float))]
-    mean = f" | mean acc {sum(accs) / len(accs):.3f} over {len(accs)}" if accs else ""
-    timed = [r for recs in last for r in recs if isinstance(r.get("round_time_s"), (int, float))]
-    spans = sum(int(r.get("span", 1)) for r in timed)
-    eta = eta_text(sum(r["round_time_s"] for r in timed) / spans if spans else None, rounds - done)
-    return (f"[{time.monotonic() - t0:6.1f}s] round {done}/{rounds}{eta} | {len(plans)} peers in "
-            f"one process{mean}")
+    def __init__(self, plans: list[PeerPlan], t0: float, rounds: int):
+        from hfl.launch.results import JsonlTail, RoundProgress
+
+        self.tails = [JsonlTail(Path(p.config.run_dir) / "metrics.jsonl") for p in plans]
+        self.peers = [RoundProgress() for _ in plans]
+        self.t0, self.rounds = t0, rounds
+
+    def line(self) -> str:
+        for tail, peer in zip(self.tails, self.peers, strict=True):
+            peer.add(tail.read())
+        done = min(p.last_round for p in self.peers)
+        accs = [p.last.get("global_acc", p.last.get("test_acc")) for p in self.peers]
+        accs = [a for a in accs if isinstance(a, (int, float))]
+        mean = f" | mean acc {sum(accs) / len(accs):.3f} over {len(accs)}" if accs else ""
+        spans = sum(p.rounds_timed for p in self.peers)
+        eta = eta_text(sum(p.round_s for p in self.peers) / spans if spans else None,
+                       self.rounds - done)
+        return (f"[{time.monotonic() - self.t0:6.1f}s] round {done}/{self.rounds}{eta} | "
+                f"{len(self.peers)} peers in one process{mean}")
 
 
 def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progress: bool = True,
@@ -83,6 +93,7 @@ def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progre
     failures: list[str] = []
     events: list[dict[str, Any]] = []
     rounds = plans[0].config.cohort.rounds
+    shown = Progress(plans, t0, rounds)
 
     async def main() -> list[Any]:
         hub = MemoryHub()
@@ -98,7 +109,7 @@ def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progre
             every = max(1.0, len(plans) / 100)
             while True:
                 await asyncio.sleep(every)
-                new = _progress(plans, t0, rounds)
+                new = shown.line()
                 if progress and new.split("]", 1)[1] != line:
                     out.write(new + "\n")
                     out.flush()
@@ -133,6 +144,6 @@ def run_in_process(exp: ExperimentConfig, plans: list[PeerPlan], out: IO, progre
         who = ids[0] if len(ids) == 1 else f"{ids[0]}..{ids[-1]} ({len(ids)} peers)"
         failures.append(f"{who} {reason}")
     if progress:
-        out.write(_progress(plans, t0, rounds) + "\n")
+        out.write(shown.line() + "\n")
     return LaunchOutcome(ok=not failures, wall_time_s=time.monotonic() - t0, failures=failures,
                          events=events, peers={})

@@ -9,7 +9,6 @@ Ctrl-C or timeout.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hfl.launch.experiment import ExperimentConfig, FaultSpec, PeerPlan
+from hfl.launch.results import JsonlTail, RoundProgress
 from hfl.launch.rundir import rotate_log
 
 POLL_S = 0.1
@@ -36,17 +36,21 @@ class PeerProc:
     plan: PeerPlan
     proc: subprocess.Popen | None = None
     log: IO | None = None
-    metrics_offset: int = 0
-    events_offset: int | None = None  # None: skip what earlier launches wrote
+    metrics: JsonlTail = field(init=False)  # its metrics.jsonl and events.jsonl, followed
+    events: JsonlTail = field(init=False)
     shown: set = field(default_factory=set)  # status events already on the console
     joined: tuple[int, int] | None = None  # (peers greeted incl. itself, peers needed)
-    last_round: int = 0  # last round with a metrics line
-    last: dict[str, Any] = field(default_factory=dict)
-    round_s: float = 0.0  # its metrics lines' round_time_s, summed
-    rounds_timed: int = 0  # the rounds those lines cover
+    rounds: RoundProgress = field(default_factory=RoundProgress)  # from its metrics lines
     starts: int = 0
     killed_on_purpose: bool = False
     exit_codes: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.metrics = JsonlTail(self.metrics_path)
+        try:  # status events from now on: those of earlier launches were shown then
+            self.events = JsonlTail(self.events_path, self.events_path.stat().st_size)
+        except OSError:
+            self.events = JsonlTail(self.events_path)
 
     @property
     def running(self) -> bool:
@@ -100,11 +104,6 @@ class Supervisor:
         self._last_line = ""
         self._shown_total = 0
         self._broken = False  # our stdout went away (`| tee log` and Ctrl-C): stop writing to it
-        for pp in self.peers.values():
-            try:
-                pp.events_offset = pp.events_path.stat().st_size
-            except OSError:
-                pp.events_offset = 0
 
     # ----------------------------------------------------------------- processes
 
@@ -169,46 +168,12 @@ class Supervisor:
     # ----------------------------------------------------------------- following
 
     def _read_metrics(self, pp: PeerProc) -> None:
-        path = pp.metrics_path
-        try:
-            with path.open("rb") as f:
-                f.seek(pp.metrics_offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return
-        pp.metrics_offset += end + 1
-        for line in chunk[: end + 1].splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            pp.last_round = max(pp.last_round, int(rec.get("round", 0)))
-            pp.last = rec
-            if isinstance(rec.get("round_time_s"), (int, float)):
-                pp.round_s += rec["round_time_s"]
-                pp.rounds_timed += int(rec.get("span", 1))
+        pp.rounds.add(pp.metrics.read())
 
     def _read_events(self, pp: PeerProc) -> None:
         """Status events the peer wrote (warnings, errors, join progress): problems reach
         the console within a poll, not only peer.log."""
-        try:
-            with pp.events_path.open("rb") as f:
-                f.seek(pp.events_offset or 0)
-                chunk = f.read()
-        except OSError:
-            return
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return
-        pp.events_offset = (pp.events_offset or 0) + end + 1
-        for line in chunk[: end + 1].splitlines():
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for ev in pp.events.read():
             if ev.get("kind") == "joining":
                 pp.joined = (int(ev.get("joined", 0)), int(ev.get("need", 0)))
                 continue
@@ -274,19 +239,19 @@ class Supervisor:
         own test split when there is none."""
         parts = []
         for pid, pp in self.peers.items():
-            state = "" if pp.running or pp.last_round >= self.rounds else " (down)"
-            if pp.last_round == 0 and pp.joined is not None and pp.running:
+            state = "" if pp.running or pp.rounds.last_round >= self.rounds else " (down)"
+            if pp.rounds.last_round == 0 and pp.joined is not None and pp.running:
                 parts.append(f"{pid} joining {pp.joined[0]}/{pp.joined[1]}")
                 continue
-            if "global_acc" in pp.last:
-                label, acc = "global acc", pp.last["global_acc"]
+            if "global_acc" in pp.rounds.last:
+                label, acc = "global acc", pp.rounds.last["global_acc"]
             else:
-                label, acc = "acc", pp.last.get("test_acc")
+                label, acc = "acc", pp.rounds.last.get("test_acc")
             acc_s = f" {label} {acc:.3f}" if isinstance(acc, (int, float)) else ""
-            parts.append(f"{pid} r{pp.last_round}{acc_s}{state}")
-        done = min(pp.last_round for pp in self.peers.values())
-        timed = sum(pp.rounds_timed for pp in self.peers.values())
-        mean_s = sum(pp.round_s for pp in self.peers.values()) / timed if timed else None
+            parts.append(f"{pid} r{pp.rounds.last_round}{acc_s}{state}")
+        done = min(pp.rounds.last_round for pp in self.peers.values())
+        timed = sum(pp.rounds.rounds_timed for pp in self.peers.values())
+        mean_s = sum(pp.rounds.round_s for pp in self.peers.values()) / timed if timed else None
         return (f"[{time.monotonic() - self._t0:6.1f}s] round {done}/{self.rounds}"
                 f"{eta_text(mean_s, self.rounds - done)} | " + " | ".join(parts))
 
@@ -294,7 +259,7 @@ class Supervisor:
 
     def _cohort_round(self) -> int:
         """The round the cohort is in: one past the most advanced peer's last line."""
-        return max(pp.last_round for pp in self.peers.values()) + 1
+        return max(pp.rounds.last_round for pp in self.peers.values()) + 1
 
     def _expected_crash(self, pid: str, code: int) -> FaultState | None:
         for fs in self.faults:
@@ -386,7 +351,7 @@ class Supervisor:
                 # Failures are reported even with progress off, on stderr.
                 self._say(f"hfl-launch: {pid} exited with status {code}; last lines of {log_path}:\n"
                           f"{_tail(log_path, 15)}")
-                if pp.last_round == 0:
+                if pp.rounds.last_round == 0:
                     # It never got going (bad data path, bad architecture, a share
                     # that does not fit a message...): the others would only wait out
                     # their join timeout, or train alone. Stop them now.

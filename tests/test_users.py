@@ -429,7 +429,7 @@ def test_plot_legends_name_differing_architectures_and_many_peers_get_a_band(tmp
 
 def test_the_progress_line_shows_an_eta(tmp_path):
     from hfl.launch.experiment import ExperimentConfig, expand
-    from hfl.launch.inprocess import _progress
+    from hfl.launch.inprocess import Progress
     from hfl.launch.supervisor import Supervisor, eta_text
     from hfl.peer.configtools import build
 
@@ -439,14 +439,42 @@ def test_the_progress_line_shows_an_eta(tmp_path):
                                    "defaults": {"cohort": {"rounds": 10}}})
     plans = expand(exp, gpus=[], ports=[7000, 7001])
     sup = Supervisor(exp, plans, out=io.StringIO())
-    assert "round 0/10 |" in sup._progress_line()
+    shown = Progress(plans, 0.0, 10)
+    assert "round 0/10 |" in sup._progress_line() and "round 0/10 |" in shown.line()
     for pid, times in (("p0", [1.0, 3.0]), ("p1", [2.0, 2.0])):
         _write_metrics(tmp_path / "run" / pid, [{"round": r + 1, "round_time_s": t, "test_acc": 0.5}
                                                 for r, t in enumerate(times)])
         sup._read_metrics(sup.peers[pid])
     # A mean round of 2 s, 8 rounds left.
     assert "] round 2/10, ETA 16s | p0 r2 acc 0.500 (down) | p1" in sup._progress_line()  # no processes
-    assert "round 2/10, ETA 16s | 2 peers in one process" in _progress(plans, 0.0, 10)
+    assert "round 2/10, ETA 16s | 2 peers in one process" in shown.line()
+    assert "round 2/10, ETA 16s | 2 peers in one process" in shown.line()  # nothing counted twice
+
+
+def test_a_followed_jsonl_file_gives_each_complete_line_once(tmp_path):
+    """The launchers follow every peer's metrics and events while they grow: a look
+    reads only what was appended since the last (the in-process launcher re-read each
+    whole file at every look, a cost that grew with N x rounds on the peers' shared
+    loop), a torn last line waits for its end, and junk is skipped, never raised."""
+    from hfl.launch.results import JsonlTail, RoundProgress
+
+    path = tmp_path / "metrics.jsonl"
+    tail, seen = JsonlTail(path), RoundProgress()
+    assert tail.read() == []  # no file yet
+    with path.open("wb") as f:
+        f.write(b'{"round": 1, "round_time_s": 2.0, "span": 2}\n{"round": 2, "round_')
+    seen.add(tail.read())
+    assert (seen.last_round, seen.rounds_timed, seen.round_s) == (1, 2, 2.0)
+    assert tail.offset == len(b'{"round": 1, "round_time_s": 2.0, "span": 2}\n')
+    with path.open("ab") as f:  # the torn line ends; junk, a list and bad UTF-8 follow
+        f.write(b'time_s": 1.0, "test_acc": 0.5}\nnot json\n[1, 2]\n\xff\xfe\n{"round": 3}\n')
+    new = tail.read()
+    assert [r["round"] for r in new] == [2, 3]
+    seen.add(new)
+    assert (seen.last_round, seen.rounds_timed, seen.round_s, seen.last) == (3, 3, 3.0, {"round": 3})
+    assert tail.read() == [] and tail.offset == path.stat().st_size
+    # Started at an offset (the supervisor's events: what earlier launches wrote is old).
+    assert [r["round"] for r in JsonlTail(path, len(path.read_bytes()) - 13).read()] == [3]
 
 
 def test_hfl_report_compares_runs_in_one_table_and_one_plot_per_metric(tmp_path, capsys):
