@@ -75,10 +75,12 @@ class NodeConfig:
     )
     byzantine: int | None = field(
         default=None,
-        metadata={"min": 0, "help": "f, the malicious members an elected aggregator's commits "
-                                    "tolerate where the allow-list has signing keys: quorums of "
-                                    "floor((n + f) / 2) + 1 (default 1 with signing keys: 3 of 4, "
-                                    "4 of 5; 0 without, or for crash faults only: a majority)"},
+        metadata={"min": 0, "help": "f, the malicious members the protocol tolerates where the "
+                                    "allow-list has signing keys: an elected aggregator's commits "
+                                    "need quorums of floor((n + f) / 2) + 1 (3 of 4, 4 of 5), and "
+                                    "f + 1 members must report a round ahead (to catch up to) or "
+                                    "a member no one heard from (default 1 with signing keys; 0 "
+                                    "without, or for crash faults only: a majority, one report)"},
     )
     seed_chunk_bytes: int = field(
         default=1 << 20, metadata={"min": 256, "help": "size of the chunks a public seed set travels in"}

@@ -50,6 +50,7 @@ message from a lower one is from a dead process and is ignored.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 import random
 import zlib
@@ -170,6 +171,7 @@ class Membership:
     #: member asking for our view gets, from where its last ask ended: vouched_since)
     _vouch_log: list[str] = field(default_factory=list)
     _max_round: int | None = None
+    _vouched_round: tuple[int, int] | None = None  # (vouchers, live_round(vouchers))
     _at: tuple = (-1, {})  # (members indexed, address -> peer ids): _members_at
     #: The join's counts (:meth:`join_counts`), kept up to date as members are added and
     #: change status or greeting (:meth:`_set`: a member's ``status`` and ``greeted`` are
@@ -213,7 +215,7 @@ class Membership:
         (``rounds``: the highest live round's too; members gossip adds are at round 0)."""
         self._version += 1
         if rounds:
-            self._max_round = None
+            self._max_round = self._vouched_round = None
 
     def _vouched_for(self, peer_id: str) -> None:
         """``peer_id`` entered the rotation order (heard from itself, or reported enough);
@@ -271,8 +273,7 @@ class Membership:
                 self.members[peer_id].epoch = epoch or 0
                 self.members[peer_id].epoch_heard = now
                 self.members[peer_id].round_heard = now
-                if self._max_round is not None:
-                    self._max_round = max(self._max_round, round)
+                self._round_rose(round)
             self._vouch_log.append(peer_id)
             self._vouched_for(peer_id)
             return Change(peer_id, "unknown", ALIVE, "joined")
@@ -322,8 +323,7 @@ class Membership:
         if round is not None:  # within one life a peer's round only goes forward
             if round > m.round:
                 m.round, m.epoch = round, 0
-                if self._max_round is not None:
-                    self._max_round = max(self._max_round, round)
+                self._round_rose(round)
             if round == m.round:
                 m.round_heard = now
                 if epoch is not None:
@@ -490,8 +490,8 @@ class Membership:
             if m is not None and round > m.round:
                 m.round, m.epoch = round, 0
                 live_ahead = live_ahead or m.status in (ALIVE, SUSPECT)
-        if live_ahead and self._max_round is not None:
-            self._max_round = max(self._max_round, round)
+        if live_ahead:
+            self._round_rose(round)
 
     def left(self, peer_id: str, incarnation: int) -> Change | None:
         m = self.members.get(peer_id)
@@ -968,6 +968,27 @@ class Membership:
         m = self.members.get(peer_id)
         if m is not None and not m.greeted:
             self._set(m, greeted=True)
+
+    def _round_rose(self, round: int) -> None:
+        """A member's round went up to ``round`` (the caches follow)."""
+        if self._max_round is not None:
+            self._max_round = max(self._max_round, round)
+        self._vouched_round = None
+
+    def live_round(self, vouchers: int = 1) -> int:
+        """The highest round that ``vouchers`` live members say they reached, each of its
+        own word (the ``vouchers``-th highest of their rounds; the lowest when fewer are
+        live; 0 with none). With f members that may lie about their round, f + 1
+        vouchers include an honest one: a member's claim of a later round alone moves
+        nobody (before, one member whose heartbeats said "the last round" made every
+        honest peer catch up to it and skip the whole run, silently)."""
+        if vouchers <= 1:
+            return self.max_live_round()
+        if self._vouched_round is None or self._vouched_round[0] != vouchers:
+            top = heapq.nlargest(vouchers, (m.round for m in self.members.values()
+                                            if m.status in (ALIVE, SUSPECT)))
+            self._vouched_round = (vouchers, top[-1] if top else 0)
+        return self._vouched_round[1]
 
     def max_live_round(self) -> int:
         if self._max_round is None:

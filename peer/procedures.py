@@ -606,13 +606,26 @@ class RoundProcedures:
         deadline = self.now() + max(timing.aggregate_grace_s, 4 * hb)
         wait = hb
         while True:
-            acked = yield Wait(lambda: (core.acked(r, epoch, digest) >= quorum
-                                        or core.acks_out_of_reach(r, epoch, digest, quorum)),
+            # (the quorum read again: a member that joined meanwhile raised it, and every
+            # member checks a commit against its own quorum of the moment)
+            acked = yield Wait(lambda: (core.acked(r, epoch, digest) >= core.quorum()
+                                        or core.acks_out_of_reach(r, epoch, digest,
+                                                                  core.quorum())),
                                min(deadline, self.now() + wait))
             if acked or self.now() >= deadline:
                 break
             yield Broadcast(tuple(core.not_acked(r, epoch, digest)), msg)
             wait = min(2 * wait, 4 * hb)  # (a copy lost late still gets another)
+        if len(used) < core.quorum():
+            # The view grew while the round ran (a late joiner): the quorum of the cohort
+            # as it is now was not met (before, this aggregator committed and absorbed a
+            # result the others refused: hfl.sim.protocol signed buggify seed 69).
+            yield self.say(WARNING, "round %d: the cohort grew while the round ran: %d "
+                           "contributor(s) are below the quorum of %d now; not committing, "
+                           "keeping the local model", r, len(used), core.quorum())
+            info.update(aggregator=None, uncommitted=True)
+            return {}
+        quorum = core.quorum()
         if core.acked(r, epoch, digest) < quorum:
             yield self.say(WARNING, "round %d: %d of the %d acks a commit needs %s; not "
                            "committing, keeping the local model", r, core.acked(r, epoch, digest),

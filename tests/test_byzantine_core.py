@@ -305,3 +305,30 @@ def test_the_digest_tells_a_map_from_a_list_of_pairs_and_takes_numpy_scalars():
     big = AggregateResult(**base, tensors={"w": np.arange(3, dtype=">f4")})
     little = AggregateResult(**base, tensors={"w": np.arange(3, dtype="<f4")})
     assert payload_digest(big) == payload_digest(little)
+
+
+def test_one_member_s_claim_of_a_later_round_moves_no_peer_forward():
+    """A peer that finds the cohort ahead catches up to it (a restart), but only as far
+    as f + 1 members say, each of its own word: one member whose heartbeats claimed the
+    last round made every honest peer skip the whole run, silently (a reviewer's
+    attack: 1 round of 10 run, no warning). tests/test_protocol_sim.py runs it live."""
+    def view(byzantine, rounds):
+        c = PeerCore("p0", mode="aggregator", everywhere=True, lookahead=2, cohort_size=5,
+                     byzantine=byzantine, last_round=10)
+        c.membership = Membership("p0", "mem://p0", 0, 2.0, 4.0)
+        for p, r in rounds.items():
+            c.membership.heard_from(p, 0, 0.0, address=f"mem://{p}", round=r)
+        c.round = 3
+        return c
+
+    liar = {"p1": 3, "p2": 3, "p3": 3, "p4": 10}
+    assert view(1, liar).distrusted == 1 and view(1, liar).byzantine == 0  # every peer aggregates
+    assert view(1, liar).catch_up(10) == 3
+    assert view(1, {**liar, "p3": 7}).catch_up(10) == 7  # two say 7 or more: one is honest
+    assert view(1, {"p1": 7}).catch_up(10) == 7  # the only other member: nobody to outvote it
+    assert view(0, liar).catch_up(10) == 10  # f = 0 (no signing keys): crash faults only
+    c = view(1, {**liar, "p3": 7})
+    c.membership.heard_from("p2", 0, 1.0, round=8)  # a round rises: the cache follows
+    assert c.catch_up(10) == 8
+    c.membership.tick(100.0)  # all silent: dead, and no longer anyone's word
+    assert c.cohort_round() == 0 and c.catch_up(10) == 3

@@ -167,3 +167,27 @@ def test_only_the_aggregator_we_sent_to_can_ask_for_our_knowledge_again():
     assert not c.asks_again(beat("p4", 4, epoch=1, awaiting=4), frozenset({"p4"}), sent)  # another round
     c.round = 4  # we moved on: round 3's knowledge is not sent again
     assert not c.asks_again(beat("p4", 3, epoch=1, awaiting=3), frozenset({"p4"}), sent)
+
+
+def test_asks_for_our_knowledge_are_answered_once_per_two_heartbeats_per_asker():
+    # A member that put `awaiting` in every heartbeat (a review sent twenty a beat) had
+    # each honest peer upload its whole knowledge once per ask: a few bytes bought a
+    # model's worth. An honest aggregator asks after 4, 8, 8, ... heartbeats.
+    from hfl.peer.config import TimingConfig
+    from hfl.peer.instructions import SendTo
+    from hfl.protocol import Knowledge
+
+    c = core("p0")
+    c.set_timing(TimingConfig(heartbeat_interval_s=0.5))
+    c.round = 3
+    sent = Knowledge(sender="p0", incarnation=0, round=3, epoch=1, kind="weights")
+    c.sent_knowledge = (frozenset({"p3", "p4"}), sent)
+
+    def resent(asker, now):
+        out = c.handle(asker, beat(asker, 3, epoch=1, awaiting=3), now)
+        return [i.peer_id for i in out if isinstance(i, SendTo) and i.msg is sent]
+
+    assert resent("p4", 10.0) == ["p4"]
+    assert [resent("p4", 10.0 + dt) for dt in (0.0, 0.3, 0.99)] == [[], [], []]
+    assert resent("p3", 10.2) == ["p3"]  # each asker its own
+    assert resent("p4", 11.0) == ["p4"]  # two intervals later: answered again

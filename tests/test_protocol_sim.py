@@ -263,3 +263,67 @@ def test_a_bad_twin_spec_is_refused_naming_the_choices():
         ProtocolSim(0, byzantine=["p1:lie"])
     with pytest.raises(ValueError, match="the honest ones must be a majority"):
         ProtocolSim(0, peers=4, byzantine=["p1:commit", "p2:commit"])
+
+
+def _lying(sim: ProtocolSim, member: str, change) -> None:
+    """``member`` sends what ``change(msg)`` makes of each of its messages (a list)."""
+    send = sim.net.send
+
+    def lie(src, dst, msg):
+        for m in (change(msg) if src == member else [msg]):
+            send(src, dst, m)
+    sim.net.send = lie
+
+
+def _honest_rounds(sim: ProtocolSim, liar: str) -> dict[str, list[int]]:
+    return {p: [e["learned_from"] for e in sim.checker.events
+                if e["event"] == "round" and e["peer"] == p] for p in sim.peers if p != liar}
+
+
+@pytest.mark.parametrize("mode", ["everywhere", "aggregator", "broadcast"])
+def test_a_member_claiming_the_last_round_makes_no_honest_peer_skip_rounds(mode):
+    # Signed (f = 1). Before: every honest peer caught up to the liar's round 10 and ran
+    # one round of ten, with no warning.
+    import dataclasses
+
+    from hfl.protocol import Heartbeat, Hello, Welcome
+
+    sim = ProtocolSim(0, peers=5, rounds=10, mode=mode, signed=True, scenario=scenario([]))
+    _lying(sim, "p4", lambda m: [dataclasses.replace(m, round=10)
+                                 if isinstance(m, Heartbeat | Hello | Welcome) else m])
+    res = sim.run()
+    rounds = _honest_rounds(sim, "p4")
+    assert all(len(learned) == 10 and min(learned) >= 3 for learned in rounds.values()), rounds
+    assert not res.violations and res.end_t < 5.0, (res.end_t, res.violations)
+
+
+def test_one_member_reporting_ids_that_never_ran_does_not_raise_the_quorum():
+    # Every peer aggregating (the default up to 16 peers), signed: f + 1 = 2 reports put
+    # an id no one heard from in the rotation order. Before, f was 0 there and one
+    # report of five allow-listed ids that never ran made the quorum 6 of 10 with 5
+    # alive: no peer learned from anyone after round 1.
+    from hfl.protocol import Gossip, Heartbeat
+
+    ghosts = [f"p{i}" for i in range(5, 10)]
+    sim = ProtocolSim(0, peers=10, rounds=6, mode="everywhere", signed=True, absent=tuple(ghosts),
+                      scenario=scenario([], peers=10))
+    records = [MemberRecord(peer_id=g, address=f"sim://{g}", incarnation=0, status="dead")
+               for g in ghosts]
+    _lying(sim, "p4", lambda m: [m, Gossip(sender="p4", incarnation=m.incarnation,
+                                           members=records)] if isinstance(m, Heartbeat) else [m])
+    res = sim.run()
+    core = sim.peers["p0"].core
+    assert core.membership.rotation_order() == ["p0", "p1", "p2", "p3", "p4"]
+    assert core.quorum() == 3
+    rounds = {p: r for p, r in _honest_rounds(sim, "p4").items() if p not in ghosts}
+    assert all(len(r) == 6 and min(r) >= 3 for r in rounds.values()), rounds
+    assert not res.violations, res.violations
+
+
+def test_an_aggregator_commits_only_what_meets_the_quorum_of_the_cohort_as_it_is_now():
+    # Signed, buggified seed 69: p3 published round 3 with 3 contributors (3 of 4), then
+    # a late joiner raised every quorum to 4 of 5 before the acks were in. p3 committed
+    # and absorbed a result the others refused: now it reads the quorum again and does
+    # not commit (the round is left without a result, loudly).
+    res = run_seed(69, mode="aggregator", signed=True, buggify=True)
+    assert not res.violations, [str(v) for v in res.violations]
