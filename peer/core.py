@@ -192,6 +192,15 @@ class PeerCore:
         # (None: every live peer's; see exchange_plan).
         self.sources: set[str] | None = None
         self._awaited_hint: dict[int, str] = {}  # round -> a peer found awaited (awaits_any)
+        #: Members that owed us their knowledge when a wait of ours ended without it:
+        #: member -> that round. Later waits give them only ``straggler_s`` once every
+        #: other awaited member's knowledge is in, until knowledge of theirs comes again
+        #: (RoundProcedures.await_knowledge). A member that kept answering heartbeats and
+        #: never contributed cost every round its whole round_timeout_s.
+        self.late: dict[str, int] = {}
+        #: Aggregators we waited for a second time (alive and serving, no result) that
+        #: never delivered: no second wait for them again until a result of theirs comes.
+        self.late_aggregators: set[str] = set()
         #: peer -> (incarnation, round) it said (heartbeat ``sitting_out``) it sits out
         self.sitting_out: dict[str, tuple[int, int]] = {}
         # Equivocation (every peer aggregating, signing keys): (round, sender) -> the
@@ -671,6 +680,7 @@ class PeerCore:
         elif isinstance(msg, Knowledge):
             if (drop := self.admit_knowledge(msg)) is not None:
                 return [*out, Dropped(drop.code, drop.reason), *self._name_equivocators(msg.sender)]
+            self.late.pop(msg.sender, None)  # its own knowledge, however late: back in time
             _, lie = self.check_heard(msg)
             if lie:
                 out.append(Dropped("lying_claim", lie))
@@ -683,6 +693,7 @@ class PeerCore:
             drop = self.admit_result(msg)
             if drop is not None:
                 return [*out, Dropped(drop.code, drop.reason)]
+            self.late_aggregators.discard(msg.sender)
             reason = self.buffer.offer_result(msg)
             if reason and (digest := self.ack_again(msg)):
                 # Sent again by its aggregator: our ack was lost (or is slow). Once more.
@@ -1447,13 +1458,13 @@ class PeerCore:
         waits = self._awaits(r)
         return [p for p in self.membership.live_ids() if waits(p)]
 
-    def awaits_any(self, r: int) -> bool:
+    def awaits_any(self, r: int, late_too: bool = True) -> bool:
         """``bool(awaited(r))``, usually in O(1): the peer found awaited last time is
         asked first, and a scan starts after it. An aggregator asks on every
         contribution it receives, and a whole scan each time cost it O(N^2) a round
         (13 % of a profile of the protocol simulator's 1,000-peer run); as contributions
         arrive in any order, the peer found stays awaited for most of them."""
-        waits, live = self._awaits(r), self.membership.live_ids()
+        waits, live = self._awaits(r, late_too), self.membership.live_ids()
         last = self._awaited_hint.get(r)
         if last is not None and self.membership.is_live(last) and waits(last):
             return True
@@ -1464,16 +1475,19 @@ class PeerCore:
                 return True
         return False
 
-    def _awaits(self, r: int) -> Callable[[str], bool]:
-        """Whether a live peer's round-``r`` knowledge is awaited (:meth:`awaited`)."""
+    def _awaits(self, r: int, late_too: bool = True) -> Callable[[str], bool]:
+        """Whether a live peer's round-``r`` knowledge is awaited (:meth:`awaited`);
+        without ``late_too``, not for the members of :attr:`late`."""
         previous = self.previous_exchange(r)
         members = self.membership.members
         got = self.buffer.received(r)
         aggregator = self.mode == "aggregator" and not self.everywhere
+        late = {} if late_too else self.late
 
         def waits(p: str) -> bool:
             m = members[p]
-            if p in got or m.round > r or (self.sources is not None and p not in self.sources):
+            if (p in got or m.round > r or (self.sources is not None and p not in self.sources)
+                    or p in late):
                 return False
             # Behind only on fresh evidence: its own word on its round (a heartbeat, not
             # gossip) that arrived after this round began (a busy peer's last word may

@@ -280,6 +280,12 @@ class RoundProcedures:
                     learned_from=len(set(knowledge) - {core.id}))
         return knowledge
 
+    @property
+    def straggler_s(self) -> float:
+        """How long a member that was late before is waited for once everyone else's
+        knowledge is in: ``aggregate_grace_s``, at least four heartbeats."""
+        return max(self.timing.aggregate_grace_s, 4 * self.timing.heartbeat_interval_s)
+
     def await_knowledge(self, r: int, deadline: float) -> Generator[Instruction, Any, bool]:
         """Wait for the round-r knowledge of the members :meth:`PeerCore.awaited` names,
         until ``deadline`` (moved on by any time the peer stood still); True once none is
@@ -293,10 +299,22 @@ class RoundProcedures:
         core = self.core
         hb = self.timing.heartbeat_interval_s
         ask_after, paused0 = 4 * hb, self.paused()
+        # Members that were late before (PeerCore.late) are waited for only straggler_s
+        # once every other awaited member's knowledge is in (from then: ``budget``).
+        budget = None if core.late else float("inf")
         while True:
-            end = deadline + (self.paused() - paused0)  # a pause moves the deadline on
-            complete = yield Wait(lambda: not core.awaits_any(r), min(end, self.now() + ask_after))
-            if complete or self.now() >= deadline + (self.paused() - paused0):
+            end = min(deadline + (self.paused() - paused0), budget or float("inf"))
+            everyone = budget is not None  # (else: all but the late ones, first)
+            complete = yield Wait(lambda all_=everyone: not core.awaits_any(r, late_too=all_),
+                                  min(end, self.now() + ask_after))
+            if complete and not everyone:
+                if not core.awaits_any(r):
+                    return True
+                budget = self.now() + self.straggler_s
+                continue
+            if complete or self.now() >= end:
+                if not complete:  # whoever still owes us its knowledge is late from now on
+                    core.late.update(dict.fromkeys(core.awaited(r), r))
                 return complete
             ask_after = 8 * hb
             if self.reading_behind():
@@ -407,13 +425,18 @@ class RoundProcedures:
                     yield Send(aggregator, knowledge, to_member=True)
                     continue
                 if (not extended and core.usable_result(r) is None
-                        and core.serving(aggregator, r)):
+                        and core.serving(aggregator, r)
+                        and aggregator not in core.late_aggregators):
                     # Its heartbeats say it is alive and serving this very epoch: it may be
                     # waiting for our knowledge (lost), or be late. Once: send it again and
                     # wait another round_timeout_s + aggregate_grace_s before failing over
                     # (found by hfl-sim --buggify seed 3022: failing over from a live, late
                     # aggregator cost the whole cohort its round).
+                    # (Once per aggregator, until a result of its own comes: one that says
+                    # it serves and never delivers cost each round it was elected for
+                    # 2 x (round_timeout_s + aggregate_grace_s).)
                     extended = True
+                    core.late_aggregators.add(aggregator)
                     yield self.say(INFO, "round %d: aggregator %s (epoch %d) is late but "
                                    "serving; sending our knowledge again and waiting once more",
                                    r, aggregator, core.epoch)
