@@ -349,7 +349,7 @@ class Membership:
     def _add(self, m: Member) -> None:
         """A new member in the view (and in the address index and the join's counts)."""
         fresh = self._at[0] == len(self.members)
-        self._count(m.peer_id, m.status, m.greeted, +1)
+        self._count(m.peer_id, m.status, m.greeted, +1, m.confirmed)
         self._confirmed_n += m.confirmed
         m.heard_pause = self._paused_s
         self.members[m.peer_id] = m
@@ -363,7 +363,7 @@ class Membership:
         the join's counts follow (:meth:`join_counts`)."""
         if (status is None or status == m.status) and (greeted is None or greeted == m.greeted):
             return
-        self._count(m.peer_id, m.status, m.greeted, -1)
+        self._count(m.peer_id, m.status, m.greeted, -1, m.confirmed)
         if status is not None and (status in (ALIVE, SUSPECT)) != (m.status in (ALIVE, SUSPECT)):
             # Our pauses move the silence of live members only (:meth:`paused`): a member
             # that stops being live keeps its clock where it is, one live again restarts it.
@@ -375,7 +375,7 @@ class Membership:
             m.status = status
         if greeted is not None:
             m.greeted = greeted
-        self._count(m.peer_id, m.status, m.greeted, +1)
+        self._count(m.peer_id, m.status, m.greeted, +1, m.confirmed)
 
     def set_status(self, peer_id: str, status: str) -> None:
         """Force a member's status, as a test or a tool sets up a view (the protocol
@@ -386,7 +386,8 @@ class Membership:
         """Force whether our handshake with a member completed (tests, tools)."""
         self._set(self.members[peer_id], greeted=greeted)
 
-    def _count(self, peer_id: str, status: str, greeted: bool, sign: int) -> None:
+    def _count(self, peer_id: str, status: str, greeted: bool, sign: int,
+               confirmed: bool = False) -> None:
         self._join_changes += 1
         if status in (ALIVE, SUSPECT):
             self._live_n += sign
@@ -395,10 +396,22 @@ class Membership:
                 self._greeted_alive[peer_id] = None
             else:
                 self._greeted_alive.pop(peer_id, None)
-        if status == LEFT:
+        # Gone, for the join: it said goodbye, or we heard from it ourselves and it died
+        # since (a member reported dead by others counts the same way: join_counts). A
+        # member that died while the cohort formed had the peers that met it wait
+        # join_timeout_s for it, while those that never met it counted it gone and
+        # started: the two halves ran their rounds apart, each below the quorum
+        # (hfl.sim.protocol, one of 5 peers lost at t=0.5 s).
+        gone = status == LEFT or (status == DEAD and confirmed)
+        if gone:
             self._left_n += sign
-        if greeted or status == LEFT:
+        if greeted or gone:
             self._arrived_n += sign
+
+    @staticmethod
+    def _gone(m: Member) -> bool:
+        """Counted gone by :meth:`_count` (left, or dead after we heard from it)."""
+        return m.status == LEFT or (m.status == DEAD and m.confirmed)
 
     def join_counts(self) -> tuple[Collection[str], int, int]:
         """(members greeted and alive, members gone, members arrived), for the join.
@@ -406,8 +419,9 @@ class Membership:
         *Greeted*: we completed a handshake with it. *Gone*: it said goodbye (to us, or
         to a member that told us of a peer we never met: a fast solo peer can finish
         before a slow one greets it), or ``reports_needed`` members report it no
-        longer alive (:attr:`reported`: it joins the rotation order); either way it
-        was in the cohort and there is nothing to wait for. *Arrived*: greeted
+        longer alive (:attr:`reported`: it joins the rotation order), or we heard from
+        it ourselves and it is dead now; either way it was in the cohort and there is
+        nothing to wait for (it joins late if it comes back). *Arrived*: greeted
         (whatever its status now) or gone, a count that only grows. O(1) but for the
         peers only reported (few: each is one no member of ours ever greeted).
         With :attr:`lazy` the join needs no handshake: *gone* counts every member of the
@@ -438,7 +452,7 @@ class Membership:
         departed = self._left_n + len(unknown_left)
         departed += sum(1 for p, by in self.reported.items() if len(by) >= self.reports_needed
                         and p not in self._greeted_alive and p not in self.reported_left
-                        and (p not in self.members or self.members[p].status != LEFT))
+                        and (p not in self.members or not self._gone(self.members[p])))
         return self._greeted_alive.keys(), departed, self._arrived_n + len(unknown_left)
 
     def _moved(self, m: Member, address: str) -> None:

@@ -378,3 +378,23 @@ def test_a_member_that_answers_but_never_contributes_is_waited_for_in_full_once(
     assert first > 2 * 3.5 > second, (elected, took)  # (before: 7.85 and 7.74 s)
     assert sum(took) < 35, took  # (before: 40.9 s; now 30.9)
     assert not res.violations, res.violations
+
+
+@pytest.mark.parametrize("mode", ["everywhere", "broadcast", "aggregator"])
+def test_a_member_lost_while_the_cohort_forms_is_gone_for_every_peer_s_join(mode):
+    # p4 dies at t=0.5 s, before it greeted everyone. The peers that had heard from it
+    # waited join_timeout_s for it (dead is not gone), those that never met it counted
+    # it gone on the others' word and started: the two halves ran their rounds apart,
+    # each below the quorum (everywhere: two peers learned from no one in 10 rounds).
+    timing = TimingConfig(heartbeat_interval_s=0.5, suspect_after_s=2.0, dead_after_s=5.0,
+                          round_timeout_s=10.0, aggregate_grace_s=2.0, join_timeout_s=30.0)
+    sim = ProtocolSim(0, peers=5, rounds=10, mode=mode,
+                      scenario=scenario([ProtocolFault(0.5, "lost", ("p4",))], timing=timing))
+    res = sim.run()
+    rounds = {p: r for p, r in _honest_rounds(sim, "p4").items()}
+    assert all(len(r) == 10 and min(r) >= 2 for r in rounds.values()), rounds
+    # (those that never met p4 start on the others' first suspicion, the rest once it is
+    # dead in their own view: 3.0 and 5.5 s; before, 3.0 and 30.5 s)
+    started = [e["t"] for e in sim.checker.events if e["event"] == "started"]
+    assert max(started) < 10.0, started
+    assert not res.violations, [str(v) for v in res.violations]
