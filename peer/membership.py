@@ -214,8 +214,9 @@ class Membership:
         """A member joined, left, changed status or was vouched for: drop the caches
         (``rounds``: the highest live round's too; members gossip adds are at round 0)."""
         self._version += 1
+        self._vouched_round = None  # (a member at round 0 joining changes the k-th highest)
         if rounds:
-            self._max_round = self._vouched_round = None
+            self._max_round = None
 
     def _vouched_for(self, peer_id: str) -> None:
         """``peer_id`` entered the rotation order (heard from itself, or reported enough);

@@ -159,11 +159,37 @@ class RoundProcedures:
                                core.round, target)
                 core.round = target
                 core.buffer.advance(target)
+            yield from self.wait_for_the_cohort(core.round)
             yield from self.one_round(core.round, last, evaluate_every)
             core.contacts = set()
             core.round += 1
             core.buffer.advance(core.round)
             core.forget_before(core.round)
+
+    def wait_for_the_cohort(self, r: int) -> Generator[Instruction, Any, None]:
+        """A peer about to exchange in round r while no other live member has reached its
+        previous exchange waits for them, up to ``round_timeout_s``: it ran ahead alone
+        (cut off, or faster than members that timed out on it) and would go on learning
+        from no one, since nobody waits for members behind. Before catch-ups took f + 1
+        members' word the cohort jumped to such a peer's round instead (hfl.sim.protocol,
+        broadcast, signed, buggified seeds 106, 366, 630: a peer cut off ran ahead and
+        learned nothing to the end). Any one member at its previous exchange ends the
+        wait (a member's claim can only spare it, never hold it: one behind member, a
+        late joiner of a cohort of three, held its aggregator a whole timeout)."""
+        core = self.core
+        if core.mode == "local" or not core.communicates(r):
+            return
+        behind, mem = core.previous_exchange(r), core.membership
+
+        def arrived() -> bool:
+            return mem.max_live_round() >= behind or mem.live_count() <= 1  # (ourselves)
+
+        if arrived():
+            return
+        yield self.say(INFO, "round %d: every other member is behind (at most round %d); "
+                       "waiting for them (at most %.0fs)", r, mem.max_live_round(),
+                       self.timing.round_timeout_s)
+        yield Wait(arrived, self.now() + self.timing.round_timeout_s)
 
     def one_round(self, r: int, last: int, evaluate_every: int = 1
                   ) -> Generator[Instruction, Any, None]:
