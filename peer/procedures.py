@@ -152,6 +152,7 @@ class RoundProcedures:
         trains, shares and exchanges (where it communicates), absorbs what the exchange
         returned, and evaluates every ``evaluate_every`` rounds and after the last."""
         core = self.core
+        yield from self.hear_the_cohort()
         while core.round <= last:
             target = core.catch_up(last)
             if target != core.round:
@@ -165,6 +166,19 @@ class RoundProcedures:
             core.round += 1
             core.buffer.advance(core.round)
             core.forget_before(core.round)
+
+    def hear_the_cohort(self) -> Generator[Instruction, Any, None]:
+        """Before the first round of this life, while a member says the cohort is ahead
+        and fewer than f + 1 say so (PeerCore.cohort_round), wait up to four heartbeats
+        for the others' word: a peer restarted from its checkpoint has heard from one
+        member when its join ends, and ran its checkpoint's next round alone (left at
+        once) before it caught up; a member that only claims to be ahead costs this
+        wait once."""
+        core, mem = self.core, self.core.membership
+        if core.mode == "local" or mem.max_live_round() <= core.round:
+            return
+        yield Wait(lambda: core.cohort_round() >= mem.max_live_round(),
+                   self.now() + 4 * self.timing.heartbeat_interval_s)
 
     def wait_for_the_cohort(self, r: int) -> Generator[Instruction, Any, None]:
         """A peer about to exchange in round r while no other live member has reached its

@@ -294,7 +294,8 @@ def test_a_member_claiming_the_last_round_makes_no_honest_peer_skip_rounds(mode)
     res = sim.run()
     rounds = _honest_rounds(sim, "p4")
     assert all(len(learned) == 10 and min(learned) >= 3 for learned in rounds.values()), rounds
-    assert not res.violations and res.end_t < 5.0, (res.end_t, res.violations)
+    # (its claim costs one wait of at most four heartbeats before round 1: 0.8 s)
+    assert not res.violations and res.end_t < 6.0, (res.end_t, res.violations)
 
 
 def test_one_member_reporting_ids_that_never_ran_does_not_raise_the_quorum():
