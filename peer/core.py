@@ -192,12 +192,12 @@ class PeerCore:
         # (None: every live peer's; see exchange_plan).
         self.sources: set[str] | None = None
         self._awaited_hint: dict[int, str] = {}  # round -> a peer found awaited (awaits_any)
-        #: Members that owed us their knowledge when a wait of ours ended without it:
-        #: member -> that round. Later waits give them only ``straggler_s`` once every
+        #: Members that owed us their knowledge when a wait of ours ended without it.
+        #: Later waits give them only ``straggler_s`` once every
         #: other awaited member's knowledge is in, until knowledge of theirs comes again
         #: (RoundProcedures.await_knowledge). A member that kept answering heartbeats and
         #: never contributed cost every round its whole round_timeout_s.
-        self.late: dict[str, int] = {}
+        self.late: set[str] = set()
         #: Aggregators we waited for a second time (alive and serving, no result) that
         #: never delivered: no second wait for them again until a result of theirs comes.
         self.late_aggregators: set[str] = set()
@@ -680,7 +680,7 @@ class PeerCore:
         elif isinstance(msg, Knowledge):
             if (drop := self.admit_knowledge(msg)) is not None:
                 return [*out, Dropped(drop.code, drop.reason), *self._name_equivocators(msg.sender)]
-            self.late.pop(msg.sender, None)  # its own knowledge, however late: back in time
+            self.late.discard(msg.sender)  # its own knowledge, however late: back in time
             _, lie = self.check_heard(msg)
             if lie:
                 out.append(Dropped("lying_claim", lie))
@@ -969,7 +969,7 @@ class PeerCore:
         that find each other must not make a majority of two."""
         if self.quorum_config is not None:
             return self.quorum_config
-        n = max(len(self.membership.rotation_order()), self.cohort_size)
+        n = max(self.membership.order_size(), self.cohort_size)
         return (n + self.byzantine) // 2 + 1
 
     def elect(self, r: int) -> tuple[str, int] | None:
@@ -1482,7 +1482,7 @@ class PeerCore:
         members = self.membership.members
         got = self.buffer.received(r)
         aggregator = self.mode == "aggregator" and not self.everywhere
-        late = {} if late_too else self.late
+        late = () if late_too else self.late
 
         def waits(p: str) -> bool:
             m = members[p]
@@ -1592,8 +1592,7 @@ class PeerCore:
             return True
         if not (r >= self.last_round > 0 and self.finished_by):
             return False
-        return len(self.finished_by) >= min(self.distrusted + 1,
-                                            len(self.membership.rotation_order()) - 1)
+        return len(self.finished_by) >= min(self.distrusted + 1, self.membership.order_size() - 1)
 
     def stop_waiting_for(self, aggregator: str, r: int, resend: bool) -> bool:
         """Whether a peer waiting for ``aggregator``'s round-r result stops waiting:

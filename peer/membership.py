@@ -350,7 +350,7 @@ class Membership:
     def _add(self, m: Member) -> None:
         """A new member in the view (and in the address index and the join's counts)."""
         fresh = self._at[0] == len(self.members)
-        self._count(m.peer_id, m.status, m.greeted, +1, m.confirmed)
+        self._count(m, +1)
         self._confirmed_n += m.confirmed
         m.heard_pause = self._paused_s
         self.members[m.peer_id] = m
@@ -364,7 +364,7 @@ class Membership:
         the join's counts follow (:meth:`join_counts`)."""
         if (status is None or status == m.status) and (greeted is None or greeted == m.greeted):
             return
-        self._count(m.peer_id, m.status, m.greeted, -1, m.confirmed)
+        self._count(m, -1)
         if status is not None and (status in (ALIVE, SUSPECT)) != (m.status in (ALIVE, SUSPECT)):
             # Our pauses move the silence of live members only (:meth:`paused`): a member
             # that stops being live keeps its clock where it is, one live again restarts it.
@@ -376,7 +376,7 @@ class Membership:
             m.status = status
         if greeted is not None:
             m.greeted = greeted
-        self._count(m.peer_id, m.status, m.greeted, +1, m.confirmed)
+        self._count(m, +1)
 
     def set_status(self, peer_id: str, status: str) -> None:
         """Force a member's status, as a test or a tool sets up a view (the protocol
@@ -387,8 +387,9 @@ class Membership:
         """Force whether our handshake with a member completed (tests, tools)."""
         self._set(self.members[peer_id], greeted=greeted)
 
-    def _count(self, peer_id: str, status: str, greeted: bool, sign: int,
-               confirmed: bool = False) -> None:
+    def _count(self, m: Member, sign: int) -> None:
+        """``m`` (as it is now) in the counts (``sign`` +1), or out of them (-1)."""
+        peer_id, status, greeted = m.peer_id, m.status, m.greeted
         self._join_changes += 1
         if status in (ALIVE, SUSPECT):
             self._live_n += sign
@@ -403,7 +404,7 @@ class Membership:
         # join_timeout_s for it, while those that never met it counted it gone and
         # started: the two halves ran their rounds apart, each below the quorum
         # (hfl.sim.protocol, one of 5 peers lost at t=0.5 s).
-        gone = status == LEFT or (status == DEAD and confirmed)
+        gone = self._gone(m)
         if gone:
             self._left_n += sign
         if greeted or gone:
@@ -923,6 +924,11 @@ class Membership:
         if self._digest[0] != self._order_changes:
             self._digest = (self._order_changes, zlib.crc32("\n".join(self._order).encode()) + 1)
         return self._digest[1]
+
+    def order_size(self) -> int:
+        """len(:meth:`rotation_order`) without copying it (every quorum asks)."""
+        self._order_current()
+        return len(self._order)
 
     def in_order(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is in :meth:`rotation_order` (in O(1))."""

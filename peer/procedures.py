@@ -339,22 +339,27 @@ class RoundProcedures:
         core = self.core
         hb = self.timing.heartbeat_interval_s
         ask_after, paused0 = 4 * hb, self.paused()
-        # Members that were late before (PeerCore.late) are waited for only straggler_s
-        # once every other awaited member's knowledge is in (from then: ``budget``).
-        budget = None if core.late else float("inf")
+        # Members late before (the core's ``late``) are waited for only straggler_s once
+        # every other awaited member's knowledge is in: first the others (``everyone``
+        # False), then all of them until ``until``.
+        everyone, until = not core.late, float("inf")
         while True:
-            end = min(deadline + (self.paused() - paused0), budget or float("inf"))
-            everyone = budget is not None  # (else: all but the late ones, first)
+            end = min(deadline + (self.paused() - paused0), until)
             complete = yield Wait(lambda all_=everyone: not core.awaits_any(r, late_too=all_),
                                   min(end, self.now() + ask_after))
             if complete and not everyone:
                 if not core.awaits_any(r):
                     return True
-                budget = self.now() + self.straggler_s
+                everyone, until = True, self.now() + self.straggler_s
                 continue
             if complete or self.now() >= end:
                 if not complete:  # whoever still owes us its knowledge is late from now on
-                    core.late.update(dict.fromkeys(core.awaited(r), r))
+                    newly = sorted(set(core.awaited(r)) - core.late)
+                    core.late.update(newly)
+                    if newly:
+                        yield self.say(INFO, "round %d: no knowledge from %s in time; waited "
+                                       "for only %.1fs after the others' until it sends again",
+                                       r, ", ".join(newly[:8]), self.straggler_s)
                 return complete
             ask_after = 8 * hb
             if self.reading_behind():

@@ -324,11 +324,15 @@ def test_a_decentralized_round_sends_to_every_live_peer_and_takes_what_arrived_b
     wait = s.answer(False)
     assert s.sent(mark) == [(("p2",), "heartbeat")]
     assert next(i for i in s.seen[mark:] if isinstance(i, Broadcast)).msg.awaiting == 1
-    while not s.done:  # p2's never came
-        clock.t = s.until(Wait).deadline
+    while (wait := s.until(Wait)) is not None:  # p2's never came
+        clock.t = wait.deadline
         s.answer(False)
     assert clock.t == core.timing.round_timeout_s and sorted(s.value) == ["p1"]
     assert info == {"received_from": 1, "timed_out": True, "learned_from": 1}
+    # p2 is late from now on, and the log says so (its wait is shorter next time)
+    assert core.late == {"p2"}
+    assert any("no knowledge from p2 in time" in (i.template % i.args)
+               for i in s.seen if isinstance(i, Say))
 
 
 def test_a_decentralized_peer_sends_its_knowledge_again_to_a_receiver_still_awaiting_it():

@@ -448,7 +448,8 @@ def test_the_progress_line_shows_an_eta(tmp_path):
     # A mean round of 2 s, 8 rounds left.
     assert "] round 2/10, ETA 16s | p0 r2 acc 0.500 (down) | p1" in sup._progress_line()  # no processes
     assert "round 2/10, ETA 16s | 2 peers in one process" in shown.line()
-    assert "round 2/10, ETA 16s | 2 peers in one process" in shown.line()  # nothing counted twice
+    assert "round 2/10, ETA 16s | 2 peers in one process" in shown.line()
+    assert [p.rounds_timed for p in shown.peers] == [2, 2]  # a line read once, not at each look
 
 
 def test_a_followed_jsonl_file_gives_each_complete_line_once(tmp_path):
