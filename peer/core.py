@@ -427,6 +427,8 @@ class PeerCore:
         # so that our order catches up with the cohort's (and our elections with theirs);
         # while joining, the asks to the bootstrap bring the cohort in.
         lazy = mem.lazy
+        if mem.fresh_lead:  # (with swim, a lead is greeted at the next tick, not later)
+            mem.fresh_lead, self.to_greet = False, True
         if lazy and self.joining and not regreet and not mem.any_lead:
             self.to_greet = False  # (a lazy joiner greets no one here: nothing to scan for)
         elif not self.swim or regreet or self.to_greet:
@@ -436,8 +438,8 @@ class PeerCore:
                      and not (lazy and (self.joining or m.peer_id in order)))
                         or (regreet and m.status == "dead")):
                     places.append((m.address, m.peer_id))
-                if m.lead and m.status in ("suspect", "dead"):  # it may have moved: ask it there
-                    places.append((m.lead, m.peer_id))
+                if m.leads:  # silent to us, and gossip places it elsewhere: ask it there
+                    places += [(a, m.peer_id) for a in mem.lead_places(m)]
             self.to_greet = len(places) > GREETINGS_PER_TICK
         if self.swim:  # a late joiner greets a big cohort over a few ticks, not at once
             places = places[:GREETINGS_PER_TICK]

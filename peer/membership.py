@@ -65,6 +65,10 @@ ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
 #: swim: the most a peer stretches its suspicion and death timeouts when the answers to
 #: its probes come slowly (Lifeguard's local health multiplier also stops at 8 + 1).
 PATIENCE_MAX = 8.0
+#: Places gossip may give one member we have not heard from (one a reporter): enough
+#: for every honest reporter of a cohort's first gossip, and a bound on what reporters
+#: who are not members (an open cohort) can make us greet.
+MAX_LEADS = 16
 #: swim: answer times kept for the estimate, and how many it needs before it counts.
 ANSWER_WINDOW, ANSWER_MIN = 64, 8
 
@@ -86,9 +90,10 @@ class Member:
     greeted: bool = False  # have we sent it our hello?
     confirmed: bool = False  # heard from the peer itself (not only suggested by gossip)
     remembered: bool = False  # in our own checkpoint: heard from itself in an earlier life of ours
-    # Where gossip says this peer, silent to us, now is (a restart elsewhere): a place to
-    # greet it, never its address: only its own answer moves it (see merge).
-    lead: str | None = None
+    # Where gossip says this peer, silent to us, is when that is not its ``address``:
+    # reporter -> place (a restart elsewhere; or the first gossip we took was wrong).
+    # Places to greet it, never its address: only its own answer moves it (see merge).
+    leads: dict[str, str] | None = None
     # swim: when a probe to it went out that it has not answered yet (None: it owes
     # nothing); its silence counts from then.
     expect_since: float | None = None
@@ -147,8 +152,10 @@ class Membership:
     lazy: bool = False
     mode: str = "full"  # "full" or "swim" (module docstring)
     rng: random.Random = field(default_factory=random.Random)
-    #: whether a member was ever given a ``lead`` (the tick's greeting scan looks for them)
+    #: whether a member was ever given a lead (the tick's greeting scan looks for them),
+    #: and whether one was since the node last looked (its next tick greets there)
     any_lead: bool = False
+    fresh_lead: bool = False
     #: swim: news of failures and departures to piggyback: peer id -> [record, sends left]
     rumors: dict[str, list] = field(default_factory=dict)
     _probe_order: list[str] = field(default_factory=list)
@@ -301,7 +308,7 @@ class Membership:
             change = Change(peer_id, m.status, ALIVE, "heard from again")
         if address and may_move:
             self._moved(m, address)
-            m.lead = None
+            m.leads = None
         self._set(m, status=ALIVE)
         m.last_heard, m.heard_pause = now, self._paused_s
         if m.asked_at is not None and answer and same_life:  # how long our probe waited
@@ -532,7 +539,10 @@ class Membership:
         greeted and then heard directly). A known member's address, incarnation
         and status are never taken from a third party, and neither is a departure;
         for a member silent to us that gossip places elsewhere at a later
-        incarnation, that place is kept as its ``lead``: we greet it there too.
+        incarnation, or for a member we never heard from that gossip places elsewhere
+        than the first record we took, that place is kept as a lead (one a reporter):
+        we greet it there too, so that the first member to name a peer cannot keep us
+        from it by naming a wrong address.
         A member ``reporter`` knows as no longer alive, and we never heard from,
         is counted as one of its reports (:attr:`reported`).
         """
@@ -546,10 +556,12 @@ class Membership:
                         and (r.status != ALIVE or (lazy and r.vouched))
                         and self._report(peer_id, reporter)):
                     entered.append(peer_id)
-                if (known.status in (SUSPECT, DEAD) and r.status == ALIVE
-                        and r.incarnation > known.incarnation and r.address != known.address):
-                    known.lead = r.address  # a resubmitted job's peers all moved: greet it there
-                    self.any_lead = True
+                if r.status == ALIVE and r.address != known.address and (
+                        not known.confirmed or (known.status in (SUSPECT, DEAD)
+                                                and r.incarnation > known.incarnation)):
+                    # Silent to us (a resubmitted job's peers all moved; or the first
+                    # member to name it lied about where it is): greet it there too.
+                    self._lead(known, r.address, reporter)
                 continue
             if peer_id == me:
                 continue
@@ -567,6 +579,25 @@ class Membership:
         if new or entered:
             self._touch(rounds=False)  # (suggestions are at round 0: the highest stands)
         return new
+
+    def _lead(self, m: Member, address: str, reporter: str | None) -> None:
+        """``reporter`` places ``m`` at ``address``: kept as its lead (its latest, one a
+        reporter, at most :data:`MAX_LEADS` reporters)."""
+        leads, key = m.leads, reporter or ""
+        if leads is None:
+            leads = m.leads = {}
+        elif key not in leads and len(leads) >= MAX_LEADS:
+            return
+        if leads.get(key) != address:
+            leads[key] = address
+            self.any_lead = self.fresh_lead = True
+
+    def lead_places(self, m: Member) -> list[str]:
+        """Where to greet ``m`` besides its address: its leads, while it is silent to us
+        (never heard from, or suspect or dead). In the order they came, each once."""
+        if not m.leads or (m.confirmed and m.status not in (SUSPECT, DEAD)):
+            return []
+        return [a for a in dict.fromkeys(m.leads.values()) if a != m.address]
 
     def _report(self, peer_id: str, reporter: str) -> bool:
         """``reporter`` knows ``peer_id`` by its own evidence (its record said so: not

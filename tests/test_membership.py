@@ -13,6 +13,7 @@ from hfl.peer.membership import (
     ALIVE,
     DEAD,
     LEFT,
+    MAX_LEADS,
     PATIENCE_MAX,
     SUSPECT,
     Change,
@@ -315,16 +316,48 @@ def test_gossip_places_a_silent_member_only_as_somewhere_to_greet_it():
     # there: under CURVE only that peer's key completes the link), never move it.
     m = view()
     m.heard_from("b", 0, 0.0, address="mem://b")
-    assert m.merge([rec("b", 1, address="mem://moved")], now=1.0) == []
-    assert m.members["b"].lead is None  # a live member is never questioned
-    m.tick(DEAD_S)
-    m.merge([rec("b", 0, address="mem://moved")], now=DEAD_S + 1)
-    assert m.members["b"].lead is None  # not a later incarnation: nothing to go on
-    m.merge([rec("b", 1, address="mem://moved")], now=DEAD_S + 1)
+    assert m.merge([rec("b", 1, address="mem://moved")], now=1.0, reporter="c") == []
     b = m.members["b"]
-    assert (b.lead, b.address, b.status, b.incarnation) == ("mem://moved", "mem://b", DEAD, 0)
+    assert m.lead_places(b) == []  # a live member is never questioned
+    m.tick(DEAD_S)
+    m.merge([rec("b", 0, address="mem://moved")], now=DEAD_S + 1, reporter="c")
+    assert m.lead_places(b) == []  # not a later incarnation: nothing to go on
+    m.merge([rec("b", 1, address="mem://moved")], now=DEAD_S + 1, reporter="c")
+    assert (m.lead_places(b), b.address, b.status, b.incarnation) == (
+        ["mem://moved"], "mem://b", DEAD, 0)
     m.heard_from("b", 1, DEAD_S + 2, address="mem://moved")  # its own word moves it
-    assert (b.address, b.status, b.lead) == ("mem://moved", ALIVE, None)
+    assert (b.address, b.status, b.leads) == ("mem://moved", ALIVE, None)
+
+
+def test_a_wrong_first_address_for_a_member_never_heard_from_cannot_hide_it():
+    # Review finding B1: the first member to name b gave a wrong address, and every
+    # later record (the honest members' word, at the same incarnation) was ignored, so
+    # two honest peers that first heard of each other from that member stayed apart.
+    # Now each reporter's place for b is a lead, greeted until b answers for itself.
+    m = view()
+    assert m.merge([rec("b", 0, address="mem://liar-says-b-is-here")], now=0.0,
+                   reporter="mallory") == ["b"]
+    b = m.members["b"]
+    assert m.lead_places(b) == []
+    m.fresh_lead = False
+    m.merge([rec("b", 0, address="mem://b")], now=0.5, reporter="c")
+    m.merge([rec("b", 0, address="mem://b")], now=0.6, reporter="d")  # the same place once
+    assert (b.address, m.lead_places(b), m.fresh_lead) == (
+        "mem://liar-says-b-is-here", ["mem://b"], True)
+    # The liar cannot crowd the honest leads out: one place a reporter (its latest),
+    # and at most MAX_LEADS reporters.
+    for k in range(3):
+        m.merge([rec("b", 0, address=f"mem://liar-{k}")], now=1.0, reporter="mallory")
+    assert m.lead_places(b) == ["mem://b", "mem://liar-2"]
+    for k in range(2 * MAX_LEADS):
+        m.merge([rec("b", 0, address=f"mem://sybil-{k}")], now=1.0, reporter=f"s{k}")
+    assert len(b.leads) == MAX_LEADS and "mem://b" in m.lead_places(b)
+    # b answers at its true address: that moves it, and the leads are gone.
+    m.heard_from("b", 0, 2.0, address="mem://b")
+    assert (b.address, b.confirmed, b.leads, m.lead_places(b)) == ("mem://b", True, None, [])
+    # Once heard from, a third party's place for it is nothing to go on.
+    m.merge([rec("b", 0, address="mem://liar-3")], now=3.0, reporter="mallory")
+    assert m.lead_places(b) == []
 
 
 def test_an_address_change_needs_a_new_incarnation_from_the_peer_itself():

@@ -185,6 +185,62 @@ def test_gossip_cannot_redirect_a_peers_traffic_or_remove_it(tmp_path):
         assert {rec["contributors"] for rec in recs.values()} == {4}, r  # nobody trained alone
 
 
+def test_a_member_that_names_wrong_addresses_first_cannot_keep_two_peers_apart(tmp_path):
+    # Review finding B1: p1 and p2 first heard of each other from p0, their bootstrap
+    # peer, which put every other member at an address where nobody listens. The first
+    # address gossip gave stuck (later records at the same incarnation were ignored), so
+    # p1 and p2 never met, even once p3 gave each the other's true address: every round
+    # ran without one of them. Now p3's word is a lead, and p1 greets p2 there.
+    rounds, lied = 2, []
+    cfgs = [peer_cfg(tmp_path, "p0", 0, 4, rounds=rounds),
+            *(peer_cfg(tmp_path, f"p{i}", i, 4, bootstrap=("mem://p0",), rounds=rounds)
+              for i in (1, 2)),
+            peer_cfg(tmp_path, "p3", 3, 4, bootstrap=("mem://p1", "mem://p2"), rounds=rounds)]
+    watch, hub = RoundWatch(c.node.id for c in cfgs), MemoryHub()
+    nodes = [build_node(c, hub, on_round=watch) for c in cfgs]
+    liar = nodes[0].transport
+
+    def lie(frames):
+        msg = decode(frames)
+        if not getattr(msg, "members", None):
+            return frames
+        lied.append(msg.TYPE)
+        return encode(dataclasses.replace(msg, members=[
+            r if r.peer_id == "p0" else dataclasses.replace(r, address=f"mem://nowhere-{r.peer_id}")
+            for r in msg.members]))
+
+    send, send_now = liar.send, liar.send_now
+    liar.send = lambda address, frames, *a, **kw: send(address, lie(frames), *a, **kw)
+    liar.send_now = lambda address, frames, *a, **kw: send_now(address, lie(frames), *a, **kw)
+
+    async def main():
+        tasks = [asyncio.create_task(nd.run()) for nd in nodes[:3]]
+        try:
+            await until(lambda: None not in (nodes[1].membership, nodes[2].membership),
+                        "p1 and p2 started")
+            p1, p2 = nodes[1].membership, nodes[2].membership
+            await until(lambda: "p2" in p1.members and "p1" in p2.members,
+                        "p1 and p2 told of each other by p0")
+            assert (p1.address_of("p2"), p2.address_of("p1")) == ("mem://nowhere-p2",
+                                                                  "mem://nowhere-p1")
+            tasks.append(asyncio.create_task(nodes[3].run()))
+            return await asyncio.wait_for(asyncio.gather(*tasks), 3 * WAIT_S)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = dict(zip([c.node.id for c in cfgs], asyncio.run(main()), strict=True))
+    assert lied  # p0 did lie, in what it sent p1 and p2
+    assert_completed(results, rounds)
+    for r, recs in by_round(results).items():
+        assert_same_model(recs)
+        assert {rec["contributors"] for rec in recs.values()} == {4}, r  # nobody left out
+    for nd in nodes[1:3]:
+        other = "p2" if nd.id == "p1" else "p1"
+        assert nd.membership.address_of(other) == f"mem://{other}"
+
+
 def test_gossip_from_a_non_member_is_ignored(tmp_path):
     async def attack(hub, nodes, watch):
         outsider = InMemoryTransport("mallory", "mem://mallory", hub)
