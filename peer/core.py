@@ -418,18 +418,19 @@ class PeerCore:
         # address with no checkpoint (killed before its first), it remembers nobody, and
         # drops our heartbeats as "unknown peer" until our hello introduces us.
         regreet = tick % max(1, round(timing.dead_after_s / timing.heartbeat_interval_s)) == 0
+        # A member silent to us that gossip places somewhere else (a lead): greeted there
+        # when the lead comes, then once per dead_after_s with the dead (not every tick:
+        # a member must not make every peer send a hello a tick to a place it names).
+        places = [(a, m.peer_id) for m in mem.take_fresh_leads() for a in mem.lead_places(m)]
         # Members greeted in our view (introduced: they need not send a member list back).
         # With swim the scan (O(N)) runs while someone is left to greet, and once per
         # dead_after_s: a thousand peers in one process must not each scan every tick.
-        places = []
         # Lazy join: a member in our rotation order (vouched for) is greeted by our first
         # probe to it. Once joined, one we know of from a suggestion alone is greeted now,
         # so that our order catches up with the cohort's (and our elections with theirs);
         # while joining, the asks to the bootstrap bring the cohort in.
         lazy = mem.lazy
-        if mem.fresh_lead:  # (with swim, a lead is greeted at the next tick, not later)
-            mem.fresh_lead, self.to_greet = False, True
-        if lazy and self.joining and not regreet and not mem.any_lead:
+        if lazy and self.joining and not regreet:
             self.to_greet = False  # (a lazy joiner greets no one here: nothing to scan for)
         elif not self.swim or regreet or self.to_greet:
             order = mem.order_ids() if lazy else ()
@@ -438,7 +439,7 @@ class PeerCore:
                      and not (lazy and (self.joining or m.peer_id in order)))
                         or (regreet and m.status == "dead")):
                     places.append((m.address, m.peer_id))
-                if m.leads:  # silent to us, and gossip places it elsewhere: ask it there
+                if regreet and m.leads:
                     places += [(a, m.peer_id) for a in mem.lead_places(m)]
             self.to_greet = len(places) > GREETINGS_PER_TICK
         if self.swim:  # a late joiner greets a big cohort over a few ticks, not at once

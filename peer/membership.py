@@ -152,10 +152,9 @@ class Membership:
     lazy: bool = False
     mode: str = "full"  # "full" or "swim" (module docstring)
     rng: random.Random = field(default_factory=random.Random)
-    #: whether a member was ever given a lead (the tick's greeting scan looks for them),
-    #: and whether one was since the node last looked (its next tick greets there)
-    any_lead: bool = False
-    fresh_lead: bool = False
+    #: members given a new lead since the node last looked (:meth:`take_fresh_leads`:
+    #: its next tick greets them there; after that, once per ``dead_after_s``)
+    fresh_leads: set[str] = field(default_factory=set)
     #: swim: news of failures and departures to piggyback: peer id -> [record, sends left]
     rumors: dict[str, list] = field(default_factory=dict)
     _probe_order: list[str] = field(default_factory=list)
@@ -590,7 +589,14 @@ class Membership:
             return
         if leads.get(key) != address:
             leads[key] = address
-            self.any_lead = self.fresh_lead = True
+            self.fresh_leads.add(m.peer_id)
+
+    def take_fresh_leads(self) -> list[Member]:
+        """The members given a new lead since the last call (in id order)."""
+        if not self.fresh_leads:
+            return []
+        fresh, self.fresh_leads = sorted(self.fresh_leads), set()
+        return [self.members[p] for p in fresh if p in self.members]
 
     def lead_places(self, m: Member) -> list[str]:
         """Where to greet ``m`` besides its address: its leads, while it is silent to us

@@ -203,6 +203,35 @@ def test_a_peer_greets_its_bootstrap_until_someone_answers_then_only_new_members
     assert not [i for i in out if isinstance(i, Send)]  # p1 answered: no more bootstrap hellos
 
 
+def test_a_silent_member_is_greeted_where_other_members_place_it_once_then_with_the_dead():
+    from hfl.peer.instructions import Send
+    from hfl.protocol import Gossip, MemberRecord
+
+    core = ticking(members=("p1", "p2"))
+
+    def told(by, where, now):
+        record = MemberRecord(peer_id="p5", address=where, incarnation=0)
+        core.handle(by, Gossip(sender=by, incarnation=0, members=[record]), now)
+
+    def hellos(tick):
+        return sorted(i.address for i in core.tick_greetings(tick, now=tick * 0.5)
+                      if isinstance(i, Send) and i.msg.TYPE == "hello" and i.peer_id == "p5")
+
+    told("p1", "mem://nowhere", 0.1)  # the first to name p5 names a wrong place
+    told("p2", "mem://p5", 0.2)  # a later record: before, ignored
+    assert core.membership.address_of("p5") == "mem://nowhere"
+    assert hellos(1) == ["mem://nowhere", "mem://p5"]  # the lead, as soon as it came
+    assert hellos(2) == ["mem://nowhere"]  # (unanswered: the address each tick, as before)
+    assert hellos(10) == ["mem://nowhere", "mem://p5"]  # the lead once per dead_after_s
+    told("p1", "mem://elsewhere", 5.1)  # a new lead: p5 is greeted at each place again
+    assert hellos(11) == ["mem://elsewhere", "mem://nowhere", "mem://p5"]
+    told("p1", "mem://elsewhere", 5.2)  # (nothing new: nothing more)
+    assert hellos(12) == ["mem://nowhere"]
+    core.handle("p5", hello("p5"), 6.0)  # p5 itself, at its own address
+    assert core.membership.address_of("p5") == "mem://p5"
+    assert "mem://nowhere" not in hellos(20) and core.membership.members["p5"].leads is None
+
+
 def joining(join: str, cohort_size: int = 5) -> PeerCore:
     """A fresh SWIM peer of an elected-aggregator cohort, bootstrapping from p1."""
     import random

@@ -339,11 +339,11 @@ def test_a_wrong_first_address_for_a_member_never_heard_from_cannot_hide_it():
                    reporter="mallory") == ["b"]
     b = m.members["b"]
     assert m.lead_places(b) == []
-    m.fresh_lead = False
+    assert m.take_fresh_leads() == []
     m.merge([rec("b", 0, address="mem://b")], now=0.5, reporter="c")
     m.merge([rec("b", 0, address="mem://b")], now=0.6, reporter="d")  # the same place once
-    assert (b.address, m.lead_places(b), m.fresh_lead) == (
-        "mem://liar-says-b-is-here", ["mem://b"], True)
+    assert (b.address, m.lead_places(b), m.take_fresh_leads(), m.take_fresh_leads()) == (
+        "mem://liar-says-b-is-here", ["mem://b"], [b], [])
     # The liar cannot crowd the honest leads out: one place a reporter (its latest),
     # and at most MAX_LEADS reporters.
     for k in range(3):
