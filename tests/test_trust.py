@@ -1230,6 +1230,56 @@ def test_gossiped_ids_that_never_run_do_not_raise_the_quorum_over_curve(tmp_path
         assert not any(rec.get("below_quorum") for rec in recs.values()), rr
 
 
+def test_a_member_that_says_the_cohort_is_far_ahead_skips_no_round_over_curve(tmp_path):
+    # The liveness review's first attack, on real processes' stack (ZeroMQ, CURVE): p3
+    # runs the protocol but every heartbeat, hello and welcome it sends says it is 20
+    # rounds ahead. Before (one member's word was enough to catch up to), every honest
+    # peer jumped to the last round and ran 1 round of 4. Now a peer catches up only to
+    # a round f + 1 members report (PeerCore.cohort_round): none is skipped.
+    ids, rounds, ahead = ["p0", "p1", "p2", "p3"], 4, 20
+    keys = cohort_keys(tmp_path / "keys", ids)
+    claims = []
+
+    def boast(frames):
+        msg = decode(frames)
+        if msg.TYPE not in ("heartbeat", "hello", "welcome") or not getattr(msg, "round", 0):
+            return frames
+        claims.append(msg.TYPE)
+        return encode(dataclasses.replace(msg, round=msg.round + ahead))
+
+    async def main():
+        watch = RoundWatch(ids)
+        first = build_node(peer_cfg(tmp_path, "p0", 0, 4, listen="tcp://127.0.0.1:0",
+                                    rounds=rounds, security=keys["p0"]), None, on_round=watch)
+        nodes, tasks = [first], [asyncio.create_task(first.run())]
+        try:
+            await until(lambda: first.membership is not None, "p0 listening")
+            for i in range(1, 4):
+                nd = build_node(peer_cfg(tmp_path, f"p{i}", i, 4, listen="tcp://127.0.0.1:0",
+                                         bootstrap=(f"p0@{first.transport.address}",),
+                                         rounds=rounds, security=keys[f"p{i}"]), None,
+                                on_round=watch)
+                nodes.append(nd)
+            liar = nodes[3].transport
+            send, send_now = liar.send, liar.send_now
+            liar.send = lambda address, frames, *a, **kw: send(address, boast(frames), *a, **kw)
+            liar.send_now = lambda address, frames, *a, **kw: send_now(address, boast(frames),
+                                                                       *a, **kw)
+            tasks += [asyncio.create_task(nd.run()) for nd in nodes[1:]]
+            return await asyncio.wait_for(asyncio.gather(*tasks), 3 * WAIT_S)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = dict(zip(ids, asyncio.run(main()), strict=True))
+    assert "heartbeat" in claims  # p3 did claim, over its own connections
+    assert_completed({p: results[p] for p in ids[:3]}, rounds)  # rounds 1..4, none skipped
+    for r, recs in by_round(results).items():
+        assert_same_model({p: rec for p, rec in recs.items() if p != "p3"})
+        assert all(recs[p]["contributors"] >= 3 for p in ids[:3]), r
+
+
 def test_an_unsendable_message_is_logged_and_dropped_and_unsendable_work_stops_the_peer(tmp_path):
     # A payload over the protocol's limits (here 70 tensors > max_frames) used to raise
     # out of encode() and end the sending peer with a traceback. Now a message that
