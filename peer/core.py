@@ -419,9 +419,11 @@ class PeerCore:
         # drops our heartbeats as "unknown peer" until our hello introduces us.
         regreet = tick % max(1, round(timing.dead_after_s / timing.heartbeat_interval_s)) == 0
         # A member silent to us that gossip places somewhere else (a lead): greeted there
-        # when the lead comes, then once per dead_after_s with the dead (not every tick:
-        # a member must not make every peer send a hello a tick to a place it names).
-        places = [(a, m.peer_id) for m in mem.take_fresh_leads() for a in mem.lead_places(m)]
+        # when a reporter first names the place, then once per dead_after_s with the dead
+        # (a member must not make every peer send a hello a tick to a place it names).
+        # With swim, at most GREETINGS_PER_TICK members' leads a tick, the rest next tick.
+        fresh = mem.take_fresh_leads(GREETINGS_PER_TICK if self.swim else None)
+        places = [(a, m.peer_id) for m in fresh for a in mem.lead_places(m)]
         # Members greeted in our view (introduced: they need not send a member list back).
         # With swim the scan (O(N)) runs while someone is left to greet, and once per
         # dead_after_s: a thousand peers in one process must not each scan every tick.

@@ -89,6 +89,10 @@ class Member:
     round_heard: float = 0.0
     greeted: bool = False  # have we sent it our hello?
     confirmed: bool = False  # heard from the peer itself (not only suggested by gossip)
+    # ``address`` is the peer's own word (its hello or welcome), not a third party's: a
+    # member can be confirmed by a message that names no address (a heartbeat, or a
+    # probe another member asked it to relay), and its address is then still gossip's.
+    placed: bool = False
     remembered: bool = False  # in our own checkpoint: heard from itself in an earlier life of ours
     # Where gossip says this peer, silent to us, is when that is not its ``address``:
     # reporter -> place (a restart elsewhere; or the first gossip we took was wrong).
@@ -271,8 +275,8 @@ class Membership:
         if m is None:
             if address is None:
                 return None  # unknown and no address: cannot add it
-            self._add(Member(peer_id, address, incarnation, ALIVE, now,
-                             confirmed=incarnation >= 0, remembered=incarnation < 0))
+            self._add(Member(peer_id, address, incarnation, ALIVE, now, confirmed=incarnation >= 0,
+                             placed=incarnation >= 0, remembered=incarnation < 0))
             if incarnation < 0:
                 self._remembered.append(peer_id)
             if round is not None:
@@ -307,7 +311,7 @@ class Membership:
             change = Change(peer_id, m.status, ALIVE, "heard from again")
         if address and may_move:
             self._moved(m, address)
-            m.leads = None
+            m.leads, m.placed = None, True
         self._set(m, status=ALIVE)
         m.last_heard, m.heard_pause = now, self._paused_s
         if m.asked_at is not None and answer and same_life:  # how long our probe waited
@@ -480,14 +484,14 @@ class Membership:
         """
         if address:
             for other in self._members_at(address):
-                if (other.peer_id != peer_id and other.address == address and other.confirmed
+                if (other.peer_id != peer_id and other.address == address and other.placed
                         and other.status in (ALIVE, SUSPECT)):
                     # Another live member's own address (issue 35): taken, the claim cost
                     # that member its link (a goodbye from the claimer closed it).
                     return (f"{peer_id} incarnation {incarnation} claims address {address!r}, "
                             f"which is {other.peer_id}'s (alive)")
         m = self.members.get(peer_id)
-        if m is None or not address or address == m.address or not m.confirmed:
+        if m is None or not address or address == m.address or not m.placed:
             return None
         if incarnation > m.incarnation:
             return None
@@ -556,7 +560,7 @@ class Membership:
                         and self._report(peer_id, reporter)):
                     entered.append(peer_id)
                 if r.status == ALIVE and r.address != known.address and (
-                        not known.confirmed or (known.status in (SUSPECT, DEAD)
+                        not known.placed or (known.status in (SUSPECT, DEAD)
                                                 and r.incarnation > known.incarnation)):
                     # Silent to us (a resubmitted job's peers all moved; or the first
                     # member to name it lied about where it is): greet it there too.
@@ -581,27 +585,36 @@ class Membership:
 
     def _lead(self, m: Member, address: str, reporter: str | None) -> None:
         """``reporter`` places ``m`` at ``address``: kept as its lead (its latest, one a
-        reporter, at most :data:`MAX_LEADS` reporters)."""
+        reporter, from at most :data:`MAX_LEADS` reporters, or f + 2: one honest reporter
+        beside f liars). A reporter's first lead for ``m`` is greeted at the next tick; a
+        changed one waits for the next regreet, so that a member that names a new place
+        in every message gets no hello a tick sent where it likes."""
         leads, key = m.leads, reporter or ""
         if leads is None:
             leads = m.leads = {}
-        elif key not in leads and len(leads) >= MAX_LEADS:
+        elif key not in leads and len(leads) >= max(MAX_LEADS, self.reports_needed + 1):
             return
-        if leads.get(key) != address:
-            leads[key] = address
+        if key not in leads:
             self.fresh_leads.add(m.peer_id)
+        leads[key] = address
 
-    def take_fresh_leads(self) -> list[Member]:
-        """The members given a new lead since the last call (in id order)."""
+    def take_fresh_leads(self, limit: int | None = None) -> list[Member]:
+        """The members given a reporter's first lead since they were last taken, in id
+        order; at most ``limit`` of them (the rest stay for the next call)."""
         if not self.fresh_leads:
             return []
-        fresh, self.fresh_leads = sorted(self.fresh_leads), set()
+        fresh = sorted(self.fresh_leads)
+        if limit is not None and len(fresh) > limit:
+            fresh = fresh[:limit]
+            self.fresh_leads.difference_update(fresh)
+        else:
+            self.fresh_leads = set()
         return [self.members[p] for p in fresh if p in self.members]
 
     def lead_places(self, m: Member) -> list[str]:
         """Where to greet ``m`` besides its address: its leads, while it is silent to us
         (never heard from, or suspect or dead). In the order they came, each once."""
-        if not m.leads or (m.confirmed and m.status not in (SUSPECT, DEAD)):
+        if not m.leads or (m.placed and m.status not in (SUSPECT, DEAD)):
             return []
         return [a for a in dict.fromkeys(m.leads.values()) if a != m.address]
 

@@ -232,6 +232,30 @@ def test_a_silent_member_is_greeted_where_other_members_place_it_once_then_with_
     assert "mem://nowhere" not in hellos(20) and core.membership.members["p5"].leads is None
 
 
+def test_a_member_confirmed_by_a_relayed_probe_is_still_greeted_where_others_place_it():
+    # Attack review of the leads (A1): a liar told p0 that p5 is at a wrong place, then
+    # asked p5 to probe p0 for it; p5's relayed heartbeat names no address, so p5 was
+    # "confirmed" at the liar's place: its leads were never greeted, and its own hello
+    # from its true address was dropped as an impostor's (address_conflict) for good.
+    from hfl.peer.instructions import Dropped, Send
+    from hfl.protocol import Gossip, MemberRecord
+
+    core = ticking(members=("p1", "p2"))
+    mem = core.membership
+    core.handle("p1", Gossip(sender="p1", incarnation=0, members=[
+        MemberRecord(peer_id="p5", address="mem://nowhere", incarnation=0)]), 0.1)
+    core.handle("p5", Heartbeat(sender="p5", incarnation=0, round=1), 0.2)  # the relayed probe
+    p5 = mem.members["p5"]
+    assert (p5.confirmed, p5.placed, p5.address) == (True, False, "mem://nowhere")
+    core.handle("p2", Gossip(sender="p2", incarnation=0, members=[
+        MemberRecord(peer_id="p5", address="mem://p5", incarnation=0)]), 0.3)
+    out = core.tick_greetings(1, now=0.5)
+    assert "mem://p5" in [i.address for i in out if isinstance(i, Send) and i.peer_id == "p5"]
+    out = core.handle("p5", Welcome(sender="p5", incarnation=0, address="mem://p5", round=1), 0.6)
+    assert not [i for i in out if isinstance(i, Dropped)]
+    assert (p5.address, p5.placed, p5.leads) == ("mem://p5", True, None)
+
+
 def joining(join: str, cohort_size: int = 5) -> PeerCore:
     """A fresh SWIM peer of an elected-aggregator cohort, bootstrapping from p1."""
     import random

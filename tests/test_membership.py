@@ -345,19 +345,37 @@ def test_a_wrong_first_address_for_a_member_never_heard_from_cannot_hide_it():
     assert (b.address, m.lead_places(b), m.take_fresh_leads(), m.take_fresh_leads()) == (
         "mem://liar-says-b-is-here", ["mem://b"], [b], [])
     # The liar cannot crowd the honest leads out: one place a reporter (its latest),
-    # and at most MAX_LEADS reporters.
+    # and at most MAX_LEADS reporters. Only a reporter's first lead is greeted at once:
+    # one that names a new place in every message gets no hello a tick there.
     for k in range(3):
         m.merge([rec("b", 0, address=f"mem://liar-{k}")], now=1.0, reporter="mallory")
+        assert m.take_fresh_leads() == ([b] if k == 0 else [])
     assert m.lead_places(b) == ["mem://b", "mem://liar-2"]
     for k in range(2 * MAX_LEADS):
         m.merge([rec("b", 0, address=f"mem://sybil-{k}")], now=1.0, reporter=f"s{k}")
     assert len(b.leads) == MAX_LEADS and "mem://b" in m.lead_places(b)
+    m.reports_needed = MAX_LEADS + 3  # f + 1 reporters (f liars) leave room for one more
+    m.merge([rec("b", 0, address="mem://b")], now=1.5, reporter="honest-late")
+    assert len(b.leads) == MAX_LEADS + 1
     # b answers at its true address: that moves it, and the leads are gone.
     m.heard_from("b", 0, 2.0, address="mem://b")
     assert (b.address, b.confirmed, b.leads, m.lead_places(b)) == ("mem://b", True, None, [])
     # Once heard from, a third party's place for it is nothing to go on.
     m.merge([rec("b", 0, address="mem://liar-3")], now=3.0, reporter="mallory")
     assert m.lead_places(b) == []
+
+
+def test_fresh_leads_are_taken_a_bounded_number_at_a_time_in_id_order():
+    # A resubmitted job of 600 peers: one welcome gives every remembered member a new
+    # place. A swim peer greets at most GREETINGS_PER_TICK a tick; the rest wait their
+    # turn instead of being dropped (a review found 257 of 600 greeted in 15 s).
+    m = view()
+    names = [f"m{i:03d}" for i in range(600)]
+    m.merge([rec(p, 0) for p in names], now=0.0, reporter="a")
+    m.merge([rec(p, 0, address=f"mem://new-{p}") for p in names], now=0.1, reporter="b")
+    taken = [m.take_fresh_leads(256) for _ in range(4)]
+    assert [len(t) for t in taken] == [256, 256, 88, 0]
+    assert [x.peer_id for t in taken for x in t] == names
 
 
 def test_an_address_change_needs_a_new_incarnation_from_the_peer_itself():
