@@ -330,6 +330,21 @@ def test_an_aggregator_commits_only_what_meets_the_quorum_of_the_cohort_as_it_is
     assert not res.violations, [str(v) for v in res.violations]
 
 
+def test_a_peer_cut_off_below_the_quorum_waits_for_the_cohort_instead_of_running_ahead():
+    # Signed, buggified seed 106: p4 was lost for good, then p3 was cut off for 1.6 s.
+    # Short of the quorum (4 of 5), p3 ran rounds 4 to 7 alone, none with a result,
+    # came back at round 8 and waited there, while the others, short of the quorum
+    # without it, ran rounds 5 to 7 for nothing: p0 learned from others in 5 of its 10
+    # rounds. Now a peer that loses its quorum waits (once) for members to come back.
+    sim = ProtocolSim(106, mode="aggregator", signed=True, buggify=True)
+    res = sim.run()
+    assert not res.violations, [str(v) for v in res.violations]
+    for p in ("p0", "p1", "p2", "p3"):
+        learned = [e["learned_from"] for e in sim.checker.events
+                   if e["event"] == "round" and e["peer"] == p]
+        assert len(learned) == 10 and sum(n > 0 for n in learned) >= 8, (p, learned)
+
+
 def _serving_but_withholding(sim: ProtocolSim, member: str) -> None:
     """``member`` answers every heartbeat and says it is in the others' round (epoch 0,
     so: serving, where it is elected), but sends no knowledge, result or commit."""
