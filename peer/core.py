@@ -437,7 +437,9 @@ class PeerCore:
         elif not self.swim or regreet or self.to_greet:
             order = mem.order_ids() if lazy else ()
             for m in mem.members.values():
-                if ((not m.greeted and m.status != "left"
+                # (a dead member only at a regreet: one never heard from, at an address
+                # gossip gave, got a hello every tick for the rest of the run)
+                if ((not m.greeted and m.status not in ("left", "dead")
                      and not (lazy and (self.joining or m.peer_id in order)))
                         or (regreet and m.status == "dead")):
                     places.append((m.address, m.peer_id))
@@ -894,7 +896,10 @@ class PeerCore:
             return Drop("wrong_aggregator", f"result for round {msg.round} from {msg.sender}: "
                         "this cohort has no aggregator (every peer aggregates for itself)")
         expected = self.aggregators_for(msg.round, msg.epoch)
-        if msg.epoch >= len(self.membership.rotation_order()) or msg.sender not in expected:
+        # (A negative epoch elects as epoch + k * n does: each such copy of one result was
+        # held with its tensors until the round ended, unbounded: a fuzzer's find.)
+        if (not 0 <= msg.epoch < len(self.membership.rotation_order())
+                or msg.sender not in expected):
             return Drop("wrong_aggregator", f"result for round {msg.round} epoch {msg.epoch} from "
                         f"{msg.sender}; the rotation elects {' or '.join(sorted(expected))}")
         if msg.kind == "none":  # an abstention: sets nothing, needs no quorum
@@ -1088,13 +1093,24 @@ class PeerCore:
         if not self.certifying:
             return None
         buffer = self.buffer
-        if not buffer.round <= msg.round <= buffer.round + buffer.lookahead:
-            return None  # late or far ahead: the buffer's own rules drop or keep it, unsigned-checked
+        if msg.round < buffer.round:
+            return None  # late: the buffer drops it
         digest = payload_digest(msg)
         if not self.signed_by(msg.sender, "knowledge", msg.round, msg.epoch, digest, msg.sig):
             return Drop("bad_signature", f"knowledge for round {msg.round} from {msg.sender}: its "
                                          "signature does not check against its allow-listed key")
         mine = (msg.epoch, digest, msg.sig)
+        top = buffer.round + buffer.lookahead
+        if msg.round > top:
+            # Beyond the window the buffer keeps the highest round seen only (a lagging
+            # peer catches up to it): so does the record of what was signed. Far
+            # knowledge was taken unchecked, and used so once the peer got there (a
+            # fuzzer's find: no proof of equivocation could name that round).
+            far = {k[0] for k in self.signed_knowledge if k[0] > top}
+            if far and msg.round < max(far):
+                return None  # the buffer refuses it too
+            self.signed_knowledge = {k: v for k, v in self.signed_knowledge.items()
+                                     if k[0] <= top or k[0] == msg.round}
         held = self.signed_knowledge.setdefault((msg.round, msg.sender), mine)
         if held[1] != digest:  # two versions sent to this very peer
             self._convicted(msg.sender, msg.round, held, mine)
@@ -1350,9 +1366,19 @@ class PeerCore:
         acks of that very (round, epoch, digest), each signed by its member: an
         aggregator that shows peers different results cannot commit any of them
         (before, each peer absorbed what it was shown: one at 0.100, one at 0.93)."""
-        if msg.sender not in self.aggregators_for(msg.round, msg.epoch):
+        if (not 0 <= msg.epoch < len(self.membership.rotation_order())
+                or msg.sender not in self.aggregators_for(msg.round, msg.epoch)):
             return Drop("wrong_aggregator", f"commit for round {msg.round} epoch {msg.epoch} "
                                             f"from {msg.sender}, not its aggregator")
+        # Only a commit of a result this peer may hold (the buffer's window: results
+        # outside it are refused), of a digest as payload_digest writes it: commits for
+        # far rounds with long digests were kept for the whole run (a fuzzer's find).
+        buffer = self.buffer
+        if (not buffer.round <= msg.round <= buffer.round + buffer.lookahead
+                or len(msg.digest) != 64):
+            return Drop("stale_result", f"commit for round {msg.round} from {msg.sender}: "
+                        f"outside rounds {buffer.round}..{buffer.round + buffer.lookahead} "
+                        "or not a payload digest")
         if self.certifying:
             signed = [p for p, sig in sorted(msg.certificate.items())
                       if self.ack_signed_by(p, msg.round, msg.epoch, msg.digest, sig)]

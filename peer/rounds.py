@@ -73,6 +73,8 @@ class RoundBuffer:
             return f"late result for round {msg.round} (now in round {self.round})"
         if msg.round > self.round + self.lookahead:
             return f"result for round {msg.round} is too far ahead of round {self.round}"
+        if msg.epoch < 0:
+            return f"result for round {msg.round} at epoch {msg.epoch}"
         held = self.results.setdefault(msg.round, {})
         if msg.epoch in held:
             return f"duplicate result for round {msg.round} epoch {msg.epoch}"

@@ -379,7 +379,10 @@ def _tensor_dtype(name: Any, shape: Any, limits: Limits, path: str) -> np.dtype:
         _fail(ErrorCode.BAD_TENSOR, f"{path}: shape must be a list of non-negative ints")
     if len(shape) > limits.max_tensor_ndim:
         _fail(ErrorCode.BAD_TENSOR, f"{path}: {len(shape)} dims > {limits.max_tensor_ndim}")
-    if math.prod(shape) > limits.max_tensor_elements:
+    # Each dimension too, not only their product: [2**63, 0] has 0 elements and passes
+    # the product, and numpy refuses the shape (a ValueError, not a drop: a fuzzer's find).
+    if math.prod(shape) > limits.max_tensor_elements or any(
+            d > limits.max_tensor_elements for d in shape):
         _fail(ErrorCode.TOO_LARGE, f"{path}: more than {limits.max_tensor_elements} elements")
     dtype = _LE_DTYPES.get(name)
     if dtype is None:  # name is one of limits.allowed_dtypes: a few canonical names

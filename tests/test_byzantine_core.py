@@ -278,8 +278,35 @@ def test_two_lives_are_no_excuse_and_an_unsigned_contribution_is_dropped():
     assert a.admit_knowledge(again).code == "equivocator" and "p3" in a.equivocators
     unsigned = dataclasses.replace(contribution("p2", 1.0, a), sig="")
     assert a.admit_knowledge(unsigned).code == "bad_signature"
-    far = contribution("p1", 1.0, a, R + 50)  # beyond the window: nothing recorded for it
-    assert a.admit_knowledge(far) is None and (R + 50, "p1") not in a.signed_knowledge
+    # Beyond the window too (a fuzzer found far knowledge taken unchecked, and used so
+    # once the peer got there): checked, and recorded for the highest far round only,
+    # as the buffer keeps it.
+    far_unsigned = dataclasses.replace(contribution("p1", 1.0, a, R + 50), sig="")
+    assert a.admit_knowledge(far_unsigned).code == "bad_signature"
+    far, farther = contribution("p1", 1.0, a, R + 50), contribution("p1", 1.0, a, R + 60)
+    assert a.admit_knowledge(far) is None and a.buffer.offer_knowledge(far) is None
+    assert (R + 50, "p1") in a.signed_knowledge
+    assert a.admit_knowledge(farther) is None and a.buffer.offer_knowledge(farther) is None
+    assert {k for k in a.signed_knowledge if k[0] > R + 2} == {(R + 60, "p1")}
+    assert a.admit_knowledge(far) is None and a.buffer.offer_knowledge(far) is not None
+    assert {k for k in a.signed_knowledge if k[0] > R + 2} == {(R + 60, "p1")}
+
+
+def test_results_and_commits_a_peer_could_never_use_are_not_held():
+    # A fuzzer's finds: a result at a negative epoch elects as epoch + k * n does, and
+    # each copy was held with its tensors until the round ended; commits for far rounds
+    # with long digests were kept for the whole run.
+    c = signed_core("p0")
+    for epoch in (-4, -1):
+        assert c.admit_result(result("p2", epoch, 1.0)).code == "wrong_aggregator"
+    assert c.admit_result(result("p2", 0, 1.0)) is None  # (p2 is round 2's candidate)
+    assert c.buffer.offer_result(result("p2", -4, 1.0)) is not None
+    digest = "ab" * 32
+    for r, epoch, d in ((R, -4, digest), (R + 10**9, 0, digest), (R - 1, 0, digest),
+                        (R, 0, digest * 1000)):
+        commit = Commit(sender="p2", incarnation=0, round=r, epoch=epoch, digest=d)
+        assert c.admit_commit(commit).code in ("wrong_aggregator", "stale_result"), (r, epoch)
+    assert c.commits == set()
 
 
 def test_every_peer_aggregating_needs_no_byzantine_quorum_and_skips_an_equivocator():

@@ -223,13 +223,17 @@ def test_a_silent_member_is_greeted_where_other_members_place_it_once_then_with_
     assert hellos(1) == ["mem://nowhere", "mem://p5"]  # the lead, as soon as it came
     assert hellos(2) == ["mem://nowhere"]  # (unanswered: the address each tick, as before)
     assert hellos(10) == ["mem://nowhere", "mem://p5"]  # the lead once per dead_after_s
-    told("p1", "mem://elsewhere", 5.1)  # a new lead: p5 is greeted at each place again
-    assert hellos(11) == ["mem://elsewhere", "mem://nowhere", "mem://p5"]
-    told("p1", "mem://elsewhere", 5.2)  # (nothing new: nothing more)
-    assert hellos(12) == ["mem://nowhere"]
-    core.handle("p5", hello("p5"), 6.0)  # p5 itself, at its own address
+    told("p1", "mem://elsewhere", 5.1)  # p1's first lead: p5 is greeted at its places
+    # p5 is dead now (silent for dead_after_s): its address too is greeted only once per
+    # dead_after_s (it got a hello every tick for the rest of the run: a fuzzer's find).
+    assert hellos(11) == ["mem://elsewhere", "mem://p5"]
+    assert core.membership.members["p5"].status == "dead"
+    told("p1", "mem://elsewhere-2", 5.2)  # a reporter's changed lead waits for a regreet
+    assert hellos(12) == []
+    assert hellos(20) == ["mem://elsewhere-2", "mem://nowhere", "mem://p5"]
+    core.handle("p5", hello("p5"), 10.5)  # p5 itself, at its own address
     assert core.membership.address_of("p5") == "mem://p5"
-    assert "mem://nowhere" not in hellos(20) and core.membership.members["p5"].leads is None
+    assert "mem://nowhere" not in hellos(30) and core.membership.members["p5"].leads is None
 
 
 def test_a_member_confirmed_by_a_relayed_probe_is_still_greeted_where_others_place_it():

@@ -27,6 +27,9 @@ def test_own_set_is_chunked_by_bytes_and_chunks_cover_it_exactly():
     np.testing.assert_array_equal(np.concatenate([c.tensors["x"] for c in chunks]), x)
     assert all(c.digest == digest(c.tensors["x"], c.tensors["y"]) for c in chunks)
     assert [c.chunk for c in store.chunks_for("a", [3, 9, -1], "a", 0)] == [3]  # out of range ignored
+    # Each chunk once, however often it is asked for (100,000 zeros were answered with
+    # 100,000 copies of chunk 0: a fuzzer's find).
+    assert [c.chunk for c in store.chunks_for("a", [3, 0] * 50_000, "a", 0)] == [3, 0]
 
 
 def test_receiver_assembles_despite_a_dropped_and_a_duplicated_chunk():
