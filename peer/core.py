@@ -1635,6 +1635,13 @@ class PeerCore:
                 or self.aggregator_waits_elsewhere(aggregator, r)
                 or (resend and not self.behind(aggregator, r)))
 
+    def past_round(self, aggregator: str) -> int:
+        """The round the cohort is in by the words :meth:`moved_on` takes: f + 1 members'
+        (:meth:`cohort_round`), or the aggregator's own (for the log: the highest round
+        one member claims is no evidence)."""
+        m = self.membership.members.get(aggregator)
+        return max(self.cohort_round(), m.round if m is not None else 0)
+
     def moved_on(self, r: int, aggregator: str) -> bool:
         """Round r is over for a peer that waits on ``aggregator``: a live peer is in a
         later round (:meth:`cohort_past`) and the aggregator is not alive and serving r

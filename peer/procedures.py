@@ -567,7 +567,7 @@ class RoundProcedures:
                 # Its result went out while we lagged (paused, restarted, partitioned) and
                 # will not come again: follow the cohort instead of failing over alone.
                 yield self.say(WARNING, "round %d: the cohort is already in round %d; leaving "
-                               "round %d without its result", r, mem.max_live_round(), r)
+                               "round %d without its result", r, core.past_round(aggregator), r)
                 info.update(aggregator=None, behind=True)
                 yield from self.discard_unused_results(r, None)
                 return {}
