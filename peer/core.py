@@ -678,7 +678,13 @@ class PeerCore:
             suggested = [r for r in msg.members
                          if self.allowed_peers is None or r.peer_id in self.allowed_peers]
             mem.reports_needed = self.distrusted + 1
-            if new := mem.merge(suggested, now, reporter=msg.sender):
+            full = mem.view_full
+            new = mem.merge(suggested, now, reporter=msg.sender)
+            if mem.view_full and not full:
+                out.append(Say(logging.WARNING, "%s: the view holds %d members, as many as a "
+                               "welcome carries: members gossip suggests beyond them are not "
+                               "taken (via %s)", (self.id, len(mem.members), msg.sender)))
+            if new:
                 # One line a message (a welcome can teach a thousand members at once)
                 out.append(Say(logging.DEBUG, "%s: learned of %d member(s) via %s: %s%s",
                                (self.id, len(new), msg.sender, ", ".join(new[:8]),

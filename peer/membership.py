@@ -58,6 +58,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from hfl.protocol.codec import Limits
 from hfl.protocol.messages import MemberRecord
 
 ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
@@ -69,6 +70,11 @@ PATIENCE_MAX = 8.0
 #: for every honest reporter of a cohort's first gossip, and a bound on what reporters
 #: who are not members (an open cohort) can make us greet.
 MAX_LEADS = 16
+#: Members a view takes from gossip at most: with ourselves, what a welcome can carry
+#: (the codec's ``max_members``). Without an allow-list, gossip of 4,096 made-up ids a
+#: message grew a view without end, and once past this a welcome no longer encoded:
+#: newcomers' hellos went unanswered (a fuzzer's find).
+MAX_VIEW = Limits().max_members - 1
 #: swim: answer times kept for the estimate, and how many it needs before it counts.
 ANSWER_WINDOW, ANSWER_MIN = 64, 8
 
@@ -159,6 +165,8 @@ class Membership:
     #: members given a new lead since the node last looked (:meth:`take_fresh_leads`:
     #: its next tick greets them there; after that, once per ``dead_after_s``)
     fresh_leads: set[str] = field(default_factory=set)
+    #: suggestions of new members not taken because the view holds MAX_VIEW already
+    view_full: int = 0
     #: swim: news of failures and departures to piggyback: peer id -> [record, sends left]
     rumors: dict[str, list] = field(default_factory=dict)
     _probe_order: list[str] = field(default_factory=list)
@@ -574,6 +582,9 @@ class Membership:
             if r.status == LEFT:
                 self.reported_left.add(r.peer_id)
                 self._join_changes += 1
+                continue
+            if len(members) >= MAX_VIEW:
+                self.view_full += 1
                 continue
             self._add(Member(r.peer_id, r.address, r.incarnation, ALIVE, now))
             new.append(r.peer_id)

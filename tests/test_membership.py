@@ -378,6 +378,21 @@ def test_fresh_leads_are_taken_a_bounded_number_at_a_time_in_id_order():
     assert [x.peer_id for t in taken for x in t] == names
 
 
+def test_gossip_cannot_grow_a_view_past_what_a_welcome_carries():
+    # Without an allow-list, each gossip could add 4,096 made-up members: past the
+    # codec's max_members the view no longer fit a welcome, so newcomers went unanswered
+    # (a fuzzer's find). Suggestions stop at MAX_VIEW; members heard from directly count.
+    from hfl.peer.membership import MAX_VIEW
+    from hfl.protocol import Limits, Welcome, encode
+
+    m = view()
+    for batch in range(3):
+        m.merge([rec(f"g{batch}-{i}") for i in range(4000)], now=0.0, reporter=f"r{batch}")
+    assert len(m.members) == MAX_VIEW and m.view_full == 3 * 4000 - MAX_VIEW
+    encode(Welcome(sender="a", incarnation=0, address="mem://a", round=1, members=m.records()))
+    assert len(m.records()) == Limits().max_members
+
+
 def test_an_address_change_needs_a_new_incarnation_from_the_peer_itself():
     m = view()
     m.heard_from("b", 2, 0.0, address="mem://b")
