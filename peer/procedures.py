@@ -88,10 +88,11 @@ class RoundProcedures:
         self.overlap = overlap
         # cohort.overlap: (round, its local step's metrics) taken during the round before
         self.ahead: tuple[int, dict[str, Any]] | None = None
-        # wait_for_a_quorum: a quorum was live at an exchange of this life; and whether
-        # this loss of it was waited out already
+        # wait_for_a_quorum: a quorum was live at an exchange of this life; whether this
+        # loss of it was waited out already; exchanges in a row that found it live
         self.had_quorum = False
         self.waited_for_quorum = False
+        self.quorum_streak = 0
 
     @property
     def timing(self):
@@ -164,7 +165,8 @@ class RoundProcedures:
                                core.round, target)
                 core.round = target
                 core.buffer.advance(target)
-            yield from self.wait_for_a_quorum(core.round)
+            if (yield from self.wait_for_a_quorum(core.round)) and core.catch_up(last) != core.round:
+                continue  # (the cohort went on while we waited: catch up first)
             yield from self.wait_for_the_cohort(core.round)
             yield from self.one_round(core.round, last, evaluate_every)
             core.contacts = set()
@@ -210,37 +212,54 @@ class RoundProcedures:
                        self.timing.round_timeout_s)
         yield Wait(arrived, self.now() + self.timing.round_timeout_s)
 
-    def wait_for_a_quorum(self, r: int) -> Generator[Instruction, Any, None]:
+    def wait_for_a_quorum(self, r: int) -> Generator[Instruction, Any, bool]:
         """A peer about to exchange in round r while fewer members are live (itself
-        included) than a result needs, where a quorum was live before in this life,
-        waits up to ``round_timeout_s`` for members to come back; once per such loss.
-        Cut off from the cohort, it would otherwise run rounds alone, none with a
+        included) than a result needs, where a quorum was live before in this life and
+        the members that may come back (not those that said goodbye) would make one,
+        waits up to ``round_timeout_s`` for them; once per loss (the quorum must be live
+        at two exchanges in a row before a loss counts as new: a member back for a
+        moment does not buy another wait). Returns whether it waited.
+
+        Cut off from the cohort, a peer would otherwise run rounds alone, none with a
         result, and come back ahead of the rest, who never catch up to one member's
         word; the others, short of the quorum without it, ran theirs for nothing too
         (hfl.sim.protocol, aggregator mode, signed, buggified seed 106: with one member
         lost for good, p3 was cut off for 1.6 s, came back at round 8 while the others
-        were in round 5, and rounds 5 to 7 had no result for anyone). A peer that never
-        had a quorum (a short join, a cohort of one) does not wait: it is not cut off
-        from anyone it knows of."""
+        were in round 5, and rounds 5 to 7 had no result for anyone). Not where rounds
+        have no quorum (broadcast: a peer learns from whoever is live, and
+        :meth:`wait_for_the_cohort` keeps it from running ahead), nor for a peer that
+        never had a quorum (a short join, a cohort of one: it is cut off from no one)."""
         core = self.core
-        if core.mode == "local" or not core.communicates(r):
-            return
+        if core.mode != "aggregator" or not core.communicates(r):
+            return False
         mem = core.membership
 
         def quorum_live() -> bool:
             return mem.live_count() >= core.quorum()
 
         if quorum_live():
-            self.had_quorum, self.waited_for_quorum = True, False
-            return
+            self.had_quorum, self.quorum_streak = True, self.quorum_streak + 1
+            if self.quorum_streak >= 2:
+                self.waited_for_quorum = False
+            return False
+        self.quorum_streak = 0
         if not self.had_quorum or self.waited_for_quorum:
-            return
+            return False
+        if mem.order_size() - mem.left_count() < core.quorum():
+            return False  # (those that could come back are too few: nothing to wait for)
         self.waited_for_quorum = True
+        quorum, timeout = core.quorum(), self.timing.round_timeout_s
         yield self.say(WARNING, "round %d: %d member(s) live, fewer than the quorum of %d; "
-                       "waiting for members to come back (at most %.0fs)", r, mem.live_count(),
-                       core.quorum(), self.timing.round_timeout_s)
-        if (yield Wait(quorum_live, self.now() + self.timing.round_timeout_s)):
-            self.had_quorum, self.waited_for_quorum = True, False
+                       "waiting for members to come back (at most %gs)", r, mem.live_count(),
+                       quorum, timeout)
+        if (yield Wait(quorum_live, self.now() + timeout)):
+            yield self.say(INFO, "round %d: %d member(s) live again: the quorum is back", r,
+                           mem.live_count())
+        else:
+            yield self.say(WARNING, "round %d: still %d member(s) live after %gs, fewer than "
+                           "the quorum of %d: going on (rounds without a result until members "
+                           "come back)", r, mem.live_count(), timeout, core.quorum())
+        return True
 
     def one_round(self, r: int, last: int, evaluate_every: int = 1
                   ) -> Generator[Instruction, Any, None]:

@@ -345,6 +345,47 @@ def test_a_peer_cut_off_below_the_quorum_waits_for_the_cohort_instead_of_running
         assert len(learned) == 10 and sum(n > 0 for n in learned) >= 8, (p, learned)
 
 
+def _quorum_waits(sim: ProtocolSim) -> Counter:
+    """Each peer's waits for its quorum (their log lines), counted while ``sim`` runs."""
+    from hfl.peer.instructions import Say
+
+    waits: Counter = Counter()
+    for name, peer in sim.peers.items():
+        def execute(instructions, _run=peer.execute, _name=name):
+            waits[_name] += sum(1 for i in instructions if isinstance(i, Say)
+                                and "waiting for members to come back" in i.template)
+            return _run(instructions)
+        peer.execute = execute
+    return waits
+
+
+@pytest.mark.parametrize(("mode", "faults", "expected"), [
+    # two of four lost for good: each survivor waits once (not every round), and
+    # learns nothing more for it (the quorum is out of reach for good)
+    ("aggregator", [ProtocolFault(3.0, "lost", ("p2",)), ProtocolFault(3.0, "lost", ("p3",))],
+     {"p0": 1, "p1": 1}),
+    # every peer aggregating has a quorum too
+    ("everywhere", [ProtocolFault(3.0, "lost", ("p2",)), ProtocolFault(3.0, "lost", ("p3",))],
+     {"p0": 1, "p1": 1}),
+    # broadcast rounds have none: nothing to wait for (an attack review found 10 s a loss)
+    ("broadcast", [ProtocolFault(3.0, "lost", ("p2",)), ProtocolFault(3.0, "lost", ("p3",))], {}),
+    # a slow member still in the last rounds after the others said goodbye: they will
+    # not come back, so it does not wait for them (the same review: 10 s more)
+    ("everywhere", [ProtocolFault(8.0, "slow", ("p3",), 1e9, factor=15.0)], {}),
+])
+def test_a_peer_waits_for_a_lost_quorum_once_and_only_where_members_may_bring_it_back(
+        mode, faults, expected):
+    timing = TimingConfig(heartbeat_interval_s=0.5, suspect_after_s=2.0, dead_after_s=5.0,
+                          round_timeout_s=10.0, aggregate_grace_s=2.0, join_timeout_s=30.0)
+    sim = ProtocolSim(0, peers=4, rounds=10, mode=mode, train_s=1.0,
+                      scenario=scenario(faults, timing=timing, peers=4))
+    waits = _quorum_waits(sim)
+    res = sim.run()
+    assert {p: n for p, n in waits.items() if n} == expected
+    assert not [v for v in res.violations if v.invariant not in ("learning", "liveness")], (
+        [str(v) for v in res.violations])
+
+
 def _serving_but_withholding(sim: ProtocolSim, member: str) -> None:
     """``member`` answers every heartbeat and says it is in the others' round (epoch 0,
     so: serving, where it is elected), but sends no knowledge, result or commit."""
