@@ -19,8 +19,9 @@ round ``--kill-after``, and measures:
   events, taken as run_peer's observer) from the kill. Peak memory is the worker's ru_maxrss.
 * **forked** (``--forked``): ``hfl-launch`` with one process per peer. From the peers'
   metrics.jsonl: whether the whole cohort formed (max ``live_peers`` == N), round
-  times, ``bytes_sent``; the victim's process is found by its stdout (``/proc/PID/fd/1``
-  is its peer.log) and SIGKILLed; detection from the other peers' typed events
+  times, ``bytes_sent``; the victim's process is found by the pid its ``started`` note
+  in events.jsonl gives, and SIGKILLed (a checkout given with ``--hfl-src`` from before
+  the note had a pid cannot be killed: the row says so); detection from the other peers' typed events
   (``member`` notes in events.jsonl). Peak memory: the sum of the peers' peak RSS (VmHWM, read
   from /proc while they run; pages shared with the template count once per peer, so
   the JSON also has the largest total PSS sampled). Messages per second are only
@@ -36,8 +37,8 @@ round ``--kill-after``, and measures:
   others finish, so the run ends cleanly). ``SimNetwork.send`` is wrapped: every
   message a live peer puts on the network (delivered, or lost: to a dead peer) is
   counted by header type, with its bytes, at its virtual time. Detection: kill -> each
-  survivor's first ``<victim> (alive|suspect) -> dead`` line in sim.log (virtual
-  seconds), before the restart. Rates are over the virtual rounds span (first
+  survivor's first ``member`` note that the victim went dead (its events.jsonl, whose
+  notes carry the virtual time ``vt`` in the simulator), before the restart. Rates are over the virtual rounds span (first
   ``started`` event to last ``round`` event); training costs 0.5 virtual s a call
   whatever it really takes. The row's notes carry the simulator's invariant
   violations; its wall seconds are real time.
@@ -72,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -682,15 +684,17 @@ def _alive(pid: int) -> bool:
 
 
 class Cohort:
-    """What this script follows of a running hfl-launch: metrics lines, the peers' pids
-    (matched by their stdout, which is their peer.log), their peak memory."""
+    """What this script follows of a running hfl-launch, from the files each peer
+    writes: its metrics lines (its last round), its pid (its ``started`` note in
+    events.jsonl: the runtime says it, nothing is walked for it) and, read from /proc
+    while it runs, its peak memory."""
 
-    def __init__(self, launcher: int, run_dir: Path, ids: list[str]):
-        self.launcher = launcher
+    def __init__(self, run_dir: Path, ids: list[str]):
+        from hfl.launch.results import JsonlTail
+
         self.ids = ids
-        self.logs = {os.path.realpath(run_dir / pid / "peer.log"): pid for pid in ids}
-        self.metrics_paths = {pid: run_dir / pid / "metrics.jsonl" for pid in ids}
-        self.offsets = dict.fromkeys(ids, 0)
+        self.metrics = {p: JsonlTail(run_dir / p / "metrics.jsonl") for p in ids}
+        self.events = {p: JsonlTail(run_dir / p / "events.jsonl") for p in ids}
         self.last_round = dict.fromkeys(ids, 0)
         self.pids: dict[str, int] = {}
         self.hwm_kb: dict[str, int] = {}
@@ -700,37 +704,19 @@ class Cohort:
     def poll(self, below: int | None = None) -> None:
         """Read new metrics lines (with ``below``: only of peers whose last round is below
         it, and nothing else: the wait for the kill must stay cheap, for on 2 cores 200
-        peers leave this script a 1 % share), find pids not yet known (every 2 s), note
-        peak RSS (VmHWM: a high-water mark, never missed), now and then PSS."""
-        for pid, path in self.metrics_paths.items():
-            if below is not None and self.last_round[pid] >= below:
-                continue
-            try:
-                with path.open("rb") as f:
-                    f.seek(self.offsets[pid])
-                    chunk = f.read()
-            except OSError:
-                continue
-            end = chunk.rfind(b"\n")
-            if end < 0:
-                continue
-            self.offsets[pid] += end + 1
-            for line in chunk[: end + 1].splitlines():
-                try:
-                    self.last_round[pid] = max(
-                        self.last_round[pid], int(json.loads(line).get("round", 0))
-                    )
-                except (ValueError, AttributeError):
-                    continue
+        peers leave this script a 1 % share), pids not yet known (every 2 s), peak RSS
+        (VmHWM: a high-water mark, never missed), now and then PSS."""
+        for peer, tail in self.metrics.items():
+            if below is None or self.last_round[peer] < below:
+                for rec in tail.read():
+                    with contextlib.suppress(TypeError, ValueError):
+                        self.last_round[peer] = max(self.last_round[peer], int(rec.get("round", 0)))
         now = time.monotonic()
-        if below is not None:  # before the kill: now and then the pids (for the kill, and
-            if len(self.pids) < len(self.ids) and now >= self._next_scan:  # the clean-up)
-                self.find_pids()
-                self._next_scan = now + 10.0
-            return
         if len(self.pids) < len(self.ids) and now >= self._next_scan:
             self.find_pids()
-            self._next_scan = now + 2.0
+            self._next_scan = now + (10.0 if below is not None else 2.0)
+        if below is not None:  # before the kill: the rounds and pids only
+            return
         for peer, pid in self.pids.items():
             kb = _status_kb(pid, "VmHWM")
             if kb:
@@ -742,17 +728,11 @@ class Cohort:
             self._next_pss = now + PSS_EVERY_S
 
     def find_pids(self) -> None:
-        known = set(self.pids.values())
-        for pid in c.descendants(self.launcher):
-            if pid in known:
-                continue
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/1")
-            except OSError:
-                continue
-            peer = self.logs.get(target)
-            if peer is not None and peer not in self.pids:
-                self.pids[peer] = pid
+        """Each peer's pid, from the ``started`` note of its latest life."""
+        for peer, tail in self.events.items():
+            for rec in tail.read():
+                if rec.get("kind") == "started" and isinstance(rec.get("pid"), int):
+                    self.pids[peer] = rec["pid"]
 
     def all_reached(self, r: int) -> bool:
         return all(v >= r for v in self.last_round.values())
@@ -790,7 +770,7 @@ def run_forked(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[st
         proc = subprocess.Popen(
             cmd, cwd=c.ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
         )
-        cohort = Cohort(proc.pid, run_dir, ids)
+        cohort = Cohort(run_dir, ids)
         try:
             next_full = 0.0
             while proc.poll() is None:
@@ -1050,13 +1030,6 @@ def loop_time() -> float:
     return asyncio.get_running_loop().time()
 
 
-#: A node's membership-change line in sim.log ("%(vt)10.3f %(levelname)-7s %(message)s").
-SIM_LINE = re.compile(
-    r"^\s*(?P<t>-?\d+\.\d+)\s+[A-Z]+\s+(?P<obs>\S+): (?P<peer>\S+) (?P<old>\w+) -> "
-    r"(?P<new>suspect|dead)\b"
-)
-
-
 def sim_worker(spec_path: Path) -> int:
     """One --sim run (this script as ``scale.py _sim-worker SPEC.json``): run the seed
     with :class:`SimNetwork` ``.send`` counted, then write the numbers to spec["out"]."""
@@ -1131,30 +1104,28 @@ def sim_worker(spec_path: Path) -> int:
     ]
     stats = w.round_stats(read_metrics(kept, ids), rounds, n, timed=False)
 
-    # Detection: each survivor's first "<victim> (alive|suspect) -> dead" between the
-    # kill and the restart; other -> suspect/dead lines are false (the victim's before
-    # its kill, or a live peer's).
+    # Detection: each survivor's first note that the victim went dead (from alive or
+    # suspect) between the kill and the restart; other notes of -> suspect / -> dead are
+    # false (the victim's before its kill, or a live peer's). Virtual times: ``vt``.
+    from hfl.launch.results import JsonlTail
+
     dead_at: dict[str, float] = {}
     false_suspect = false_dead = slow = 0
-    for line in (kept / "sim.log").read_text(errors="replace").splitlines():
-        if " took longer than " in line:
-            slow += 1
-        m = SIM_LINE.match(line)
-        if m is None:
-            continue
-        t = float(m["t"])
-        if m["peer"] == victim and t >= kill_at:
-            if (
-                m["new"] == "dead"
-                and m["old"] in ("alive", "suspect")
-                and t < restart_at
-                and m["obs"] != victim
-            ):
-                dead_at.setdefault(m["obs"], t - kill_at)
-        elif m["new"] == "dead":
-            false_dead += 1
-        else:
-            false_suspect += 1
+    for peer in ids:
+        for e in JsonlTail(kept / peer / "events.jsonl").read():
+            t, kind = e.get("vt"), e.get("kind")
+            if kind == "slow_tick":
+                slow += 1
+            if kind != "member" or e.get("new") not in ("suspect", "dead") or t is None:
+                continue
+            if e.get("member") == victim and t >= kill_at:
+                if (e["new"] == "dead" and e.get("old") in ("alive", "suspect")
+                        and t < restart_at and peer != victim):
+                    dead_at[peer] = min(dead_at.get(peer, math.inf), t - kill_at)
+            elif e["new"] == "dead":
+                false_dead += 1
+            else:
+                false_suspect += 1
     observers = [p for p in ids if p != victim]
     seen = [dead_at[o] for o in observers if o in dead_at]
     late = [o for o in observers if o not in dead_at]

@@ -10,6 +10,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -484,13 +485,16 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     own_process = hub is None and make is None
     threads_at_start: list[dict[str, float]] = []  # [the split] once the rounds began
 
-    notes = EventLog(run_dir / EVENTS_NAME)  # the typed notes (peer/status.py)
+    notes = EventLog(run_dir / EVENTS_NAME, clock)  # the typed notes (peer/status.py)
 
     def observe(event: str, node, **fields) -> None:
         if event == "started" and own_process and not threads_at_start:
             threads_at_start.append(cpu_by_thread())
         if event in TYPED_EVENTS:
-            notes.note(event, node.id, node.incarnation, fields)
+            # (the pid in the note only: the simulator's observer must see the same
+            # fields in every run, or its history would differ)
+            notes.note(event, node.id, node.incarnation,
+                       {**fields, "pid": os.getpid()} if event == "started" else fields)
         if observer is not None:
             observer(event, node, **fields)
 

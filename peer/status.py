@@ -185,13 +185,18 @@ class EventLog:
     process hold no thousand open files. A full or read-only disk stops the notes,
     never the peer."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, clock: Any = None):
         self.path = path
         self.broken = False
+        # The node's clock where one is injected (the simulator's virtual time): each
+        # note then also carries ``vt``, on the timeline of the simulator's own log.
+        self.clock = clock
 
     def note(self, kind: str, peer: str, incarnation: int, fields: dict[str, Any]) -> None:
         if self.broken:
             return
+        if self.clock is not None:
+            fields = {**fields, "vt": self.clock.now()}
         try:
             append_event(self.path, kind=kind, peer=peer, incarnation=incarnation, **fields)
         except OSError as exc:
