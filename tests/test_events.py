@@ -54,6 +54,14 @@ def test_every_peer_notes_the_results_it_absorbed_and_the_aggregator_what_it_com
         assert f"{deaths[0]['silent_s']:.1f}s" in deaths[0]["reason"], deaths[0]
         assert any(r["kind"] == "member" and r["member"] == "p3" and r["old"] == "dead"
                    and r["new"] == "alive" and r["t"] > deaths[0]["t"] for r in got[peer]), peer
+        # On the simulator's timeline too (vt: what bench/scale.py times detection by):
+        # after the kill at virtual t=4.2, before the restart 8 s later.
+        assert 4.2 < deaths[0]["vt"] < 12.2, deaths[0]
+    # Each life's started note says its process (what a benchmark signals).
+    import os
+
+    started = [r for recs in got.values() for r in recs if r["kind"] == "started"]
+    assert len(started) == 5 and {r["pid"] for r in started} == {os.getpid()}
 
 
 def test_an_equivocating_member_is_noted_with_the_drops_of_its_contributions(tmp_path):
