@@ -1008,13 +1008,19 @@ class PeerCore:
         return m is not None and m.incarnation == said[0]
 
     def aggregators_for(self, r: int, epoch: int) -> set[str]:
-        """Who may send the result of (r, epoch): the rotation's candidate, computed over
-        the rotation (departed members included) and over every member this peer knows,
-        gossip-only suggestions included (the sender may already have heard from one
-        that this peer knows only from gossip)."""
-        mem = self.membership
-        orders = [mem.rotation_order(), sorted([self.id, *mem.members])]
-        return {self.candidate(order, r, epoch) for order in orders}
+        """Who may send the result (or the commit) of (r, epoch): the candidate of this
+        peer's rotation order (departed members included; members known by gossip alone
+        are not in it). It was also the candidate of every member this peer knew,
+        gossip-only suggestions included: one allow-listed id that never ran, gossiped
+        by a member, shifted that second order so that it elected the member for rounds
+        the rotation gives to another, and the member's own result was taken, acked
+        and committed, or repeated by the honest aggregator (an attack review)."""
+        return {self.candidate(self.membership.rotation_order(), r, epoch)}
+
+    def elected_sender(self, res: AggregateResult) -> bool:
+        """``res`` comes from the rotation's candidate for its (round, epoch) as the order
+        stands now (it was at admission; the order may have grown since)."""
+        return res.sender in self.aggregators_for(res.round, res.epoch)
 
     def epoch_unjustified(self, r: int, epoch: int) -> str | None:
         """Why this peer cannot (yet) accept a result of (r, epoch), or None if it can.
@@ -1044,7 +1050,8 @@ class PeerCore:
         """The result this peer may take for round ``r``: its own epoch's, or a later
         epoch's that :meth:`epoch_unjustified` allows."""
         for res in self.buffer.results_for(r, self.epoch):
-            if res.epoch == self.epoch or self.epoch_unjustified(r, res.epoch) is None:
+            if self.elected_sender(res) and (
+                    res.epoch == self.epoch or self.epoch_unjustified(r, res.epoch) is None):
                 return res
         return None
 
@@ -1248,7 +1255,7 @@ class PeerCore:
         if held is not None and held[1] == digest:
             return "repeat", held[0], refused
         for res in self.buffer.results_for(r):  # any epoch: the same value is the same value
-            if payload_digest(res) == digest:
+            if self.elected_sender(res) and payload_digest(res) == digest:
                 return "repeat", res, refused
         return "abstain", None, refused
 

@@ -359,3 +359,42 @@ def test_one_member_s_claim_of_a_later_round_moves_no_peer_forward():
     assert c.catch_up(10) == 8
     c.membership.tick(100.0)  # all silent: dead, and no longer anyone's word
     assert c.cohort_round() == 0 and c.catch_up(10) == 3
+
+
+def test_an_id_gossip_alone_knows_cannot_make_a_member_the_aggregator_of_a_round():
+    # An attack review: p3 gossiped one allow-listed id that never ran (p9). A result
+    # was taken from the candidate of the rotation *or* of every member known, gossip
+    # included, and with p9 that second order elects p3 for round 8 (the rotation: p0).
+    # p3's own zero "result" for (8, 0) was acked and committed by the others, or, with
+    # a promise claiming p3 had accepted it, republished by p0 as its own. Now only the
+    # rotation's candidate may send a round's result or commit.
+    from hfl.protocol import MemberRecord
+
+    r = 8
+    cores = {}
+    for me in ("p0", "p1"):
+        c = signed_core(me)
+        c.buffer.advance(r)
+        c.round = r
+        c.membership.merge([MemberRecord(peer_id="p9", address="tcp://10.9.9.9:1",
+                                         incarnation=0)], 0.0, reporter="p3")
+        cores[me] = c
+    p0, p1 = cores["p0"], cores["p1"]
+    assert p0.elect(r) == ("p0", 0) and p0.candidate(sorted([*IDS, "p9"]), r, 0) == "p3"
+    forged = AggregateResult(sender="p3", incarnation=0, round=r, epoch=0, kind="weights",
+                             contributors=IDS, tensors={"w": np.zeros(3, np.float32)})
+    assert p1.admit_result(forged).code == "wrong_aggregator"
+    digest = payload_digest(forged)
+    acks = {p: sig(p, p1, r, 0, digest) for p in ("p1", "p2", "p3")}
+    commit = Commit(sender="p3", incarnation=0, round=r, epoch=0, digest=digest, certificate=acks)
+    assert p1.admit_commit(commit).code == "wrong_aggregator"
+    # The honest aggregator: p3's promise claims it accepted its forgery at (8, 0), an
+    # epoch only p0 could have published: a lie, and p0 publishes its own aggregate.
+    for sender in ("p1", "p2"):
+        k = contribution(sender, 1.0, p0, r)
+        assert p0.admit_knowledge(k) is None and p0.buffer.offer_knowledge(k) is None
+    lie = contribution("p3", 1.0, p0, r, accepted_epoch=0, accepted_digest=digest)
+    assert p0.admit_knowledge(lie) is None and p0.buffer.offer_knowledge(lie) is None
+    decision, res, refused = p0.proposal(r, p0.promises(r))
+    assert (decision, res, list(refused)) == ("own", None, ["p3"])
+
