@@ -171,7 +171,7 @@ def launch_seeds(args: argparse.Namespace) -> int:
 
 def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     args.started_at = time.time()  # each launch reports how long until its round 1
-    from hfl.launch.experiment import expand, load_experiment
+    from hfl.launch.experiment import expand, load_experiment, run_id_of
     from hfl.launch.rundir import (
         Decision,
         RunDirError,
@@ -217,6 +217,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                 )
         # On SLURM, the job's --gpus-per-task gives each task its own CUDA_VISIBLE_DEVICES.
         plans = expand(exp, ports=decision.ports, resume=decision.action == "resume",
+                       run=0 if args.dry_run else run_id_of(run_dir),
                        gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None,
                        # on SLURM a peer has its task's cores, not a share of this login node's
                        threads=exp.slurm.cpus_per_task if slurm else None)

@@ -225,10 +225,30 @@ def model_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return config_differences(pick(old), pick(new))
 
 
+def run_id_of(run_dir: Path) -> int:
+    """This run's id (``cohort.run``, what every signature binds to): made when the run
+    directory is new, read back on a resume (``<run_dir>/run_id``)."""
+    path = Path(run_dir) / "run_id"
+    try:
+        run = int(path.read_text())
+        if 0 < run <= 2**62:
+            return run
+    except (OSError, ValueError):
+        pass
+    import secrets
+
+    run = secrets.randbelow(2**62) + 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{run}\n")
+    return run
+
+
 def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int] | None = None,
-           resume: bool = False, threads: int | None = None) -> list[PeerPlan]:
+           resume: bool = False, threads: int | None = None, run: int = 0) -> list[PeerPlan]:
     """Per-peer configs, validated, written under ``<run_dir>/peers/``. ``threads`` per
-    peer: default ``threads_per_peer``, else this machine's cores / peers.
+    peer: default ``threads_per_peer``, else this machine's cores / peers. ``run``: the
+    run's id (:func:`run_id_of`), set as every peer's ``cohort.run`` unless the
+    experiment sets one (0: none; the simulator and the benchmarks run without).
 
     With ``resume``, a peer whose model would change (:data:`MODEL_FIELDS`) against the
     config it was launched with is refused before any file is written: its checkpoint
@@ -264,6 +284,8 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
             data_sec.setdefault("num_partitions", len(ids))
             data_sec.setdefault("partition_index", i)
         data.setdefault("cohort", {}).setdefault("name", exp.name)
+        if run:
+            data["cohort"].setdefault("run", run)
         for fault in exp.faults:
             if exp.fault_target(fault) == pid:
                 data["fault"] = {"crash_at_round": fault.at_round, "crash_phase": fault.phase}

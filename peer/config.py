@@ -144,6 +144,13 @@ class CohortConfig:
                                          "Overlapped local steps). Changes the order of the "
                                          "paper's Algorithm 1: each global step comes one "
                                          "local step late"})
+    run: int = field(
+        default=0, metadata={"min": 0, "max": 2**62, "help": "this run's id, the same on every "
+                                                             "peer (0: none): every signature "
+                                                             "binds to it, so a member cannot "
+                                                             "replay one from another run of "
+                                                             "the cohort (hfl-launch makes one "
+                                                             "per run and keeps it on resume)"})
 
     def validate(self) -> None:
         try:  # torch-free: a plugin class is imported only when the peer is built or checked

@@ -92,7 +92,7 @@ class Drop:
 #: A hello's ``shared`` terms that stay off the wire at their default (a hello is then
 #: as before the option existed), and what their absence means: the values a refusal
 #: names, and what a peer that sends the default explicitly agrees with.
-SHARED_ABSENT = {"aggregate_everywhere": 0, "communicate_every": 1, "overlap": 0,
+SHARED_ABSENT = {"aggregate_everywhere": 0, "communicate_every": 1, "overlap": 0, "run": 0,
                  "max_message_mib": DEFAULT_MAX_MESSAGE_MIB}
 
 
@@ -118,7 +118,19 @@ def hello_terms(cohort: Any, mode: str, num_classes: int, everywhere: bool,
             "shared": {**shared, **({"aggregate_everywhere": 1} if everywhere else {}),
                        **({"fanout": fanout} if fanout is not None else {}),
                        **({"communicate_every": every} if every != 1 else {}),
-                       **({"overlap": 1} if overlap else {})}}
+                       **({"overlap": 1} if overlap else {}),
+                       **({"run": run} if (run := getattr(cohort, "run", 0)) else {})}}
+
+
+def signing_context(cohort: Any) -> str:
+    """What signed statements name as their cohort (:meth:`PeerCore.statement`): its name,
+    and its run's id where it has one (``cohort.run``). Without the run, statements of
+    one cohort name were valid in every run of it with the same keys: a member replayed
+    an honest member's contribution signed in an earlier run as a proof of equivocation
+    (the member was left out for the rest of the run), or an earlier run's commit (an
+    attack review)."""
+    run = getattr(cohort, "run", 0)
+    return f"{cohort.name}#{run}" if run else cohort.name
 
 
 class PeerCore:

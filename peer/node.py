@@ -35,7 +35,7 @@ from hfl.algorithms.base import Algorithm, aggregates_everywhere
 from hfl.peer import instructions as do
 from hfl.peer.clock import MonotonicClock, Pauses
 from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
-from hfl.peer.core import PeerCore, clip, hello_terms
+from hfl.peer.core import PeerCore, clip, hello_terms, signing_context
 from hfl.peer.ledger import RoundLedger
 from hfl.peer.outbox import Outbox
 from hfl.peer.procedures import ALONE, JOINED, RoundProcedures
@@ -143,7 +143,7 @@ class Node:
         self.core = PeerCore(
             peer_id, mode=algorithm.mode, everywhere=self.everywhere,
             lookahead=timing.lookahead_rounds, start_round=start_round, quorum=quorum,
-            allowed_peers=allowed_peers, cohort_size=min_peers, cohort=cohort.name,
+            allowed_peers=allowed_peers, cohort_size=min_peers, cohort=signing_context(cohort),
             signer=signing[0] if signing else None,
             verify_keys=dict(signing[1]) if signing else None, byzantine=byzantine,
             communicate_every=every, last_round=getattr(cohort, "rounds", 0),

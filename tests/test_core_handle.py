@@ -73,6 +73,31 @@ def test_a_hello_that_disagrees_is_refused_naming_the_field_and_only_then_our_va
     assert out[1].msg.reason == "rounds differs: ours is 5"
 
 
+def test_peers_of_two_runs_of_one_cohort_refuse_each_other_and_sign_differently():
+    # An attack review: statements signed [cohort name, round, epoch, digest], valid in
+    # every run of the cohort with the same keys, so a member replayed an honest
+    # member's earlier-run contribution as a proof of equivocation. A run's id
+    # (cohort.run) now goes into every statement and must match in the hello.
+    from types import SimpleNamespace
+
+    from hfl.peer.core import hello_terms, signing_context
+
+    def terms(run):
+        return hello_terms(SimpleNamespace(name="c", algorithm="fedavg", rounds=5, run=run),
+                           "aggregator", 10, False, {"num_parameters": 100})
+
+    assert terms(0) == TERMS  # no run id: the hello and statements of before
+    core = bare()
+    core.hello_terms = terms(7)
+    out = core.handle("p9", hello(shared={"num_parameters": 100, "run": 8}), 1.0)
+    assert out[0].code == "cohort_mismatch" and "run differs" in out[0].reason, out
+    a, b = bare(), bare()
+    a.cohort = signing_context(SimpleNamespace(name="c", run=7))
+    b.cohort = signing_context(SimpleNamespace(name="c", run=8))
+    assert a.statement("knowledge", 2, 0, "ab" * 32) != b.statement("knowledge", 2, 0, "ab" * 32)
+    assert signing_context(SimpleNamespace(name="c", run=0)) == "c"
+
+
 def test_a_hello_that_agrees_is_welcomed_with_the_view_and_the_member_joins():
     core = bare()
     out = core.handle("p9", hello(), 1.0)

@@ -42,6 +42,24 @@ def test_expand_gives_each_peer_an_id_port_bootstrap_partition_and_run_dir(tmp_p
         assert p.config.run_dir == str(tmp_path / "run" / p.id)
 
 
+def test_a_launched_run_has_one_id_for_every_peer_kept_on_resume_and_new_when_fresh(tmp_path):
+    # Every signature binds to the run's id (cohort.run): a member cannot replay one
+    # from another run of the cohort under the same keys (an attack review).
+    from hfl.launch.experiment import run_id_of
+
+    run_dir = tmp_path / "run"
+    run = run_id_of(run_dir)
+    assert 0 < run <= 2**62 and run_id_of(run_dir) == run  # a resume reads it back
+    plans = expand(make(tmp_path), gpus=[], ports=[7000, 7001, 7002, 7003], run=run)
+    assert {p.config.cohort.run for p in plans} == {run}
+    assert all(load_config(str(p.config_path)).cohort.run == run for p in plans)
+    (run_dir / "run_id").unlink()  # --fresh deletes the run directory: a new run
+    assert run_id_of(run_dir) != run
+    # The simulator and the benchmarks expand without one: no run id, as before.
+    assert {p.config.cohort.run for p in expand(make(tmp_path), gpus=[], ports=[7000, 7001,
+                                                                               7002, 7003])} == {0}
+
+
 def test_gpus_are_assigned_round_robin_one_visible_device_per_peer(tmp_path):
     plans = expand(make(tmp_path, peers=5), gpus=["0", "1"], ports=list(range(7000, 7005)))
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0", "1", "0", "1", "0"]
