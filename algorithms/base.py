@@ -57,6 +57,9 @@ class AlgorithmContext:
     domain_tests: dict[str, Any] = field(default_factory=dict)
     own_domain: str | None = None
     cohort_seed: int = 0  # shared by the cohort: what every peer derives alike (public batches)
+    # The run signatures bind to (the cohort's ``name#run`` where cohort.run is set, else
+    # ""): what a method's own signed statements name (FedHP's attestations)
+    run: str = ""
     label_noise_rate: float | None = None  # realised share of noisy private labels (data.label_noise)
     # Durable small files in the peer's run directory (hfl.algorithms.dp.Store: write() is
     # fsynced on return, read() gives None when absent); None in an in-process simulation.

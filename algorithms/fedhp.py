@@ -58,6 +58,7 @@ Deviation: with a secure sum the global prototypes lag one more round
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -334,7 +335,7 @@ class FedHP(FedProto):
             self.guard = ReleaseGuard(cfg.min_contributors)
             if cfg.secure_sum == "paillier":
                 path = Path(cfg.key_dir).expanduser() / f"{ctx.peer_id}.json"
-                self.key = load_key_share(path)
+                self.key = dataclasses.replace(load_key_share(path), run=getattr(ctx, "run", ""))
                 if self.key.public.parties[self.key.index - 1] != ctx.peer_id:
                     raise ValueError(f"{path}: the share is party {self.key.index}'s, "
                                      f"not {ctx.peer_id}'s")

@@ -227,6 +227,15 @@ class KeyShare:
     index: int
     secret: int = field(repr=False)
     sign_key: bytes = field(default=b"", repr=False)
+    #: the run the attestations are for (the cohort's ``name#run`` where it has a run id;
+    #: "" none): with one dealer's keys for two runs, an aggregator put a member's
+    #: ciphertext of the earlier run into the later run's product (found from the code)
+    run: str = ""
+
+    @property
+    def attested_key(self) -> str:
+        """What an attestation names as its key: the key's fingerprint, and the run."""
+        return f"{self.public.fingerprint}#{self.run}" if self.run else self.public.fingerprint
 
     @property
     def party(self) -> str:
@@ -237,7 +246,7 @@ class KeyShare:
 
     def attest(self, round: int, ct_digest: str) -> str:
         """The hex Ed25519 signature of (key, round, own id, digest): one for all receivers."""
-        msg = attestation_message(round, self.party, ct_digest, self.public.fingerprint)
+        msg = attestation_message(round, self.party, ct_digest, self.attested_key)
         return Ed25519PrivateKey.from_private_bytes(self.sign_key).sign(msg).hex()
 
     def verify_attestation(self, round: int, sender: str, ct_digest: str,
@@ -258,7 +267,7 @@ class KeyShare:
             raw = bytes.fromhex(signature)
         except ValueError:
             return "the attestation is not hex"
-        msg = attestation_message(round, sender, ct_digest, pub.fingerprint)
+        msg = attestation_message(round, sender, ct_digest, self.attested_key)
         try:
             Ed25519PublicKey.from_public_bytes(pub.verify_keys[pub.index_of(sender) - 1]).verify(raw, msg)
         except InvalidSignature:

@@ -286,6 +286,7 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     import torch
 
     from hfl.algorithms.base import AlgorithmContext, aggregates_everywhere
+    from hfl.peer.core import signing_context
     from hfl.algorithms.registry import get_algorithm
     from hfl.models import build_model
 
@@ -348,6 +349,7 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
         extra_tests={"global": data.global_test} if data.global_test is not None else {},
         public=data.public, val=data.val, domain_tests=data.domain_tests, own_domain=data.own_domain,
         cohort_seed=cfg.cohort.seed, label_noise_rate=data.label_noise_rate,
+        run=signing_context(cfg.cohort) if cfg.cohort.run else "",
         store=RunStore(cfg.run_dir),
     )
     try:

@@ -260,6 +260,22 @@ def test_every_party_signs_once_and_every_other_party_verifies_the_same_signatur
                 f"attestation of {third!r} does not verify"
 
 
+
+def test_an_attestation_of_one_run_does_not_verify_in_another_with_the_same_key(keys):
+    # One dealer's keys for two runs: a member's ciphertext attested in the first run
+    # verified in the second, so an aggregator could put it into that run's product.
+    # A share bound to its run (cohort.run) attests for that run only.
+    import dataclasses
+
+    _, shares = keys
+    run_a = [dataclasses.replace(s, run="hfl#1") for s in shares]
+    run_b = [dataclasses.replace(s, run="hfl#2") for s in shares]
+    sig = run_a[0].attest(7, DIGEST)
+    assert run_a[1].verify_attestation(7, run_a[0].party, DIGEST, sig) is None
+    assert "does not verify" in run_b[1].verify_attestation(7, run_a[0].party, DIGEST, sig)
+    assert "does not verify" in shares[1].verify_attestation(7, run_a[0].party, DIGEST, sig)
+
+
 def test_the_attested_message_is_unambiguous():
     msgs = {he.attestation_message(1, "a|b", "c"), he.attestation_message(1, "a", "b|c"),
             he.attestation_message(12, "3", "c"), he.attestation_message(1, "23", "c"),
