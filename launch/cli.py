@@ -217,7 +217,8 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                 )
         # On SLURM, the job's --gpus-per-task gives each task its own CUDA_VISIBLE_DEVICES.
         plans = expand(exp, ports=decision.ports, resume=decision.action == "resume",
-                       run=0 if args.dry_run else run_id_of(run_dir),
+                       # (a dry run rewrites the peers' configs: with the run's own id)
+                       run=run_id_of(run_dir, create=not args.dry_run),
                        gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None,
                        # on SLURM a peer has its task's cores, not a share of this login node's
                        threads=exp.slurm.cpus_per_task if slurm else None)

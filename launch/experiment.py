@@ -225,9 +225,10 @@ def model_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return config_differences(pick(old), pick(new))
 
 
-def run_id_of(run_dir: Path) -> int:
+def run_id_of(run_dir: Path, create: bool = True) -> int:
     """This run's id (``cohort.run``, what every signature binds to): made when the run
-    directory is new, read back on a resume (``<run_dir>/run_id``)."""
+    directory is new, read back on a resume (``<run_dir>/run_id``). ``create`` False (a
+    dry run): 0 where there is none yet, and nothing written."""
     path = Path(run_dir) / "run_id"
     try:
         run = int(path.read_text())
@@ -235,6 +236,8 @@ def run_id_of(run_dir: Path) -> int:
             return run
     except (OSError, ValueError):
         pass
+    if not create:
+        return 0
     import secrets
 
     run = secrets.randbelow(2**62) + 1

@@ -50,6 +50,10 @@ def test_a_launched_run_has_one_id_for_every_peer_kept_on_resume_and_new_when_fr
     run_dir = tmp_path / "run"
     run = run_id_of(run_dir)
     assert 0 < run <= 2**62 and run_id_of(run_dir) == run  # a resume reads it back
+    # A dry run reads it and writes none (it set 0 in a live run's configs: a review)
+    assert run_id_of(run_dir, create=False) == run
+    assert run_id_of(tmp_path / "elsewhere", create=False) == 0
+    assert not (tmp_path / "elsewhere").exists()
     plans = expand(make(tmp_path), gpus=[], ports=[7000, 7001, 7002, 7003], run=run)
     assert {p.config.cohort.run for p in plans} == {run}
     assert all(load_config(str(p.config_path)).cohort.run == run for p in plans)

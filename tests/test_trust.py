@@ -103,6 +103,26 @@ def test_hfl_peer_check_names_the_security_field(tmp_path, capsys):
     assert "security.key_file" in capsys.readouterr().err
 
 
+def test_hfl_peer_warns_a_signing_peer_started_by_hand_without_a_run_id(tmp_path, caplog):
+    # Signatures bind to cohort.run (an attack review replayed an earlier run's); hfl-launch
+    # sets it per run, a peer started by hand is told to.
+    from hfl.peer.cli import main
+
+    keys = cohort_keys(tmp_path / "keys", ["p0", "p1"])
+    cfg = tmp_path / "p0.yaml"
+    cfg.write_text(
+        "node: {id: p0, listen: 'tcp://127.0.0.1:0', bootstrap: ['p1@tcp://127.0.0.1:9']}\n"
+        f"security: {{key_file: {keys['p0']['key_file']}, allow_list: {keys['p0']['allow_list']}}}\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="hfl.peer"):
+        assert main(["--config", str(cfg), "--check"]) == 0
+    assert "cohort.run is not set" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hfl.peer"):
+        assert main(["--config", str(cfg), "--check", "--set", "cohort.run=12345"]) == 0
+    assert "cohort.run" not in caplog.text
+
+
 # =========================================================================== attacks (in-memory)
 
 
