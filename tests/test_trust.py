@@ -86,15 +86,21 @@ def test_allow_list_errors_name_the_line(tmp_path):
         load_identity("c", keys["a"]["key_file"], keys["a"]["allow_list"])
 
 
-def test_hfl_peer_check_names_the_security_field(tmp_path, capsys):
-    from hfl.peer.cli import main
-
+def hand_written_peer(tmp_path, bootstrap: str):
+    """p0's config file as a party writes it by hand: CURVE keys of a cohort p0, p1."""
     keys = cohort_keys(tmp_path / "keys", ["p0", "p1"])
     cfg = tmp_path / "p0.yaml"
     cfg.write_text(
-        "node: {id: p0, listen: 'tcp://127.0.0.1:0', bootstrap: ['tcp://127.0.0.1:9']}\n"
+        f"node: {{id: p0, listen: 'tcp://127.0.0.1:0', bootstrap: ['{bootstrap}']}}\n"
         f"security: {{key_file: {keys['p0']['key_file']}, allow_list: {keys['p0']['allow_list']}}}\n"
     )
+    return cfg
+
+
+def test_hfl_peer_check_names_the_security_field(tmp_path, capsys):
+    from hfl.peer.cli import main
+
+    cfg = hand_written_peer(tmp_path, "tcp://127.0.0.1:9")
     assert main(["--config", str(cfg), "--check"]) == 2
     assert "node.bootstrap[0]" in capsys.readouterr().err  # a bare address: whose key?
     assert main(["--config", str(cfg), "--check", "--set", "node.bootstrap=[p9@tcp://h:1]"]) == 2
@@ -108,12 +114,7 @@ def test_hfl_peer_warns_a_signing_peer_started_by_hand_without_a_run_id(tmp_path
     # sets it per run, a peer started by hand is told to.
     from hfl.peer.cli import main
 
-    keys = cohort_keys(tmp_path / "keys", ["p0", "p1"])
-    cfg = tmp_path / "p0.yaml"
-    cfg.write_text(
-        "node: {id: p0, listen: 'tcp://127.0.0.1:0', bootstrap: ['p1@tcp://127.0.0.1:9']}\n"
-        f"security: {{key_file: {keys['p0']['key_file']}, allow_list: {keys['p0']['allow_list']}}}\n"
-    )
+    cfg = hand_written_peer(tmp_path, "p1@tcp://127.0.0.1:9")
     with caplog.at_level(logging.WARNING, logger="hfl.peer"):
         assert main(["--config", str(cfg), "--check"]) == 0
     assert "cohort.run is not set" in caplog.text
