@@ -177,6 +177,7 @@ class PeerCore:
         self._view_cursor: dict[tuple[str, int], int] = {}
         #: member -> (its digest, ours, when) of our last ask made on a digest that differed
         self._asked_about: dict[str, tuple[int, int, float]] = {}
+        self._seed_served: dict[tuple[str, int], float] = {}  # (asker, chunk) -> when sent
         #: lazy join: the first members a bootstrap peer heard from (view_sources)
         self._hubs: list[str] = []
         self.epoch_began = 0.0  # clock time this peer reached its current epoch of the round
@@ -546,6 +547,29 @@ class PeerCore:
                     **self.envelope(), owner=p, chunks=missing or []), 0.05, p))
         return out
 
+    #: A chunk of our seed set goes to one asker at most once per this many heartbeat
+    #: intervals (an honest peer asks for what it misses every fourth tick).
+    SEED_RESEND_INTERVALS = 2
+
+    def seed_chunks_due(self, msg: SeedRequest, now: float) -> list[int]:
+        """The chunks of our own seed set to send ``msg``'s asker: those it asks for (all
+        where it names none), each once, that we did not send it within
+        :data:`SEED_RESEND_INTERVALS` heartbeat intervals. A member that asked for the
+        whole set in every message had it sent each time (its 30-byte ask bought the
+        set's upload); chunks still on their way are not sent twice either."""
+        s = self.seeds.sets.get(self.id) if self.seeds is not None and msg.owner == self.id else None
+        if s is None or not s.complete:
+            return []
+        gap = self.SEED_RESEND_INTERVALS * (self.timing.heartbeat_interval_s if self.timing else 0.5)
+        due = []
+        for c in dict.fromkeys(msg.chunks or range(s.num_chunks)):
+            if type(c) is int and 0 <= c < s.num_chunks:
+                key = (msg.sender, c)
+                if now - self._seed_served.get(key, -math.inf) >= gap:
+                    self._seed_served[key] = now
+                    due.append(c)
+        return due
+
     #: swim: members owing an answer that are probed indirectly in one tick, at most.
     INDIRECT_PER_TICK = 8
 
@@ -740,7 +764,8 @@ class PeerCore:
             if drop is not None:
                 return [*out, Dropped(drop.code, drop.reason)]
         elif isinstance(msg, SeedRequest):
-            out.append(ServeSeeds(msg))
+            if chunks := self.seed_chunks_due(msg, now):
+                out.append(ServeSeeds(dataclasses.replace(msg, chunks=chunks)))
         elif isinstance(msg, SeedChunk):
             if msg.owner == msg.sender:
                 out.append(StoreSeedChunk(msg))

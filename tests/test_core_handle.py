@@ -562,6 +562,39 @@ def test_missing_seed_chunks_are_asked_of_each_live_member_that_has_them():
     assert asked == {"p1": [2, 5], "p3": []}  # p2's set is complete; p3's: all of it
 
 
+def test_each_seed_chunk_goes_to_an_asker_once_per_two_heartbeats():
+    # A member that asked for the whole seed set in every message had the set sent each
+    # time (a 30-byte ask bought the set's upload). Each chunk now goes to one asker at
+    # most once per SEED_RESEND_INTERVALS heartbeat intervals; an honest peer asks every
+    # fourth tick and gets every chunk it still misses.
+    import numpy as np
+
+    from hfl.peer.instructions import ServeSeeds
+    from hfl.peer.seeds import SeedStore
+    from hfl.protocol import SeedRequest
+
+    x, y = np.zeros((40, 4), np.float32), np.zeros(40, np.int64)
+    core = ticking()
+    core.seeds = SeedStore("p0", (x, y), chunk_bytes=10 * (x[0].nbytes + 8))  # 4 chunks
+
+    def served(asker, chunks, now):
+        out = core.handle(asker, SeedRequest(sender=asker, incarnation=0, owner="p0",
+                                             chunks=chunks), now)
+        return [c for i in out if isinstance(i, ServeSeeds) for c in i.msg.chunks]
+
+    assert served("p1", [], 1.0) == [0, 1, 2, 3]  # all of it
+    assert served("p1", [], 1.1) == [] and served("p1", [3, 3, 3], 1.5) == []  # flooding
+    assert served("p2", [1, 1, 9], 1.5) == [1]  # another asker; each chunk once, in range
+    assert served("p1", [2], 2.0) == [2]  # (two heartbeat intervals later: again)
+    assert served("p1", [0], 1.9) == []
+    assert served("p1", [], 2.9) == [0, 1, 3]  # (chunk 2 went at 2.0)
+    assert served("p1", [], 9.0) == [0, 1, 2, 3]
+    assert served("p2", [0], 9.0) == [0]
+    assert not [i for i in core.handle("p2", SeedRequest(sender="p2", incarnation=0, owner="p9",
+                                                         chunks=[]), 9.5)
+                if isinstance(i, ServeSeeds)]  # (another member's set: never ours to send)
+
+
 def test_a_seed_chunk_is_kept_only_from_its_owner():
     # We ask each member for its own set (seed_requests). A chunk of another's set was
     # kept: a member could get in first with its own labels under a peer's name (the
