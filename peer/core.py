@@ -560,7 +560,7 @@ class PeerCore:
         s = self.seeds.sets.get(self.id) if self.seeds is not None and msg.owner == self.id else None
         if s is None or not s.complete:
             return []
-        gap = self.SEED_RESEND_INTERVALS * (self.timing.heartbeat_interval_s if self.timing else 0.5)
+        gap = self.SEED_RESEND_INTERVALS * self.timing.heartbeat_interval_s
         due = []
         for c in dict.fromkeys(msg.chunks or range(s.num_chunks)):
             if type(c) is int and 0 <= c < s.num_chunks:
@@ -939,12 +939,10 @@ class PeerCore:
             return Drop("wrong_aggregator", f"result for round {msg.round} from {msg.sender}: "
                         "this cohort has no aggregator (every peer aggregates for itself)")
         expected = self.aggregators_for(msg.round, msg.epoch)
-        # (A negative epoch elects as epoch + k * n does: each such copy of one result was
-        # held with its tensors until the round ended, unbounded: a fuzzer's find.)
-        if (not 0 <= msg.epoch < len(self.membership.rotation_order())
-                or msg.sender not in expected):
+        if msg.sender not in expected:
             return Drop("wrong_aggregator", f"result for round {msg.round} epoch {msg.epoch} from "
-                        f"{msg.sender}; the rotation elects {' or '.join(sorted(expected))}")
+                        f"{msg.sender}; the rotation elects "
+                        f"{' or '.join(sorted(expected)) or 'no one at that epoch'}")
         if msg.kind == "none":  # an abstention: sets nothing, needs no quorum
             return (None if not msg.tensors and not msg.contributors else
                     Drop("rejected_result", f"abstention for round {msg.round} from {msg.sender} "
@@ -1052,7 +1050,11 @@ class PeerCore:
         by a member, shifted that second order so that it elected the member for rounds
         the rotation gives to another, and the member's own result was taken, acked
         and committed, or repeated by the honest aggregator (an attack review)."""
-        return {self.candidate(self.membership.rotation_order(), r, epoch)}
+        order = self.membership.rotation_order()
+        # (none for an epoch below 0 or past the order: a negative one elected as
+        # epoch + k * n does, and each such copy of one result was held with its tensors
+        # until the round ended, unbounded: a fuzzer's find)
+        return {self.candidate(order, r, epoch)} if 0 <= epoch < len(order) else set()
 
     def elected_sender(self, res: AggregateResult) -> bool:
         """``res`` comes from the rotation's candidate for its (round, epoch) as the order
@@ -1156,8 +1158,7 @@ class PeerCore:
             # peer catches up to it): so does the record of what was signed. Far
             # knowledge was taken unchecked, and used so once the peer got there (a
             # fuzzer's find: no proof of equivocation could name that round).
-            far = {k[0] for k in self.signed_knowledge if k[0] > top}
-            if far and msg.round < max(far):
+            if (kept := buffer.far_round()) is not None and msg.round < kept:
                 return None  # the buffer refuses it too
             self.signed_knowledge = {k: v for k, v in self.signed_knowledge.items()
                                      if k[0] <= top or k[0] == msg.round}
@@ -1416,8 +1417,7 @@ class PeerCore:
         acks of that very (round, epoch, digest), each signed by its member: an
         aggregator that shows peers different results cannot commit any of them
         (before, each peer absorbed what it was shown: one at 0.100, one at 0.93)."""
-        if (not 0 <= msg.epoch < len(self.membership.rotation_order())
-                or msg.sender not in self.aggregators_for(msg.round, msg.epoch)):
+        if msg.sender not in self.aggregators_for(msg.round, msg.epoch):
             return Drop("wrong_aggregator", f"commit for round {msg.round} epoch {msg.epoch} "
                                             f"from {msg.sender}, not its aggregator")
         # Only a commit of a result this peer may hold (the buffer's window: results

@@ -286,9 +286,9 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
     import torch
 
     from hfl.algorithms.base import AlgorithmContext, aggregates_everywhere
-    from hfl.peer.core import signing_context
     from hfl.algorithms.registry import get_algorithm
     from hfl.models import build_model
+    from hfl.peer.core import signing_context
 
     if cfg.node.threads:
         torch.set_num_threads(cfg.node.threads)

@@ -39,6 +39,11 @@ class RoundBuffer:
     knowledge: dict[int, dict[str, Knowledge]] = field(default_factory=dict)
     results: dict[int, dict[int, AggregateResult]] = field(default_factory=dict)  # round -> epoch ->
 
+    def far_round(self) -> int | None:
+        """The one round beyond the lookahead window whose knowledge is kept (None: none):
+        knowledge for a round further ahead replaces it, for a nearer one is refused."""
+        return max((r for r in self.knowledge if r > self.round + self.lookahead), default=None)
+
     def offer_knowledge(self, msg: Knowledge) -> str | None:
         """Store ``msg``; returns None if kept, else the reason it was dropped.
 
@@ -49,11 +54,10 @@ class RoundBuffer:
         if msg.round < self.round:
             return f"late knowledge for round {msg.round} (now in round {self.round})"
         if msg.round > self.round + self.lookahead:
-            far = [r for r in self.knowledge if r > self.round + self.lookahead]
-            if far and msg.round < max(far):
+            if (kept := self.far_round()) is not None and msg.round < kept:
                 return (f"knowledge for round {msg.round} is too far ahead of round {self.round} "
-                        f"(round {max(far)} is kept)")
-            for r in far:
+                        f"(round {kept} is kept)")
+            for r in [r for r in self.knowledge if r > self.round + self.lookahead]:
                 if r != msg.round:
                     del self.knowledge[r]
         slot = self.knowledge.setdefault(msg.round, {})
