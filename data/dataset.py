@@ -88,7 +88,10 @@ class ArrayDataset:
     ``[0, num_classes)``. Inputs are converted to those dtypes (labels only when
     they are whole numbers) and checked on construction. ``schema`` optionally
     describes the ``F`` features of 2-D tabular data (see :class:`TabularSchema`);
-    images and unnamed tables have none.
+    images and unnamed tables have none. ``classes`` optionally names each class
+    (``classes[k]`` is label k's name: text labels of a CSV, an image folder's class
+    folders); peers whose classes have names must name them alike (the hello's
+    ``class_names``), or the same label would mean different classes to them.
     """
 
     x: np.ndarray
@@ -96,6 +99,7 @@ class ArrayDataset:
     num_classes: int
     name: str = "dataset"
     schema: TabularSchema | None = None
+    classes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         x = np.asarray(self.x)
@@ -104,6 +108,10 @@ class ArrayDataset:
             raise ValueError(
                 f"ArrayDataset {self.name!r}: x must have shape (N, ...) with at least 2 "
                 f"dimensions, got shape {x.shape}"
+            )
+        if 0 in x.shape[1:]:
+            raise ValueError(
+                f"ArrayDataset {self.name!r}: samples of shape {x.shape[1:]} hold no value"
             )
         if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
             raise ValueError(f"ArrayDataset {self.name!r}: x must be numeric, got dtype {x.dtype}")
@@ -143,6 +151,15 @@ class ArrayDataset:
                     f"ArrayDataset {self.name!r}: a schema of {len(self.schema)} features needs "
                     f"x of shape (N, {len(self.schema)}), got shape {x.shape}"
                 )
+        if self.classes is not None:
+            classes = tuple(self.classes)
+            if (len(classes) != self.num_classes or len(set(classes)) != len(classes)
+                    or not all(isinstance(c, str) for c in classes)):
+                raise ValueError(
+                    f"ArrayDataset {self.name!r}: classes must be {self.num_classes} distinct "
+                    f"names (one per class), got {list(classes)[:8]!r}"
+                )
+            object.__setattr__(self, "classes", classes)
         object.__setattr__(self, "x", np.ascontiguousarray(x, dtype=np.float32))
         object.__setattr__(self, "y", np.ascontiguousarray(y, dtype=np.int64))
         object.__setattr__(self, "num_classes", int(self.num_classes))
@@ -191,6 +208,7 @@ class ArrayDataset:
             num_classes=self.num_classes,
             name=self.name if name is None else name,
             schema=self.schema,
+            classes=self.classes,
         )
 
     def class_counts(self) -> np.ndarray:

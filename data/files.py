@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,17 +51,29 @@ def load_npz(
     ``num_classes`` defaults to ``max(y) + 1``; pass it when a peer's file may
     lack the highest classes. ``scale`` divides ``x`` (as float32) by it, e.g.
     16 for raw 0-16 digit pixels or 255 for 8-bit images, so inputs lie in
-    about [0, 1]. Pickled object arrays are refused.
+    about [0, 1]. Refused, each with an error naming the file: pickled object
+    arrays (unpickling can run code), a file that is not a zip of ``.npy`` arrays,
+    an array larger than this machine's memory (read from its header before any
+    of it is), and features that are NaN or infinite.
     """
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such NPZ file")
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: got {scale!r}; expected a finite number > 0 (x is divided by it)")
+    with p.open("rb") as fh:
+        magic = fh.read(6)
+    if magic.startswith(b"\x93NUMPY"):
+        raise ValueError(f"{p}: expected an .npz archive, found a single .npy array "
+                         "(save both arrays with np.savez(path, x=x, y=y))")
+    if not magic.startswith(b"PK"):
+        raise ValueError(f"{p}: not an NPZ archive (a zip of .npy arrays, as np.savez writes; "
+                         f"this file starts with {magic!r})")
     try:
         archive = np.load(p, allow_pickle=False)
-    except ValueError as exc:  # object arrays, or not an npz at all
-        raise ValueError(f"{p}: cannot read as an NPZ archive of numeric arrays ({exc})") from exc
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"{p}: expected an .npz archive, found a single .npy array")
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{p}: not a readable NPZ archive, damaged or truncated ({exc})") from exc
     with archive:
         found = sorted(archive.files)
         for key, what in ((x_key, "x_key"), (y_key, "y_key")):
@@ -68,22 +82,80 @@ def load_npz(
                     f"{p}: no array named {key!r} ({what}); arrays in the file: "
                     f"{', '.join(found) if found else '(none)'}"
                 )
-        try:
-            x = archive[x_key]
-            y_raw = archive[y_key]
-        except ValueError as exc:
-            raise ValueError(f"{p}: cannot read arrays without pickle ({exc})") from exc
+        x = _npz_array(archive, x_key, p)
+        y_raw = _npz_array(archive, y_key, p)
     if y_raw.ndim != 1:
         raise ValueError(f"{p}: {y_key!r} must be a 1-D label array, got shape {y_raw.shape}")
+    if np.iscomplexobj(x):
+        raise ValueError(f"{p}: array {x_key!r} is complex ({x.dtype}); features must be real")
     y = _labels_from(y_raw, f"{p}: array {y_key!r}")
     _check_labels(y, f"{p}: array {y_key!r}")
     if scale is not None:
-        if not scale > 0:
-            raise ValueError(f"scale: got {scale!r}; expected a number > 0 (x is divided by it)")
         x = (np.asarray(x, dtype=np.float32) / np.float32(scale)).astype(np.float32)
-    return ArrayDataset(
-        x=x, y=y, num_classes=_infer_num_classes(y, num_classes), name=name or p.stem
-    )
+    _check_finite(x, f"{p}: array {x_key!r}")
+    try:
+        return ArrayDataset(
+            x=x, y=y, num_classes=_infer_num_classes(y, num_classes), name=name or p.stem
+        )
+    except ValueError as exc:  # (named after the file's stem: name the file)
+        raise ValueError(f"{p}: {exc}") from None
+
+
+def _npz_array(archive, key: str, p: Path) -> np.ndarray:
+    """One array of an open NPZ archive, its size read from its header first: an array
+    that would not fit in memory (or a zip bomb) is an error, not an allocation."""
+    try:
+        with archive.zip.open(f"{key}.npy") as f:
+            version = np.lib.format.read_magic(f)
+            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = read(f)
+        need = math.prod(shape) * dtype.itemsize
+        have = _memory_bytes()
+        if have is not None and need > have // 2:
+            raise ValueError(f"{p}: array {key!r} of shape {shape} ({dtype}) needs "
+                             f"{need / 2**30:.1f} GiB, more than half this machine's memory "
+                             f"({have / 2**30:.1f} GiB)")
+        arr = archive[key]
+    except MemoryError as exc:
+        raise ValueError(f"{p}: array {key!r} does not fit in this machine's memory "
+                         f"({exc})") from None
+    except (EOFError, OSError, KeyError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{p}: cannot read array {key!r}: damaged or truncated "
+                         f"({type(exc).__name__}: {exc})") from exc
+    except ValueError as exc:
+        if str(exc).startswith(str(p)):
+            raise
+        if "pickle" in str(exc) or "object" in str(exc):
+            raise ValueError(f"{p}: array {key!r} holds pickled (object) data, which hfl never "
+                             "loads (unpickling can run code); save plain numeric arrays, "
+                             "e.g. np.savez(path, x=x, y=y)") from None
+        raise ValueError(f"{p}: cannot read array {key!r}: not an .npy array ({exc})") from exc
+    if not isinstance(arr, np.ndarray):  # (numpy hands back the raw bytes of a non-.npy member)
+        raise ValueError(f"{p}: member {key!r} is not an .npy array")
+    return arr
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_finite(x: np.ndarray, where: str) -> None:
+    """Features that are NaN or infinite are an error: one such value turns every
+    standardised feature and every weight it reaches into NaN (silently, on the
+    peer; the cohort then leaves the peer's contributions out)."""
+    if not np.issubdtype(x.dtype, np.floating):
+        return
+    bad = ~np.isfinite(x)
+    if bad.any():
+        first = np.unravel_index(int(np.argmax(bad)), x.shape)
+        raise ValueError(f"{where}: {int(bad.sum())} value(s) are NaN or infinite (the first at "
+                         f"index {tuple(int(i) for i in first)}, {x[first]!r}); fill or drop "
+                         "those samples")
 
 
 def load_csv(
@@ -94,6 +166,7 @@ def load_csv(
     name: str | None = None,
     delimiter: str = ",",
     categorical: str | Sequence[str] = "auto",
+    classes: Sequence[str] | None = None,
 ) -> ArrayDataset:
     """Load a CSV table with a header row; column ``target`` holds the labels.
 
@@ -119,46 +192,38 @@ def load_csv(
     all others numeric.
 
     Labels: whole numbers >= 0 as they are, ``num_classes`` defaulting to
-    ``max(y) + 1``; or, when any label is not a number, text labels mapped to
-    ``0..K-1`` in sorted order (``num_classes`` defaults to ``K``). An empty label
-    is an error.
+    ``max(y) + 1``; or, when every label is text, text labels mapped to ``0..K-1``
+    in sorted order (``num_classes`` defaults to ``K``), the dataset's ``classes``
+    naming them. A column mixing numbers and text (a typo in a numeric label
+    column) and an empty label are errors. ``classes`` lists every class name of the
+    cohort in label order: each peer then maps its labels alike even when its file
+    lacks some classes (sorting each file's own labels would not), and a label not
+    listed is an error.
+
+    The file is read as UTF-8 (a byte-order mark is skipped); NaN, infinite or
+    empty cells in a numeric column are errors naming the line and column.
     """
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such CSV file")
-    with p.open(newline="") as fh:
-        reader = csv.reader(fh, delimiter=delimiter)
-        header = next(reader, None)
-        if header is None:
-            raise ValueError(f"{p}: empty file, expected a header row")
-        header = [h.strip() for h in header]
-        if target not in header:
-            raise ValueError(
-                f"{p}: no column named {target!r} (target); columns: {', '.join(header)}"
-            )
-        if len(set(header)) != len(header):
-            dup = sorted({h for h in header if header.count(h) > 1})
-            raise ValueError(f"{p}: duplicate column name(s) {', '.join(dup)}")
-        if "" in header:
-            raise ValueError(
-                f"{p}: column {header.index('') + 1} of the header has no name; "
-                f"every column needs one"
-            )
-        forced = _categorical_option(categorical, header, target, p)
-        rows: list[list[str]] = []
-        line_nos: list[int] = []
-        for line_no, row in enumerate(reader, start=2):
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                raise ValueError(
-                    f"{p}, line {line_no}: expected {len(header)} cells, got {len(row)}"
-                )
-            rows.append(row)
-            line_nos.append(line_no)
+    if classes is not None:
+        classes = _class_list(classes, "classes")
+    _refuse_binary(p)
+    try:
+        with p.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh, delimiter=delimiter)
+            try:
+                header, rows, line_nos = _read_table(reader, p, target)
+            except csv.Error as exc:
+                raise ValueError(f"{p}, line {reader.line_num}: {exc}"
+                                 + (" (an unclosed quote joins the lines after it into one cell)"
+                                    if "field larger" in str(exc) else "")) from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text ({exc}); save the table as a UTF-8 CSV") from None
+    forced = _categorical_option(categorical, header, target, p)
+    t = header.index(target)
     if not rows:
         raise ValueError(f"{p}: no data rows after the header")
-    t = header.index(target)
     cells = [[cell.strip() for cell in col] for col in zip(*rows, strict=True)]  # (columns, N)
     is_number = [[_is_number(c) for c in col] for col in cells]
     features = [j for j in range(len(header)) if j != t]
@@ -186,8 +251,10 @@ def load_csv(
         for j in numeric_cols:
             if not is_number[j][i]:
                 raise ValueError(
-                    f"{p}, line {line_no}, column {header[j]!r}: {rows[i][j]!r} is not a number "
-                    + _numeric_hint(cells[j], forced is None)
+                    f"{p}, line {line_no}, column {header[j]!r}: {rows[i][j]!r} is not a "
+                    + ("finite number (a missing or broken value: fill or drop the row)"
+                       if _is_float(cells[j][i]) else
+                       "number " + _numeric_hint(cells[j], forced is None))
                 )
     blocks: list[np.ndarray] = []
     names: list[str] = []
@@ -209,18 +276,70 @@ def load_csv(
         columns.extend([col] * len(categories))
         numeric.extend([False] * len(categories))
     x = np.concatenate(blocks, axis=1).astype(np.float32)  # (N, F)
-    y, inferred = _csv_labels(cells[t], line_nos, p, target)
+    y, inferred, names_of_classes = _csv_labels(cells[t], line_nos, p, target, classes)
+    if names_of_classes is not None and num_classes is not None and num_classes != inferred:
+        raise ValueError(f"{p}: num_classes {num_classes} with text labels: name every class in "
+                         "data.options.classes instead (in label order), so that every peer "
+                         "numbers them alike")
     try:
         schema = TabularSchema(names=tuple(names), columns=tuple(columns), numeric=tuple(numeric))
+        return ArrayDataset(
+            x=x,
+            y=y,
+            num_classes=num_classes if num_classes is not None else inferred,
+            name=name or p.stem,
+            schema=schema,
+            classes=names_of_classes,
+        )
     except ValueError as exc:
         raise ValueError(f"{p}: {exc}") from None
-    return ArrayDataset(
-        x=x,
-        y=y,
-        num_classes=num_classes if num_classes is not None else inferred,
-        name=name or p.stem,
-        schema=schema,
-    )
+
+
+def _refuse_binary(p: Path) -> None:
+    """A compressed, UTF-16 or spreadsheet file named .csv: say what it is."""
+    with p.open("rb") as fh:
+        head = fh.read(4)
+    what = ("gzip-compressed (decompress it first: gunzip)" if head.startswith(b"\x1f\x8b")
+            else "UTF-16 text (save it as UTF-8)" if head[:2] in (b"\xff\xfe", b"\xfe\xff")
+            else "a zip archive (an .xlsx spreadsheet? export it as CSV, UTF-8)"
+            if head.startswith(b"PK\x03\x04") else None)
+    if what:
+        raise ValueError(f"{p}: not a CSV text file: {what}")
+
+
+def _read_table(reader, p: Path, target: str) -> tuple[list[str], list[list[str]], list[int]]:
+    """(header, non-blank rows, their line numbers) of a CSV file, checked."""
+    header = next(reader, None)
+    if header is None:
+        raise ValueError(f"{p}: empty file, expected a header row")
+    header = [h.strip() for h in header]
+    if target not in header:
+        hint = next((f"; the header is one column holding {d!r}: set data.options.delimiter: "
+                     f"{d!r}" for d in (";", "\t", "|") if len(header) == 1 and d in header[0]), "")
+        raise ValueError(
+            f"{p}: no column named {target!r} (target); columns: {', '.join(header)}{hint}"
+        )
+    if len(set(header)) != len(header):
+        dup = sorted({h for h in header if header.count(h) > 1})
+        raise ValueError(f"{p}: duplicate column name(s) {', '.join(dup)}")
+    if "" in header:
+        raise ValueError(
+            f"{p}: column {header.index('') + 1} of the header has no name; "
+            f"every column needs one"
+        )
+    rows: list[list[str]] = []
+    line_nos: list[int] = []
+    for row in reader:
+        line_no = reader.line_num  # (a quoted cell may span lines)
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) != len(header):
+            raise ValueError(
+                f"{p}, line {line_no}: expected {len(header)} cells, got {len(row)}"
+            )
+        rows.append(row)
+        line_nos.append(line_no)
+    return header, rows, line_nos
 
 
 def _categorical_option(
@@ -251,12 +370,19 @@ def _categorical_option(
     return set(categorical)
 
 
-def _is_number(cell: str) -> bool:
+def _is_float(cell: str) -> bool:
+    """What Python's float() reads, NaN and infinity included."""
     try:
         float(cell)
     except ValueError:
         return False
-    return True
+    return "_" not in cell  # (float() reads 1_000; a table means something else by it)
+
+
+def _is_number(cell: str) -> bool:
+    """A finite number: "nan", "inf" and "1e999" are not (one of them turned a whole
+    standardised column into NaN)."""
+    return _is_float(cell) and math.isfinite(float(cell))
 
 
 def _numeric_hint(cells: list[str], auto: bool) -> str:
@@ -281,19 +407,53 @@ def _sorted_categories(values: set[str]) -> list[str]:
 
 
 def _csv_labels(
-    cells: list[str], line_nos: list[int], p: Path, target: str
-) -> tuple[np.ndarray, int]:
-    """Labels of the target column and the number of classes they imply."""
+    cells: list[str], line_nos: list[int], p: Path, target: str,
+    classes: tuple[str, ...] | None = None,
+) -> tuple[np.ndarray, int, tuple[str, ...] | None]:
+    """Labels of the target column, the number of classes they imply and the classes'
+    names (None for numeric labels): see :func:`load_csv`."""
+    where = f"column {target!r}"
     for cell, line_no in zip(cells, line_nos, strict=True):
         if not cell:
-            raise ValueError(f"{p}, line {line_no}, column {target!r}: empty label")
-    if all(_is_number(c) for c in cells):
-        y = _labels_from(np.asarray([float(c) for c in cells]), f"{p}: column {target!r}")
-        _check_labels(y, f"{p}: column {target!r}")
-        return y, _infer_num_classes(y, None)
-    classes = sorted(set(cells))
-    index = {c: k for k, c in enumerate(classes)}
-    return np.asarray([index[c] for c in cells], dtype=np.int64), len(classes)
+            raise ValueError(f"{p}, line {line_no}, {where}: empty label")
+    if classes is not None:
+        index = {c: k for k, c in enumerate(classes)}
+        for cell, line_no in zip(cells, line_nos, strict=True):
+            if cell not in index:
+                raise ValueError(f"{p}, line {line_no}, {where}: label {cell!r} is not one of "
+                                 f"data.options.classes ({_shown(classes)})")
+        return np.asarray([index[c] for c in cells], dtype=np.int64), len(classes), classes
+    numbers = [_is_number(c) for c in cells]
+    if all(numbers):
+        y = _labels_from(np.asarray([float(c) for c in cells]), f"{p}: {where}")
+        _check_labels(y, f"{p}: {where}")
+        return y, _infer_num_classes(y, None), None
+    if any(numbers):  # a typo in a numeric column, or numbers among names: never guessed
+        text = [(c, n) for c, n, num in zip(cells, line_nos, numbers, strict=True) if not num]
+        num = [(c, n) for c, n, isnum in zip(cells, line_nos, numbers, strict=True) if isnum]
+        (odd, line), (usual, other) = (text[0], num[0]) if len(text) <= len(num) else (num[0], text[0])
+        raise ValueError(
+            f"{p}, line {line}, {where}: label {odd!r} mixes with labels like {usual!r} "
+            f"(line {other}): {len(num)} labels are numbers and {len(text)} are text. Fix the "
+            "cell, or list every class name in data.options.classes"
+        )
+    found = tuple(sorted(set(cells)))
+    index = {c: k for k, c in enumerate(found)}
+    return np.asarray([index[c] for c in cells], dtype=np.int64), len(found), found
+
+
+def _class_list(classes: object, where: str) -> tuple[str, ...]:
+    """A ``classes`` option: distinct non-empty names (numbers are taken as their text)."""
+    if isinstance(classes, str) or not isinstance(classes, Sequence) or not classes:
+        raise ValueError(f"{where}: expected a list of class names, got {classes!r}")
+    names = tuple(str(c).strip() for c in classes)
+    if not all(names) or len(set(names)) != len(names):
+        raise ValueError(f"{where}: class names must be distinct and non-empty, got {list(names)!r}")
+    return names
+
+
+def _shown(names: Sequence[str], limit: int = 8) -> str:
+    return ", ".join(map(repr, names[:limit])) + (", ..." if len(names) > limit else "")
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -308,11 +468,15 @@ def load_image_folder(
     grayscale: bool = False,
     *,
     name: str | None = None,
+    classes: Sequence[str] | None = None,
 ) -> ArrayDataset:
     """Load ``root/<class_name>/*.png|*.jpg|*.jpeg``, one folder per class.
 
     Class index = position of the folder name in the sorted folder names
-    (hidden folders are skipped; other files in a class folder are ignored).
+    (hidden folders are skipped; other files in a class folder are ignored), or in
+    ``classes`` when given: every class of the cohort in label order, so that a peer
+    whose root lacks some class folders maps the others alike (a folder not listed
+    is then an error). The dataset's ``classes`` name them.
     Images are read with Pillow, converted to RGB (or grey with
     ``grayscale=True``) and, when ``size`` is given (an int for a square or
     ``(height, width)``), resized bilinearly; without ``size`` all images must
@@ -335,10 +499,18 @@ def load_image_folder(
     )
     if not class_dirs:
         raise FileNotFoundError(f"{p}: no class folders found (expected {layout})")
+    names = tuple(d.name for d in class_dirs) if classes is None else _class_list(
+        classes, "classes")
+    index = {c: k for k, c in enumerate(names)}
+    unknown = [d.name for d in class_dirs if d.name not in index]
+    if unknown:
+        raise ValueError(f"{p}: class folder(s) {_shown(unknown)} not in data.options.classes "
+                         f"({_shown(names)})")
     images: list[np.ndarray] = []
     labels: list[int] = []
     first: Path | None = None
-    for label, folder in enumerate(class_dirs):
+    for folder in class_dirs:
+        label = index[folder.name]
         files = sorted(
             (f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES),
             key=lambda f: f.name,
@@ -366,4 +538,5 @@ def load_image_folder(
             images.append(arr)
             labels.append(label)
     x = np.stack(images).astype(np.float32) / 255.0  # (N, C, H, W)
-    return ArrayDataset(x=x, y=np.asarray(labels), num_classes=len(class_dirs), name=name or p.name)
+    return ArrayDataset(x=x, y=np.asarray(labels), num_classes=len(names), name=name or p.name,
+                        classes=names)

@@ -74,7 +74,7 @@ def recolor(
     if per == "class":
         colours = colours[ds.y]  # (N, 3)
     x = ds.x * colours[:, :, None, None].astype(np.float32)  # (N, 3, H, W)
-    return ArrayDataset(x=x, y=ds.y, num_classes=ds.num_classes, name=name or f"{ds.name}+rgb")
+    return ArrayDataset(x=x, y=ds.y, num_classes=ds.num_classes, classes=ds.classes, name=name or f"{ds.name}+rgb")
 
 
 def resize(
@@ -90,13 +90,13 @@ def resize(
     _check_images(ds, "resize")
     h, w = _image_size(size)
     x = _resize_array(ds.x, h, w)
-    return ArrayDataset(x=x, y=ds.y, num_classes=ds.num_classes, name=name or f"{ds.name}+{h}x{w}")
+    return ArrayDataset(x=x, y=ds.y, num_classes=ds.num_classes, classes=ds.classes, name=name or f"{ds.name}+{h}x{w}")
 
 
 def flatten(ds: ArrayDataset, *, name: str | None = None) -> ArrayDataset:
     """Samples as flat vectors: ``(N, ...) -> (N, F)``, C-order. Keeps the name by default."""
     x = ds.x.reshape(len(ds), -1)  # (N, F)
-    return ArrayDataset(x=x, y=ds.y, num_classes=ds.num_classes, name=name or ds.name)
+    return ArrayDataset(x=x, y=ds.y, num_classes=ds.num_classes, classes=ds.classes, name=name or ds.name)
 
 
 def _resize_array(x: np.ndarray, h: int, w: int) -> np.ndarray:

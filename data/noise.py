@@ -62,4 +62,5 @@ def add_label_noise(ds: ArrayDataset, kind: str, rate: float,
     """``ds`` with noisy labels, and the realised noise rate (share of labels changed)."""
     y = noisy_labels(ds.y, kind, rate, ds.num_classes, seed)
     realised = float((y != ds.y).mean()) if len(y) else 0.0
-    return ArrayDataset(ds.x, y, ds.num_classes, name=ds.name, schema=ds.schema), realised
+    return ArrayDataset(ds.x, y, ds.num_classes, name=ds.name, schema=ds.schema,
+                        classes=ds.classes), realised

@@ -60,6 +60,7 @@ def select_columns(ds: ArrayDataset, columns: Sequence[str]) -> ArrayDataset:
         num_classes=ds.num_classes,
         name=ds.name,
         schema=ds.schema.select(idx),
+        classes=ds.classes,
     )
 
 
@@ -154,6 +155,7 @@ class Standardizer:
             num_classes=ds.num_classes,
             name=ds.name,
             schema=ds.schema,
+            classes=ds.classes,
         )
 
     __call__ = transform

@@ -218,10 +218,11 @@ def _load_svhn(base: Path, spec: _Spec, train: bool) -> tuple[np.ndarray, np.nda
     if not path.is_file():
         raise _missing(base, spec, train, [fname])
     from scipy.io import loadmat
+    from scipy.io.matlab import MatReadError
 
     try:
         mat = loadmat(path)
-    except (OSError, ValueError, TypeError, NotImplementedError) as exc:
+    except (OSError, ValueError, TypeError, NotImplementedError, MatReadError) as exc:
         raise ValueError(f"{path}: cannot read as a MATLAB file ({exc})") from exc
     if "X" not in mat or "y" not in mat:
         raise ValueError(f"{path}: expected arrays 'X' and 'y', found {sorted(mat)}")
@@ -253,11 +254,15 @@ def _load_usps(base: Path, spec: _Spec, train: bool) -> tuple[np.ndarray, np.nda
                     continue
                 try:
                     label = float(parts[0])
+                    if label != int(label):
+                        raise ValueError(f"label {parts[0]!r} is not a whole number")
                     pixels = np.zeros(256, dtype=np.float32)
                     for item in parts[1:]:
                         index, value = item.split(":")
+                        if not 1 <= int(index) <= 256:
+                            raise IndexError(f"index {index} outside 1-256")
                         pixels[int(index) - 1] = float(value)
-                except (ValueError, IndexError) as exc:
+                except (ValueError, IndexError, OverflowError) as exc:
                     raise ValueError(
                         f"{path}, line {line_no}: expected 'label index:value ...' with "
                         f"indices 1-256 ({exc})"

@@ -94,6 +94,9 @@ def check_peer(cfg: PeerConfig, terms: dict | None = None) -> str:
     alg, num_classes = build_algorithm(cfg, data)
     if terms is not None:
         terms.update(handshake_terms(cfg, num_classes, alg.handshake_info()))
+        classes = alg.ctx.train.classes  # (a peer with numeric labels names none: refused too)
+        terms["data.options.classes (the classes' names: text labels, image folders)"] = (
+            list(classes) if classes is not None else "(numeric labels)")
     return (f"{cfg.node.id}: {cfg.data.dataset} {len(data.train)} training / {len(data.test)} test "
             f"samples of shape {tuple(data.train.input_shape)}, {num_classes} classes; "
             f"{getattr(alg.model, 'arch', cfg.model.arch)} with {count_parameters(alg.model):,} "

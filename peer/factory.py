@@ -21,6 +21,9 @@ class PeerData:
     domain_tests: dict[str, Any] = field(default_factory=dict)  # every domain's test split
     own_domain: str | None = None
     label_noise_rate: float | None = None  # realised share of flipped private labels
+    #: the classes' names in label order, where the data names them (text labels, image
+    #: folders): peers must name them alike (the hello's ``class_names``)
+    class_names: tuple[str, ...] | None = None
 
 
 def _split(ds, cfg: DataConfig, seed: int) -> dict[str, Any]:
@@ -30,7 +33,11 @@ def _split(ds, cfg: DataConfig, seed: int) -> dict[str, Any]:
     fractions = {"public": cfg.public_fraction, "val": cfg.val_fraction, "test": cfg.test_fraction}
     fractions = {k: v for k, v in fractions.items() if v > 0}
     fractions["private"] = 1.0 - sum(fractions.values())
-    parts = split_fractions(len(ds), fractions, seed, stratify=ds.y)
+    try:
+        parts = split_fractions(len(ds), fractions, seed, stratify=ds.y)
+    except ValueError as exc:  # (too few samples for the fractions)
+        raise ConfigError("data", f"{cfg.path or cfg.dataset}: {len(ds)} samples for this "
+                          f"peer: {exc}") from None
     return {k: ds.subset(idx) for k, idx in parts.items()}
 
 
@@ -98,7 +105,7 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
             domains = getattr(hfl.data, cfg.dataset)(**cfg.options)
         else:
             full = _load_dataset(cfg.dataset, cfg.path, cfg.target, cfg.options)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, EOFError, MemoryError) as exc:
         raise ConfigError("data", f"cannot load dataset {cfg.dataset!r}: {exc}") from exc
     public_set = None
     if cfg.public_set is not None:
@@ -162,7 +169,7 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
         train=train, test=split["test"], global_test=global_test,
         num_classes=full.num_classes,
         public=public_set if public_set is not None else split.get("public"),
-        val=split.get("val"), label_noise_rate=noise_rate,
+        val=split.get("val"), label_noise_rate=noise_rate, class_names=full.classes,
     )
 
 
@@ -179,13 +186,26 @@ def _warn_unscaled(train, standardized: bool, dataset: str) -> None:
 def _load_dataset(dataset: str, path: str | None, target: str | None, options: dict[str, Any]):
     from hfl.data import load_builtin, load_csv, load_image_folder, load_npz
 
-    if dataset == "npz":
-        return load_npz(path, **options)
-    if dataset == "csv":
-        return load_csv(path, target, **options)
-    if dataset == "image_folder":
-        return load_image_folder(path, **options)
-    return load_builtin(dataset, **options)
+    loader = {"npz": load_npz, "csv": load_csv, "image_folder": load_image_folder}.get(dataset)
+    if loader is None:
+        return load_builtin(dataset, **options)
+    _check_options(loader, options, dataset)
+    return loader(path, target, **options) if dataset == "csv" else loader(path, **options)
+
+
+def _check_options(loader, options: dict[str, Any], dataset: str) -> None:
+    """``data.options`` against the loader's keyword options: a typo is named with the
+    allowed options (not "load_csv() got an unexpected keyword argument")."""
+    import inspect
+
+    allowed = [n for n, prm in inspect.signature(loader).parameters.items()
+               if prm.kind is prm.KEYWORD_ONLY or (prm.default is not prm.empty and n != "target")]
+    for key in options:
+        if key not in allowed:
+            from hfl.peer.configtools import _did_you_mean
+
+            raise ConfigError(f"data.options.{key}", f"not an option of dataset {dataset}; "
+                              f"allowed: {', '.join(allowed)}{_did_you_mean(key, allowed)}")
 
 
 def _load_public_set(cfg: PublicSetConfig, private):
@@ -273,6 +293,25 @@ def model_options(cfg: PeerConfig) -> dict[str, Any]:
     return options
 
 
+def _check_class_count(data: PeerData, source: str) -> None:
+    """Classes counted from labels (max + 1) that make no sense to train: one class (a
+    constant to learn), or far more than the labels present (an id column as the target:
+    a model with an output per id). ``cohort.num_classes`` set says it is meant."""
+    import numpy as np
+
+    labels = np.concatenate([d.y for d in (data.train, data.test, data.val) if d is not None])
+    present = len(np.unique(labels))
+    if data.num_classes == 1:
+        raise ConfigError("cohort.num_classes", f"{source}: every label is 0, one class: nothing "
+                          "to learn. If the other peers hold the other classes, set "
+                          "cohort.num_classes to the cohort's number of classes")
+    if data.num_classes > max(100, 4 * present):
+        raise ConfigError("cohort.num_classes", (
+            f"{source}: labels run up to {data.num_classes - 1}, so {data.num_classes} classes "
+            f"(one output each), but only {present} distinct labels appear: an id column as the "
+            "target? If these are the classes, set cohort.num_classes to say so"))
+
+
 def model_spec(cfg: PeerConfig, input_shape: tuple[int, ...], num_classes: int) -> dict[str, Any]:
     """What rebuilds this peer's model: ``hfl.models.build_model(arch, input_shape,
     num_classes, embedding_dim, **options)`` (checkpoints carry it for hfl-export)."""
@@ -300,6 +339,8 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
             "cohort.num_classes",
             f"got {num_classes} but the dataset has {data.num_classes} classes",
         )
+    if not cfg.cohort.num_classes:
+        _check_class_count(data, cfg.data.path or cfg.data.dataset)
     try:
         alg_cls = get_algorithm(cfg.cohort.algorithm)
     except (ValueError, ImportError) as exc:  # e.g. a plugin that does not import
@@ -336,6 +377,10 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
         )
     except ValueError as exc:
         raise ConfigError("model", str(exc)) from exc
+    except (RuntimeError, MemoryError) as exc:  # (an allocation the machine cannot make)
+        raise ConfigError("model", f"cannot build {cfg.model.arch} for input "
+                          f"{tuple(data.train.input_shape)} and {num_classes} classes: "
+                          f"{type(exc).__name__}: {str(exc)[:300]}") from exc
     if "public" in cfg.selection.on and (data.public is None or not len(data.public)):
         raise ConfigError(
             "selection.on", f"got {cfg.selection.on!r} but this peer has no public split: set "

@@ -44,6 +44,7 @@ from hfl.peer.status import (
     EventLog,
     attach,
     check_listen,
+    class_names_term,
     cohort_shortfall,
     cpu_by_thread,
     data_split_fingerprint,
@@ -466,6 +467,11 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         log.info("%s: data split %d (partition %s into %d, seed %d): peers that split "
                  "differently are refused", cfg.node.id, shared["data_split"],
                  cfg.data.partition, cfg.data.num_partitions, cfg.data.seed)
+    if (names := class_names_term(classes := algorithm.ctx.train.classes)):
+        shared = {**shared, **names}
+        log.info("%s: classes %s (%d): peers that name them differently are refused",
+                 cfg.node.id, ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else ""),
+                 names["class_names"])
     if cfg.node.max_message_mib != DEFAULT_MAX_MESSAGE_MIB:
         # Every member must take what the others send (a larger message drops the link):
         # a peer with another size is refused at its hello. Off the wire at the default,

@@ -110,6 +110,19 @@ def data_split_fingerprint(data) -> dict[str, int]:
     return {"data_split": zlib.crc32(key.encode())}
 
 
+def class_names_term(names: tuple[str, ...] | None) -> dict[str, int]:
+    """``{"class_names": crc32}`` of the classes' names in label order, for the
+    handshake, where the data names its classes (text labels, image folders): two
+    peers that number their classes differently (each sorting the labels its own file
+    holds) would average a class of one into another class of the other. Empty for
+    numeric labels."""
+    import zlib
+
+    if names is None:
+        return {}
+    return {"class_names": zlib.crc32(json.dumps(list(names)).encode())}
+
+
 def max_rss_mb() -> float | None:
     """This process's peak resident memory in MiB (all its peers', in an in-process
     cohort), or None where the OS does not say (Windows). On Linux the kernel's

@@ -308,6 +308,74 @@ def test_hfl_peer_check_builds_the_peer(tmp_path, capsys):
     assert "model.arch" in capsys.readouterr().err
 
 
+
+def _csv_experiment(tmp_path, tables: dict[str, str], **data) -> Path:
+    """Two peers, each with its own CSV (``tables``: peer -> its text), one round."""
+    for peer, text in tables.items():
+        (tmp_path / f"{peer}.csv").write_text(text)
+    exp = {"name": "tab", "peers": len(tables), "run_dir": str(tmp_path / "run"),
+           "defaults": {"cohort": {"algorithm": "fedavg", "rounds": 1},
+                        "data": {"dataset": "csv", "target": "label", "partition": "none",
+                                 "global_test_fraction": 0, "test_fraction": 0.25, **data},
+                        "model": {"arch": "mlp", "options": {"hidden": [8]}},
+                        "timing": {"heartbeat_interval_s": 0.1, "join_timeout_s": 4}},
+           "peer_overrides": {p: {"data": {"path": str(tmp_path / f"{p}.csv")}} for p in tables}}
+    path = tmp_path / "tab.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    return path
+
+
+def test_peers_that_name_their_classes_differently_refuse_each_other(tmp_path, capsys):
+    # Each peer sorted the text labels of its own file: p0's {ant, cat} made cat label 1,
+    # p1's {ant, bee, cat} made it 2 and bee 1. Nothing said so, and the average mixed
+    # the classes (test accuracy 0.53 against 1.00 with one numbering).
+    from hfl.launch.cli import main
+
+    rows = lambda names: "f,label\n" + "".join(f"{i},{names[i % len(names)]}\n" for i in range(16))  # noqa: E731
+    path = _csv_experiment(tmp_path, {"p0": rows(["ant", "cat"]), "p1": rows(["ant", "bee", "cat"])},
+                           options={})
+    three = ["--set", "defaults.cohort.num_classes=3"]  # (else 2 and 3 classes differ first)
+    assert main([str(path), "--dry-run", *three]) == 2
+    err = capsys.readouterr().err
+    assert ("data.options.classes: peers disagree (p0 ['ant', 'cat'], p1 ['ant', 'bee', 'cat'])"
+            in err), err
+    # Launched anyway (no --dry-run: the launcher reads no data), each peer's hello
+    # names its classes and the other refuses it.
+    assert main([str(path), "--in-process", "--quiet", *three]) != 0
+    log = (tmp_path / "run" / "peers.log").read_text()
+    assert "class_names differs" in log, log[-2000:]
+    # One list for the cohort: both peers number ant, bee, cat alike, and they learn.
+    capsys.readouterr()
+    assert main([str(path), "--in-process", "--quiet", "--fresh", "--set",
+                 "defaults.data.options.classes=[ant, bee, cat]"]) == 0, capsys.readouterr()
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [r["rounds"] for r in results["peers"] if r["peer"] != "mean"] == [1, 1]
+
+
+@pytest.mark.parametrize(("options", "labels", "field", "needle"), [
+    ({"delim": ";"}, "01", "data.options.delim", "allowed: num_classes, name, delimiter, "
+                                                   "categorical, classes; did you mean 'delimiter'?"),
+    ({}, "00", "cohort.num_classes", "every label is 0, one class: nothing to learn"),
+    ({}, "0Z", "cohort.num_classes", "labels run up to 20000, so 20001 classes (one output "
+                                     "each), but only 2 distinct labels appear"),
+])
+def test_a_peer_whose_data_makes_no_sense_to_train_is_stopped_naming_why(
+        tmp_path, capsys, options, labels, field, needle):
+    from hfl.peer.cli import main
+
+    table = "f,label\n" + "".join(f"{i},{labels[i % 2].replace('Z', '20000')}\n" for i in range(16))
+    (tmp_path / "t.csv").write_text(table)
+    cfg = {"node": {"id": "a", "run_dir": str(tmp_path / "a")}, "security": {"mode": "none"},
+           "cohort": {"algorithm": "fedavg"}, "model": {"arch": "mlp", "options": {"hidden": [8]}},
+           "data": {"dataset": "csv", "path": str(tmp_path / "t.csv"), "target": "label",
+                    "partition": "none", "options": options}}
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["--config", str(path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert field in err and needle in err and "Traceback" not in err, err
+
+
 # ---------------------------------------------------------------- console
 
 
