@@ -141,6 +141,9 @@ def _import_module(module: str, spec: str):
     except ImportError as exc:
         raise ValueError(f"{spec!r}: cannot import module {module!r} ({exc}); is it installed "
                          "or on PYTHONPATH (the working directory counts)?") from exc
+    except Exception as exc:  # (the plugin's own code failed as it was imported)
+        raise ValueError(f"{spec!r}: importing module {module!r} failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
 
 
 def _import_file(path: str):
@@ -160,9 +163,11 @@ def _import_file(path: str):
     sys.modules[mod_name] = module  # dataclasses and pickling look the module up
     try:
         spec.loader.exec_module(module)
-    except Exception:
+    except Exception as exc:  # a syntax error, or the plugin's code raised as it ran
         del sys.modules[mod_name]
-        raise
+        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        raise ValueError(f"{path}: loading the plugin failed{where}: {type(exc).__name__}: "
+                         f"{exc}") from exc
     return module
 
 

@@ -177,6 +177,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         RunDirError,
         decide,
         discard,
+        foreign_content,
         ports_in_use,
         restore,
         set_state,
@@ -184,7 +185,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     )
     from hfl.peer.configtools import ConfigError, to_dict
 
-    if args.run_dir and args.seeds is None:
+    if args.run_dir is not None and args.seeds is None:
         overrides.append(f"run_dir={args.run_dir}")
     if args.allow_solo:
         overrides.append("defaults.node.allow_solo=true")
@@ -193,6 +194,8 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         exp = load_experiment(args.experiment, overrides)
         run_dir = exp.resolved_run_dir
         exp_dict = to_dict(exp)
+        if foreign_content(run_dir):  # a folder of the user's: a dry run writes there too
+            decide(run_dir, exp_dict, fresh=False, resume=False)  # (raises, naming it)
         if args.dry_run:  # changes nothing: says what a launch would do
             try:
                 decision = decide(run_dir, exp_dict, fresh=False, resume=args.resume)
@@ -413,7 +416,9 @@ def check_plans(plans, deep: bool, devices_here: bool = True) -> dict[str, str]:
 
             if isinstance(err, ConfigError):
                 raise err.with_source(f"peer {p.id}") from None
-            raise
+            # a check that missed a case: named, one line, not a traceback
+            raise ConfigError("", f"peer {p.id}: cannot build this peer from its config: "
+                                  f"{type(err).__name__}: {str(err)[:300]}") from err
     _resolve_num_classes(plans, terms)
     problem = disagreement(terms)  # what every peer's hello would refuse, at once
     if problem is not None:

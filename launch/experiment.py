@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 import yaml
 
-from hfl.peer.config import ID_PATTERN, PeerConfig
+from hfl.peer.config import ID_MEANS, ID_PATTERN, PeerConfig
 from hfl.peer.configtools import (
     ConfigError,
     apply_overrides,
@@ -92,9 +93,11 @@ class SlurmConfig:
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    name: str = field(metadata={"pattern": ID_PATTERN})
+    name: str = field(metadata={"pattern": ID_PATTERN, "means": ID_MEANS})
     peers: int = field(metadata={"min": 1, "max": 4096})  # a view holds at most 4096 (PROTOCOL.md)
-    run_dir: str = field(default="runs/{name}", metadata={"help": "{name} expands"})
+    run_dir: str = field(default="runs/{name}", metadata={
+        "help": "{name} expands", "pattern": r"(?!\.?/?$)[^\x00]+",
+        "means": "a folder path other than '' or '.' (the run writes keys and peer folders there)"})
     host: str = "127.0.0.1"
     devices: str = field(
         default="auto", metadata={"help": "auto (GPUs if found), cpu, or a comma list of GPU indices"}
@@ -115,6 +118,20 @@ class ExperimentConfig:
         for key in self.peer_overrides:
             if key not in ids:
                 raise ConfigError(f"peer_overrides.{key}", f"no such peer; allowed: {', '.join(sorted(ids))}")
+        for where, section in [("defaults", self.defaults),
+                               *((f"peer_overrides.{k}", v) for k, v in self.peer_overrides.items())]:
+            self._check_section(where, section)
+        if not re.fullmatch(r"auto|cpu|\d+(\s*,\s*\d+)*", self.devices.strip()):
+            raise ConfigError("devices", f"got {self.devices!r}; allowed: auto (the GPUs found), cpu, "
+                                         "or a comma list of GPU indices (e.g. 0,1)")
+        node = self.defaults.get("node") or {}
+        for key in ("min_peers", "quorum"):
+            value = node.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > self.peers:
+                raise ConfigError(f"defaults.node.{key}", f"got {value} for a cohort of {self.peers} "
+                                  "peers: no round could ever have that many; at most "
+                                  f"{self.peers}")
+        rounds = (self.defaults.get("cohort") or {}).get("rounds")
         targets: dict[str, int] = {}
         for i, fault in enumerate(self.faults):
             if fault.peer != "aggregator" and fault.peer not in ids:
@@ -122,6 +139,11 @@ class ExperimentConfig:
                     f"faults[{i}].peer",
                     f"got {fault.peer!r}; allowed: 'aggregator', {', '.join(sorted(ids))}",
                 )
+            for key in ("at_round", "restart_at_round"):
+                at = getattr(fault, key, None)
+                if isinstance(rounds, int) and isinstance(at, int) and at > rounds:
+                    raise ConfigError(f"faults[{i}].{key}", f"got {at} but the cohort runs "
+                                      f"{rounds} rounds: the fault would never happen")
             target = self.fault_target(fault)
             if target in targets:
                 raise ConfigError(
@@ -130,12 +152,32 @@ class ExperimentConfig:
                 )
             targets[target] = i
 
+    #: Set by hfl-launch for each peer (its place in the cohort): not the experiment's.
+    LAUNCHER_FIELDS = {"node": ("id", "listen", "run_dir", "bootstrap")}
+
+    def _check_section(self, where: str, section: Any) -> None:
+        """A peer config's sections are mappings, and none sets what the launcher sets
+        (it was overwritten without a word)."""
+        if not isinstance(section, dict):
+            raise ConfigError(where, f"got {section!r}; expected a mapping of peer config "
+                                     "sections (node, cohort, data, ...)")
+        for name, value in section.items():
+            if value is not None and not isinstance(value, dict):
+                raise ConfigError(f"{where}.{name}", f"got {value!r}; expected a mapping "
+                                                     f"(the {name} section's fields)")
+            for key in self.LAUNCHER_FIELDS.get(name, ()):
+                if key in (value or {}):
+                    raise ConfigError(f"{where}.{name}.{key}", f"set by hfl-launch for each peer "
+                                      "(its place in the cohort); remove it (run one peer with "
+                                      "its own config: hfl-peer --config)")
+
     def fault_target(self, fault: FaultSpec) -> str:
         """The peer a fault hits ('aggregator' resolves through the rotation)."""
         if fault.peer != "aggregator":
             return fault.peer
         every = (self.defaults.get("cohort") or {}).get("communicate_every", 1)
-        return aggregator_of(self.peer_ids(), fault.at_round, every if isinstance(every, int) else 1)
+        usable = isinstance(every, int) and not isinstance(every, bool) and every >= 1
+        return aggregator_of(self.peer_ids(), fault.at_round, every if usable else 1)
 
     @property
     def resolved_run_dir(self) -> Path:
@@ -161,14 +203,18 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def free_ports(n: int, host: str) -> list[int]:
-    """n distinct free TCP ports on ``host`` (bound all at once, then released)."""
+    """n distinct free TCP ports on ``host`` (bound all at once, then released); a host
+    this machine cannot listen on is a ConfigError naming ``host``."""
     socks = []
     try:
         for _ in range(n):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
             socks.append(s)
+            s.bind((host, 0))
         return [s.getsockname()[1] for s in socks]
+    except OSError as exc:  # (an unknown name, an address of another machine, IPv6 here)
+        raise ConfigError("host", f"cannot listen on {host!r} here ({exc}); use an IPv4 address "
+                                  "of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
     finally:
         for s in socks:
             s.close()
@@ -262,7 +308,11 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
     ports = ports or free_ports(len(ids), exp.host)
     addresses = [f"tcp://{exp.host}:{p}" for p in ports]
     threads = threads or exp.threads_per_peer or max(1, (os.cpu_count() or 1) // len(ids))
-    (run_dir / "peers").mkdir(parents=True, exist_ok=True)
+    try:
+        (run_dir / "peers").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("run_dir", f"cannot create {run_dir / 'peers'} ({exc.strerror or exc})"
+                          ) from None
     keys = None
     plans = []
     for i, pid in enumerate(ids):

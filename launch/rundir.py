@@ -110,12 +110,37 @@ def _has_peer_dirs(run_dir: Path) -> bool:
     )
 
 
+#: What hfl-launch writes in a run directory (a folder holding one of them is a run).
+RUN_MARKERS = ("launch.json", "run_id", "keys", "peers", "results.json", "peers.log")
+
+
+def foreign_content(run_dir: Path) -> list[str]:
+    """The entries of an existing, non-empty ``run_dir`` that holds no hfl run (no
+    launch record, run id, keys, peer configs or peer folders): a folder of the
+    user's. Empty when it is a run, empty, or absent."""
+    if not run_dir.is_dir() or _has_peer_dirs(run_dir) or any(
+            (run_dir / m).exists() for m in RUN_MARKERS):
+        return []
+    return sorted(e.name for e in run_dir.iterdir())
+
+
 def decide(run_dir: Path, experiment: dict[str, Any], *, fresh: bool, resume: bool) -> Decision:
     """What to do with ``run_dir`` for this experiment; raises RunDirError to refuse.
 
-    ``fresh`` deletes the directory (after the live-launcher check)."""
+    ``fresh`` deletes the directory (after the live-launcher check). A folder that holds
+    files but no hfl run is never used, let alone deleted: ``--fresh`` deleted whatever
+    the path named (a review: a thesis and its data, with exit status 0)."""
     if fresh and resume:
         raise RunDirError("--fresh and --resume exclude each other")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a folder: choose another --run-dir")
+    foreign = foreign_content(run_dir)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise RunDirError(
+            f"{run_dir} holds files that are not an hfl run ({shown}); nothing was changed "
+            "there. Choose another --run-dir (a new or empty folder)"
+        )
     record = read_record(run_dir)
     if record is not None and record.get("state") == "running" and _pid_alive(int(record.get("pid", -1))):
         raise RunDirError(

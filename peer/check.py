@@ -118,6 +118,7 @@ def handshake_terms(cfg: PeerConfig, num_classes: int | None = None,
         "cohort.num_classes": num_classes if num_classes is not None else cfg.cohort.num_classes,
         "cohort.communicate_every": cfg.cohort.communicate_every,
         "cohort.overlap": cfg.cohort.overlap,
+        "node.max_message_mib": cfg.node.max_message_mib,
     }
     for key, value in sorted((handshake or {}).items()):
         terms[f"model/algorithm dimension {key}"] = value

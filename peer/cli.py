@@ -95,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as err:
             print(f"hfl-peer: invalid config: {err}", file=sys.stderr)
             return 2
+        except Exception as err:  # a check that missed a case: one line, not a traceback
+            print(f"hfl-peer: invalid config: cannot build this peer from it: "
+                  f"{type(err).__name__}: {err}", file=sys.stderr)
+            return 2
         return 0
     _raise_file_limit()
     try:

@@ -9,6 +9,7 @@ against the chosen algorithm's own ``Config`` dataclass when the peer builds it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from hfl.algorithms.registry import CATALOG
@@ -18,7 +19,12 @@ from hfl.peer.configtools import ConfigError, apply_overrides, build, load_yaml
 from hfl.protocol import DEFAULT_MAX_MESSAGE_MIB
 
 ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+SEED_MAX = 2**63 - 1  # (torch takes seeds below 2**64, numpy any int >= 0)
 DEVICE_PATTERN = r"cpu|auto|cuda|cuda:\d+|mps"
+#: What a string matching each pattern is, for the error that names the field.
+ID_MEANS = ("1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit "
+            "(e.g. p0, hospital-a)")
+DEVICE_MEANS = "one of cpu, auto, cuda, cuda:N (N a GPU index) or mps"
 
 # Built-in names (hfl.data.builtin); the torchvision ones read a local root given
 # as options: {root: /data/mnist}; hfl never downloads.
@@ -33,7 +39,8 @@ TABULAR_DATASETS = ("breast_cancer", "wine", "csv")  # with named columns (a sch
 
 @dataclass(frozen=True)
 class NodeConfig:
-    id: str = field(metadata={"pattern": ID_PATTERN, "help": "this peer's unique id"})
+    id: str = field(metadata={"pattern": ID_PATTERN, "means": ID_MEANS,
+                                     "help": "this peer's unique id"})
     listen: str = field(
         default="tcp://127.0.0.1:0",
         metadata={"help": "address to bind: tcp://host:port (port 0 = any free port), ipc://path, mem://name"},
@@ -49,9 +56,12 @@ class NodeConfig:
                                       "learned by gossip"}
     )
     run_dir: str = field(default="runs/{id}", metadata={"help": "metrics, logs and checkpoints; {id} expands"})
-    device: str = field(default="cpu", metadata={"pattern": DEVICE_PATTERN})
-    threads: int | None = field(default=None, metadata={"min": 1, "help": "torch CPU threads"})
-    seed: int = field(default=0, metadata={"help": "this peer's own randomness (batch order, dropout)"})
+    device: str = field(default="cpu", metadata={"pattern": DEVICE_PATTERN,
+                                                          "means": DEVICE_MEANS})
+    threads: int | None = field(default=None, metadata={"min": 1, "max": 4096,
+                                                         "help": "torch CPU threads"})
+    seed: int = field(default=0, metadata={"min": 0, "max": SEED_MAX,
+                                           "help": "this peer's own randomness (batch order, dropout)"})
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     checkpoint: bool = True
     evaluate_every: int = field(
@@ -93,29 +103,39 @@ class NodeConfig:
                                        "cohort sets the same"})
 
     def validate(self) -> None:
-        scheme = self.listen.split("://", 1)[0]
-        if scheme not in ("tcp", "ipc", "mem") or "://" not in self.listen:
+        scheme, _, rest = self.listen.partition("://")
+        if scheme not in ("tcp", "ipc", "mem") or not rest:
             raise ValueError(
                 f"listen: got {self.listen!r}; expected tcp://host:port, ipc://path or mem://name"
             )
+        if scheme == "tcp":
+            host, _, port = rest.rpartition(":")
+            if not host or not port.isdigit() or int(port) > 65535:
+                raise ValueError(f"listen: got {self.listen!r}; expected tcp://host:port with a "
+                                 "port 0..65535 (0: any free port)")
+        if scheme == "ipc" and not Path(rest).parent.is_dir():
+            raise ValueError(f"listen: got {self.listen!r}; the folder {Path(rest).parent} "
+                             "does not exist")
 
 
 @dataclass(frozen=True)
 class CohortConfig:
     """What every peer of a cohort must agree on; checked in the handshake."""
 
-    name: str = field(default="hfl", metadata={"pattern": ID_PATTERN})
+    name: str = field(default="hfl", metadata={"pattern": ID_PATTERN, "means": ID_MEANS})
     algorithm: str = field(
         default="solo",
         metadata={"help": f"one of {', '.join(sorted(CATALOG))}; an installed plugin's name "
                           "(entry point group hfl.algorithms); or my_pkg.module:Class / "
                           "path/file.py:Class (docs/plugins.md)"},
     )
-    rounds: int = field(default=10, metadata={"min": 1})
+    rounds: int = field(default=10, metadata={"min": 1, "max": 2**62})
     num_classes: int | None = field(
-        default=None, metadata={"min": 2, "help": "label-set size (default: from the dataset)"}
+        default=None, metadata={"min": 2, "max": 1 << 20,
+                                "help": "label-set size (default: from the dataset)"}
     )
-    seed: int = field(default=0, metadata={"help": "shared seed: model initialisation"})
+    seed: int = field(default=0, metadata={"min": 0, "max": SEED_MAX,
+                                           "help": "shared seed: model initialisation"})
     aggregate_at: Literal["auto", "aggregator", "every_peer"] = field(
         default="auto", metadata={"help": "aggregator-mode methods: aggregator (one peer elected "
                                           "per round aggregates for all), every_peer (everyone sends "
@@ -214,7 +234,8 @@ class LabelNoiseConfig:
     )
     rate: float = field(metadata={"min": 0, "lt": 1, "help": "probability that a label is flipped"})
     seed: int | None = field(
-        default=None, metadata={"help": "default: from data.seed and partition_index (one per peer)"}
+        default=None, metadata={"min": 0, "max": SEED_MAX,
+                                "help": "default: from data.seed and partition_index (one per peer)"}
     )
 
 
@@ -230,7 +251,8 @@ class PublicSetConfig:
     size: int | None = field(
         default=None, metadata={"min": 1, "help": "samples kept (a seeded draw); None = all"}
     )
-    seed: int = field(default=0, metadata={"help": "the draw of size samples (shared)"})
+    seed: int = field(default=0, metadata={"min": 0, "max": SEED_MAX,
+                                           "help": "the draw of size samples (shared)"})
     disjoint: bool = field(
         default=False,
         metadata={"help": "the public set is a row-aligned view of data.dataset (same rows, "
@@ -241,6 +263,13 @@ class PublicSetConfig:
     def validate(self) -> None:
         if self.dataset in FILE_DATASETS and not self.path:
             raise ValueError(f"path: required for dataset {self.dataset!r}")
+        if self.dataset not in FILE_DATASETS and self.path:  # (else digits, silently)
+            raise ValueError(f"path: got {self.path!r}, but dataset {self.dataset!r} is built in "
+                             f"and reads no file; for your own file set dataset to one of "
+                             f"{', '.join(FILE_DATASETS)}")
+        if self.dataset != "csv" and self.target:
+            raise ValueError(f"target: applies to dataset 'csv' (the label column); dataset "
+                             f"{self.dataset!r} has its labels already: remove it")
         if self.dataset == "csv" and not self.target:
             raise ValueError("target: required for dataset 'csv' (the label column)")
 
@@ -269,7 +298,8 @@ class DataConfig:
     global_test_fraction: float = field(
         default=0.2, metadata={"min": 0, "lt": 1, "help": "held out before partitioning; 0 = none"}
     )
-    seed: int = field(default=0, metadata={"help": "shared by the cohort so partitions agree"})
+    seed: int = field(default=0, metadata={"min": 0, "max": SEED_MAX,
+                                           "help": "shared by the cohort so partitions agree"})
     features: tuple[str, ...] = field(
         default=(),
         metadata={"help": "source columns this peer keeps (tabular data; one-hot groups move "
@@ -305,6 +335,13 @@ class DataConfig:
             )
         if self.dataset in FILE_DATASETS and not self.path:
             raise ValueError(f"path: required for dataset {self.dataset!r}")
+        if self.dataset not in FILE_DATASETS and self.path:  # (else digits, silently)
+            raise ValueError(f"path: got {self.path!r}, but dataset {self.dataset!r} is built in "
+                             f"and reads no file; for your own file set dataset to one of "
+                             f"{', '.join(FILE_DATASETS)}")
+        if self.dataset != "csv" and self.target:
+            raise ValueError(f"target: applies to dataset 'csv' (the label column); dataset "
+                             f"{self.dataset!r} has its labels already: remove it")
         if self.public_fraction + self.val_fraction + self.test_fraction >= 1:
             raise ValueError(
                 "public_fraction + val_fraction + test_fraction must leave private data; got "
@@ -346,7 +383,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str = field(default="mlp", metadata={"help": "mlp, lenet, resnet18, ..."})
-    embedding_dim: int = field(default=64, metadata={"min": 1})
+    embedding_dim: int = field(default=64, metadata={"min": 1, "max": 1 << 20})
     options: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "architecture options, e.g. {hidden: [128]}"}
     )

@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import math
 import operator
 import re
 import types
@@ -119,6 +120,9 @@ def build(cls: type[T], data: Mapping[str, Any] | None, path: str = "") -> T:
     hints = _hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
     names = [f.name for f in fields]
+    # YAML 1.1 reads a key spelled on/off/yes/no as a boolean: `selection: {on: val}`
+    # (as the docs write it) was "selection.True: unknown key"
+    data = {_yaml11_word(k, names): v for k, v in data.items()}
 
     unknown = [k for k in data if k not in names]
     if unknown:
@@ -165,6 +169,7 @@ def _convert(tp: Any, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
     if origin is Union or origin is types.UnionType:
         return _convert_union(tp, args, value, path, meta)
     if origin is Literal:
+        value = _yaml11_word(value, args)  # (`standardize: off` read as False)
         for allowed in args:
             if type(allowed) is type(value) and allowed == value:
                 return allowed
@@ -193,6 +198,9 @@ def _convert(tp: Any, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
         else:
             converted = None
         if converted is not None:
+            if not math.isfinite(converted):  # (NaN fails every bound: _check says so)
+                if not math.isnan(converted):
+                    raise ConfigError(path, f"got {_show(value)}; expected a finite number")
             _check(converted, value, meta, path, "a number")
             return converted
     elif tp is str:
@@ -262,6 +270,21 @@ def _convert_dict(tp, args, value, path, meta):
     return out
 
 
+#: YAML 1.1 (PyYAML's) booleans spelled as words a setting may mean literally.
+_YAML11_WORDS = {True: ("on", "yes", "true", "y"), False: ("off", "no", "false", "n")}
+
+
+def _yaml11_word(value: Any, allowed: Iterable[Any]) -> Any:
+    """``value`` read as a YAML 1.1 boolean from a word that ``allowed`` holds (``on``,
+    ``off``, ``yes``, ``no``), as that word; anything else as it is."""
+    if isinstance(value, bool):
+        allowed = list(allowed)
+        for word in _YAML11_WORDS[value]:
+            if word in allowed:
+                return word
+    return value
+
+
 def _check(value: Any, shown: Any, meta: Mapping[str, Any], path: str, noun: str) -> None:
     """Apply the field's constraints to one (already converted) scalar."""
     if not meta:
@@ -279,7 +302,8 @@ def _check(value: Any, shown: Any, meta: Mapping[str, Any], path: str, noun: str
             raise ConfigError(path, f"got {_show(shown)}; expected {noun or 'a number'} {wanted}")
     pattern = meta.get("pattern")
     if pattern is not None and isinstance(value, str) and re.fullmatch(pattern, value) is None:
-        raise ConfigError(path, f"got {value!r}; expected a string matching {pattern!r}")
+        raise ConfigError(path, f"got {value!r}; expected "
+                                f"{meta.get('means') or f'a string matching {pattern!r}'}")
 
 
 # ------------------------------------------------------------------ files and overrides

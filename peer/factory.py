@@ -272,6 +272,10 @@ def resolve_device(spec: str):
                 f"got {spec!r}; this process sees {torch.cuda.device_count()} GPU(s) (check CUDA_VISIBLE_DEVICES)",
             )
         return torch.device(f"cuda:{index}")
+    if spec == "mps" and not (getattr(torch.backends, "mps", None) is not None
+                              and torch.backends.mps.is_available()):
+        raise ConfigError("node.device", "got 'mps' but Apple's MPS is not available here; "
+                          "use cpu or auto")
     return torch.device(spec)
 
 

@@ -87,8 +87,9 @@ def test_peer_overrides_deep_merge_over_the_defaults(tmp_path):
 
 
 def test_faults_target_the_rotations_aggregator_and_reach_only_that_peer(tmp_path):
-    exp = make(tmp_path, faults=[{"peer": "aggregator", "at_round": 3, "phase": "serve"},
-                                 {"peer": "p1", "at_round": 5, "restart_at_round": 7}])
+    exp = make(tmp_path, defaults={"cohort": {"algorithm": "fedavg", "rounds": 8}},
+               faults=[{"peer": "aggregator", "at_round": 3, "phase": "serve"},
+                       {"peer": "p1", "at_round": 5, "restart_at_round": 7}])
     assert aggregator_of(exp.peer_ids(), 3) == "p3"
     plans = {p.id: p for p in expand(exp, gpus=[], ports=[7000, 7001, 7002, 7003])}
     assert plans["p3"].config.fault.crash_at_round == 3
@@ -103,6 +104,8 @@ def test_faults_target_the_rotations_aggregator_and_reach_only_that_peer(tmp_pat
     ({"faults": [{"peer": "p3", "at_round": 2}, {"peer": "aggregator", "at_round": 3}]},
      "faults[1].peer", "one fault per peer"),
     ({"peer_overrides": {"q1": {}}}, "peer_overrides.q1", "no such peer"),
+    ({"faults": [{"peer": "p1", "at_round": 2, "restart_at_round": 4}]},
+     "faults[0].restart_at_round", "got 4 but the cohort runs 3 rounds: the fault would never"),
     ({"peers": 0}, "peers", ">= 1"),
 ])
 def test_bad_experiments_name_the_field(tmp_path, over, path, needle):
@@ -292,18 +295,20 @@ def test_a_peer_process_whose_share_does_not_fit_exits_1_with_the_reason(tmp_pat
     assert "failed before its first round ended; stopping the cohort" in err
 
 
-def test_peers_that_set_different_max_message_mib_refuse_each_other_naming_it(tmp_path):
+def test_peers_that_set_different_max_message_mib_refuse_each_other_naming_it(tmp_path, capsys):
     # A peer takes no message over its own limit (ZeroMQ drops the link), so the cohort
-    # must agree; the default stays off the wire and reads as 256.
+    # must agree; the default stays off the wire and reads as 256. Peers started by hand
+    # refuse each other's hello ("max_message_mib differs"); hfl-launch refuses the
+    # experiment before any starts (it ran the join timeout out before).
     from hfl.launch import cli
 
     path = _written(tmp_path)
     assert cli.main([path, "--in-process", "--quiet",
                      "--set", "peer_overrides.p1.node.max_message_mib=8",
-                     "--set", "defaults.timing.join_timeout_s=3"]) != 0
-    log = (tmp_path / "run" / "peers.log").read_text()
-    assert "max_message_mib differs: theirs 256, ours 8" in log
-    assert "max_message_mib differs: theirs 8, ours 256" in log
+                     "--set", "defaults.timing.join_timeout_s=3"]) == 2
+    err = capsys.readouterr().err
+    assert "node.max_message_mib: peers disagree (p0 256, p1 8)" in err, err
+    assert not (tmp_path / "run" / "launch.json").exists()
 
 
 def test_max_message_mib_is_checked_with_the_field_named(tmp_path):

@@ -295,6 +295,79 @@ def test_a_normal_launch_checks_options_before_starting_any_peer(tmp_path, capsy
     assert not (tmp_path / "run" / "launch.json").exists()  # nothing was started
 
 
+
+@pytest.mark.parametrize(("sets", "needle"), [
+    # each of these was a traceback, a late failure or a value silently ignored (a
+    # fuzzing review of configs and experiment files)
+    (["host=no.such.host.invalid"], "host: cannot listen on 'no.such.host.invalid' here"),
+    (["defaults.node=x"], "defaults.node: got 'x'; expected a mapping"),
+    (["defaults.cohort.communicate_every=0", "faults=[{peer: aggregator, at_round: 1}]"],
+     "cohort.communicate_every: got 0 (int); expected an integer >= 1"),
+    (["defaults.timing.dead_after_s=.inf"], "timing.dead_after_s: got inf (float); expected a finite number"),
+    (["defaults.train.lr=1e999"], "train.lr: got '1e999' (str); expected a finite number"),
+    (["defaults.data.seed=-1"], "data.seed: got -1 (int); expected an integer >= 0"),
+    (["defaults.cohort.rounds=18446744073709551616"], "cohort.rounds: got 18446744073709551616"),
+    (["defaults.node.threads=99999999999"], "node.threads: got 99999999999"),
+    (["defaults.model.embedding_dim=9223372036854775808"], "model.embedding_dim: got"),
+    (["devices=gpu"], "devices: got 'gpu'; allowed: auto (the GPUs found), cpu, or a comma list"),
+    (["defaults.node.quorum=3"], "defaults.node.quorum: got 3 for a cohort of 2 peers"),
+    (["defaults.node.listen=tcp://127.0.0.1:99999"], "defaults.node.listen: set by hfl-launch"),
+    (["peer_overrides.p1.node.id=p0"], "peer_overrides.p1.node.id: set by hfl-launch"),
+    (["defaults.data.path=/tmp/mine.npz"], "data: path: got '/tmp/mine.npz', but dataset 'digits' is "
+                                           "built in and reads no file"),
+    (["faults=[{peer: p1, at_round: 5}]"], "faults[0].at_round: got 5 but the cohort runs 1 rounds"),
+    (["peer_overrides.p1.node.max_message_mib=1"],
+     "node.max_message_mib: peers disagree (p0 256, p1 1)"),
+    (["defaults.node.device=mps"], "node.device: got 'mps' but Apple's MPS is not available here"),
+])
+def test_a_bad_experiment_value_is_one_line_naming_the_field(tmp_path, capsys, sets, needle):
+    from hfl.launch.cli import main
+
+    path = _experiment(tmp_path)
+    assert main([str(path), "--dry-run", *[a for s in sets for a in ("--set", s)]]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err
+    assert not (tmp_path / "run" / "launch.json").exists()
+
+
+def test_yaml_on_and_off_mean_the_words_where_a_setting_takes_them(tmp_path):
+    # YAML 1.1 reads on/off/yes/no as booleans: `standardize: off` (as docs/data.md
+    # writes it) was "got False; allowed: 'auto', 'on', 'off'", and `selection: {on:
+    # val}` was "selection.True: unknown key".
+    from hfl.peer.config import config_from_dict
+
+    path = tmp_path / "a.yaml"
+    path.write_text("node: {id: a}\nsecurity: {mode: none}\ndata: {standardize: off}\n"
+                    "selection: {on: val}\n")
+    from hfl.peer.config import load_config
+
+    cfg = load_config(str(path))
+    assert cfg.data.standardize == "off" and cfg.selection.on == "val"
+    assert config_from_dict({"node": {"id": "a"}, "data": {"standardize": True}}
+                            ).data.standardize == "on"
+
+
+def test_a_run_dir_that_holds_the_users_files_is_never_used_or_deleted(tmp_path, capsys):
+    # --fresh deleted whatever folder run_dir named: a thesis and its data, exit 0.
+    from hfl.launch.cli import main
+
+    path = _experiment(tmp_path)
+    mine = tmp_path / "run"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "thesis.txt").write_text("three years")
+    (mine / "sub" / "data.csv").write_text("a,b\n")
+    for flags in (["--fresh", "--in-process"], ["--in-process"], ["--dry-run"],
+                  ["--dry-run", "--fresh"]):
+        assert main([str(path), "--quiet", *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert "holds files that are not an hfl run (sub, thesis.txt)" in err, err
+        assert sorted(p.name for p in mine.iterdir()) == ["sub", "thesis.txt"], flags
+    assert (mine / "thesis.txt").read_text() == "three years"
+    for bad in ("", "."):
+        assert main([str(path), "--dry-run", "--run-dir", bad]) == 2
+        assert "run_dir: got" in capsys.readouterr().err
+
+
 def test_hfl_peer_check_builds_the_peer(tmp_path, capsys):
     from hfl.peer.cli import main
 
