@@ -107,9 +107,18 @@ def _npz_array(archive, key: str, p: Path) -> np.ndarray:
     try:
         with archive.zip.open(f"{key}.npy") as f:
             version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0), (3, 0)):
+                raise ValueError(f"{p}: array {key!r} is in .npy format {version[0]}.{version[1]}, "
+                                 "which numpy does not write (1.0 to 3.0): a damaged file")
             read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                     else np.lib.format.read_array_header_2_0)
-            shape, _, dtype = read(f)
+            try:
+                shape, _, dtype = read(f)
+            except (ValueError, SyntaxError, TypeError, ArithmeticError) as exc:
+                raise ValueError(f"{p}: array {key!r} has a damaged header ({exc})") from None
+            except Exception as exc:  # (numpy's header parser raises tokenize errors too)
+                raise ValueError(f"{p}: array {key!r} has a damaged header "
+                                 f"({type(exc).__name__}: {exc})") from None
         need = math.prod(shape) * dtype.itemsize
         have = _memory_bytes()
         if have is not None and need > have // 2:
@@ -211,13 +220,16 @@ def load_csv(
     _refuse_binary(p)
     try:
         with p.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.reader(fh, delimiter=delimiter)
+            # strict: a stray quote raises at the end instead of swallowing every line
+            # after it into one cell (rows silently lost, a label holding newlines)
+            reader = csv.reader(fh, delimiter=delimiter, strict=True)
             try:
                 header, rows, line_nos = _read_table(reader, p, target)
             except csv.Error as exc:
                 raise ValueError(f"{p}, line {reader.line_num}: {exc}"
                                  + (" (an unclosed quote joins the lines after it into one cell)"
-                                    if "field larger" in str(exc) else "")) from None
+                                    if "field larger" in str(exc) or "end of data" in str(exc)
+                                    else "")) from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"{p}: not UTF-8 text ({exc}); save the table as a UTF-8 CSV") from None
     forced = _categorical_option(categorical, header, target, p)

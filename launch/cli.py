@@ -121,13 +121,20 @@ def launch_seeds(args: argparse.Namespace) -> int:
     from hfl.launch.results import cohort_row, render_seeds_table, seed_dir, seeds_summary
     from hfl.peer.configtools import ConfigError
 
-    base_sets = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
+    base_sets = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir is not None else [])
     try:
         exp = load_experiment(args.experiment, base_sets)
     except ConfigError as err:
         _out(f"hfl-launch: invalid experiment: {err}", err=True)
         return 2
     base = exp.resolved_run_dir
+    from hfl.launch.rundir import RunDirError, refuse_foreign
+
+    try:  # (the seeds' table and plot go in the base folder: never a folder of the user's)
+        refuse_foreign(base, exp.peer_ids())
+    except RunDirError as err:
+        _out(f"hfl-launch: {err}", err=True)
+        return 2
     worst, per_seed = 0, {}
     for i, seed in enumerate(args.seeds):
         _out(f"hfl-launch: seed {seed} ({i + 1} of {len(args.seeds)})")
@@ -177,8 +184,8 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         RunDirError,
         decide,
         discard,
-        foreign_content,
         ports_in_use,
+        refuse_foreign,
         restore,
         set_state,
         write_record,
@@ -194,8 +201,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         exp = load_experiment(args.experiment, overrides)
         run_dir = exp.resolved_run_dir
         exp_dict = to_dict(exp)
-        if foreign_content(run_dir):  # a folder of the user's: a dry run writes there too
-            decide(run_dir, exp_dict, fresh=False, resume=False)  # (raises, naming it)
+        refuse_foreign(run_dir, exp.peer_ids())  # a folder of the user's: a dry run writes too
         if args.dry_run:  # changes nothing: says what a launch would do
             try:
                 decision = decide(run_dir, exp_dict, fresh=False, resume=args.resume)
@@ -205,7 +211,8 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                 decision = Decision("new", f"a launch would be refused: {err}" if not args.fresh
                                     else f"--fresh: would delete {run_dir} and start anew")
         else:
-            decision = decide(run_dir, exp_dict, fresh=args.fresh, resume=args.resume)
+            decision = decide(run_dir, exp_dict, fresh=args.fresh, resume=args.resume,
+                              peer_ids=exp.peer_ids())
         slurm = args.on == "slurm"
         if slurm and (args.in_process or exp.faults):
             raise ConfigError("faults" if exp.faults else "", "--on slurm runs the peers as SLURM "
@@ -384,6 +391,22 @@ def _check_data_files(plans) -> None:
             raise err.with_source(f"peer {p.id}") from None
 
 
+def _refuse_a_sharing_cohort_of_one(plans) -> None:
+    """One peer of a method that shares trains alone and then fails ("finished without
+    its cohort", exit 3) after its whole run: say so before it starts."""
+    if len(plans) != 1 or plans[0].config.node.allow_solo:
+        return
+    from hfl.algorithms.registry import get_algorithm
+    from hfl.peer.configtools import ConfigError
+
+    cfg = plans[0].config
+    if get_algorithm(cfg.cohort.algorithm).mode != "local":
+        raise ConfigError("peers", f"got 1 peer running {cfg.cohort.algorithm}, a method that "
+                          "shares with peers: it would train alone, then end with exit status 3 "
+                          "(finished without its cohort); use peers >= 2, or --allow-solo "
+                          "(node.allow_solo: true) to train alone")
+
+
 def check_plans(plans, deep: bool, devices_here: bool = True) -> dict[str, str]:
     """Every peer's algorithm options, architecture and data files (``deep``: also open
     its data and build its model, as the peer will; on the CPU unless ``devices_here``,
@@ -419,6 +442,7 @@ def check_plans(plans, deep: bool, devices_here: bool = True) -> dict[str, str]:
             # a check that missed a case: named, one line, not a traceback
             raise ConfigError("", f"peer {p.id}: cannot build this peer from its config: "
                                   f"{type(err).__name__}: {str(err)[:300]}") from err
+    _refuse_a_sharing_cohort_of_one(plans)
     _resolve_num_classes(plans, terms)
     problem = disagreement(terms)  # what every peer's hello would refuse, at once
     if problem is not None:

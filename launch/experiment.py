@@ -121,9 +121,11 @@ class ExperimentConfig:
         for where, section in [("defaults", self.defaults),
                                *((f"peer_overrides.{k}", v) for k, v in self.peer_overrides.items())]:
             self._check_section(where, section)
-        if not re.fullmatch(r"auto|cpu|\d+(\s*,\s*\d+)*", self.devices.strip()):
-            raise ConfigError("devices", f"got {self.devices!r}; allowed: auto (the GPUs found), cpu, "
-                                         "or a comma list of GPU indices (e.g. 0,1)")
+        gpu = r"(?:\d+|(?:GPU|MIG)-[\w./-]+)"  # an index, or a GPU or MIG instance's UUID
+        if not re.fullmatch(rf"auto|cpu|{gpu}(?:\s*,\s*{gpu})*", self.devices.strip()):
+            raise ConfigError("devices", f"got {self.devices!r}; allowed: auto (the GPUs found), "
+                                         "cpu, or a comma list of GPU indices or GPU/MIG UUIDs "
+                                         "(e.g. 0,1), as CUDA_VISIBLE_DEVICES takes them")
         node = self.defaults.get("node") or {}
         for key in ("min_peers", "quorum"):
             value = node.get(key)
@@ -139,11 +141,10 @@ class ExperimentConfig:
                     f"faults[{i}].peer",
                     f"got {fault.peer!r}; allowed: 'aggregator', {', '.join(sorted(ids))}",
                 )
-            for key in ("at_round", "restart_at_round"):
-                at = getattr(fault, key, None)
-                if isinstance(rounds, int) and isinstance(at, int) and at > rounds:
-                    raise ConfigError(f"faults[{i}].{key}", f"got {at} but the cohort runs "
-                                      f"{rounds} rounds: the fault would never happen")
+            # (a restart after the last round is no restart: the crash still happens)
+            if isinstance(rounds, int) and fault.at_round > rounds:
+                raise ConfigError(f"faults[{i}].at_round", f"got {fault.at_round} but the cohort "
+                                  f"runs {rounds} rounds: the crash would never happen")
             target = self.fault_target(fault)
             if target in targets:
                 raise ConfigError(
@@ -167,7 +168,7 @@ class ExperimentConfig:
                                                      f"(the {name} section's fields)")
             for key in self.LAUNCHER_FIELDS.get(name, ()):
                 if key in (value or {}):
-                    raise ConfigError(f"{where}.{name}.{key}", f"set by hfl-launch for each peer "
+                    raise ConfigError(f"{where}.{name}.{key}", "set by hfl-launch for each peer "
                                       "(its place in the cohort); remove it (run one peer with "
                                       "its own config: hfl-peer --config)")
 
@@ -317,6 +318,7 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
     plans = []
     for i, pid in enumerate(ids):
         data = deep_merge(exp.defaults, exp.peer_overrides.get(pid, {}))
+        data = {k: {} if v is None else v for k, v in data.items()}  # (`node:` left empty)
         node = data.setdefault("node", {})
         node.update(
             id=pid, listen=addresses[i], run_dir=str(run_dir / pid),
@@ -354,7 +356,11 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
                 env["CUDA_VISIBLE_DEVICES"] = ""  # and skip CUDA initialisation
         try:
             cfg = build(PeerConfig, data)
-        except ConfigError as err:  # defaults + this peer's overrides, as expanded
+        except ConfigError as err:  # defaults + this peer's overrides, as expanded:
+            origin = _origin(err.path, exp.peer_overrides.get(pid, {}), exp.defaults)
+            if origin is not None:  # named where the experiment file sets it
+                err = err.with_prefix("defaults" if origin == "defaults"
+                                      else f"peer_overrides.{pid}")
             raise err.with_source(f"peer {pid}") from None
         plans.append(PeerPlan(pid, i, cfg, run_dir / "peers" / f"{pid}.yaml", env))
     if resume:
@@ -365,6 +371,27 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
         plan.config_path.write_text(yaml.dump(to_dict(plan.config), sort_keys=False,
                                               Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper)))
     return plans
+
+
+def _origin(path: str, over: dict[str, Any], defaults: dict[str, Any]) -> str | None:
+    """Which part of the experiment file sets the peer config field ``path`` (or the
+    nearest section above it): "overrides" (the peer's), "defaults", or None (the
+    launcher's own, or nothing)."""
+    keys = path.split(".") if path else []
+
+    def sets(section: Any, upto: list[str]) -> bool:
+        for key in upto:
+            if not isinstance(section, dict) or key not in section:
+                return False
+            section = section[key]
+        return True
+
+    for n in range(len(keys), 0, -1):
+        if sets(over, keys[:n]):
+            return "overrides"
+        if sets(defaults, keys[:n]):
+            return "defaults"
+    return None
 
 
 def _refuse_model_changes(plans: list[PeerPlan]) -> None:

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,21 +112,49 @@ def _has_peer_dirs(run_dir: Path) -> bool:
     )
 
 
-#: What hfl-launch writes in a run directory (a folder holding one of them is a run).
-RUN_MARKERS = ("launch.json", "run_id", "keys", "peers", "results.json", "peers.log")
+#: A run directory's own record (a folder holding one is an hfl run, to resume or delete).
+RUN_RECORDS = ("launch.json", "run_id")
+#: Everything else hfl-launch writes in a run directory, besides peer folders.
+RUN_ENTRIES = ("keys", "peers", "results.md", "results.json", "peers.log", "plots", "events.jsonl")
 
 
-def foreign_content(run_dir: Path) -> list[str]:
-    """The entries of an existing, non-empty ``run_dir`` that holds no hfl run (no
-    launch record, run id, keys, peer configs or peer folders): a folder of the
-    user's. Empty when it is a run, empty, or absent."""
-    if not run_dir.is_dir() or _has_peer_dirs(run_dir) or any(
-            (run_dir / m).exists() for m in RUN_MARKERS):
+def foreign_content(run_dir: Path, peer_ids: Iterable[str] = ()) -> list[str]:
+    """The entries of an existing ``run_dir`` that hfl-launch did not write: a folder
+    of the user's. Empty when the folder holds a run's record (:data:`RUN_RECORDS`),
+    nothing but what a launch writes (:data:`RUN_ENTRIES`, folders of ``peer_ids``,
+    per-seed folders ``seed<S>``, and a peer folder of an older hfl: metrics or a
+    checkpoint), or nothing (hidden files such as .DS_Store do not count), or when it
+    does not exist. A folder with a ``keys`` folder and a model's ``checkpoint.pt``
+    beside a thesis is not a run (it was taken for one, and --fresh deleted it)."""
+    if not run_dir.is_dir() or any((run_dir / r).exists() for r in RUN_RECORDS):
         return []
-    return sorted(e.name for e in run_dir.iterdir())
+    ids = set(peer_ids)
+
+    def ours(entry: Path) -> bool:
+        if entry.name in RUN_ENTRIES or entry.name.startswith("."):
+            return True
+        if not entry.is_dir():
+            return False
+        return (entry.name in ids or re.fullmatch(r"seed-?\d+", entry.name) is not None
+                or (entry / "metrics.jsonl").exists() or (entry / "checkpoint.pt").exists())
+
+    return sorted(e.name for e in run_dir.iterdir() if not ours(e))
 
 
-def decide(run_dir: Path, experiment: dict[str, Any], *, fresh: bool, resume: bool) -> Decision:
+def refuse_foreign(run_dir: Path, peer_ids: Iterable[str] = ()) -> None:
+    """RunDirError naming what ``run_dir`` holds when it is a folder of the user's
+    (:func:`foreign_content`): never used, let alone deleted."""
+    foreign = foreign_content(run_dir, peer_ids)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise RunDirError(
+            f"{run_dir} holds files that are not an hfl run ({shown}); nothing was changed "
+            "there. Choose another --run-dir (a new or empty folder)"
+        )
+
+
+def decide(run_dir: Path, experiment: dict[str, Any], *, fresh: bool, resume: bool,
+           peer_ids: Iterable[str] = ()) -> Decision:
     """What to do with ``run_dir`` for this experiment; raises RunDirError to refuse.
 
     ``fresh`` deletes the directory (after the live-launcher check). A folder that holds
@@ -134,13 +164,7 @@ def decide(run_dir: Path, experiment: dict[str, Any], *, fresh: bool, resume: bo
         raise RunDirError("--fresh and --resume exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is a file, not a folder: choose another --run-dir")
-    foreign = foreign_content(run_dir)
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        raise RunDirError(
-            f"{run_dir} holds files that are not an hfl run ({shown}); nothing was changed "
-            "there. Choose another --run-dir (a new or empty folder)"
-        )
+    refuse_foreign(run_dir, peer_ids)
     record = read_record(run_dir)
     if record is not None and record.get("state") == "running" and _pid_alive(int(record.get("pid", -1))):
         raise RunDirError(

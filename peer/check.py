@@ -133,12 +133,20 @@ def disagreement(terms: dict[str, dict[str, object]]) -> ConfigError | None:
     for field in fields:
         values = {pid: t.get(field) for pid, t in terms.items() if t.get(field) is not None}
         if len(set(map(repr, values.values()))) > 1:
-            shown = ", ".join(f"{pid} {v!r}" for pid, v in list(values.items())[:6])
+            shown = ", ".join(f"{pid} {_clipped(v)}" for pid, v in list(values.items())[:6])
             return ConfigError(field.split(" (")[0], (
                 f"peers disagree ({shown}): a peer refuses the hello of one that differs, so "
                 "the cohort would never form; make it equal for every peer (check the peer "
-                "overrides)"))
+                "overrides)" + (", e.g. data.options.classes: [every class name, in label "
+                                "order]" if field.startswith("data.options.classes") else "")))
     return None
+
+
+def _clipped(value: object, limit: int = 10) -> str:
+    """repr of a value, a long list shown by its first items and its length."""
+    if isinstance(value, list) and len(value) > limit:
+        return f"[{', '.join(map(repr, value[:limit]))}, ... ({len(value)} in all)]"
+    return repr(value)
 
 
 def input_scale_warning(x, standardized: bool, dataset: str) -> str | None:

@@ -334,6 +334,32 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# Numbers as YAML 1.2 reads them, not YAML 1.1 (PyYAML's): `rounds: 010` was 8 (octal)
+# and `round_timeout_s: 1:30` was 90 (base 60), silently. Now 010 is 10, 0o10 is 8 and
+# 1:30 is text (an error naming the field where a number is wanted). Booleans keep
+# YAML 1.1's words (yes, no, on, off): `_yaml11_word` gives the word back where a
+# setting takes it.
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_StrictLoader.add_implicit_resolver(
+    _INT, re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789"))
+_StrictLoader.add_implicit_resolver(
+    _FLOAT, re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
+def _yaml12_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
+    text = loader.construct_scalar(node)
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
+_StrictLoader.add_constructor(_INT, _yaml12_int)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML file whose top level is a mapping (an empty file gives ``{}``)."""
     file = str(path)
@@ -378,7 +404,7 @@ def apply_overrides(data: Mapping[str, Any] | None, overrides: Iterable[str]) ->
             raise ConfigError("", f"malformed override {item!r}: expected key.path=value")
         tokens = _parse_key(key, item)
         try:
-            value = yaml.safe_load(raw)
+            value = yaml.load(raw, Loader=_StrictLoader)  # (numbers as in files)
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or e
             raise ConfigError(

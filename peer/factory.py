@@ -21,9 +21,11 @@ class PeerData:
     domain_tests: dict[str, Any] = field(default_factory=dict)  # every domain's test split
     own_domain: str | None = None
     label_noise_rate: float | None = None  # realised share of flipped private labels
-    #: the classes' names in label order, where the data names them (text labels, image
-    #: folders): peers must name them alike (the hello's ``class_names``)
-    class_names: tuple[str, ...] | None = None
+    #: how ``num_classes`` came about: "counted" (max label + 1 of the whole dataset,
+    #: before any split: ``labels_present`` distinct labels in it), or "given" (an
+    #: option, named classes, a built-in dataset)
+    classes_from: str = "given"
+    labels_present: int = 0
 
 
 def _split(ds, cfg: DataConfig, seed: int) -> dict[str, Any]:
@@ -96,6 +98,8 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
     standardise every split (and the global test set) with statistics of the
     private split only.
     """
+    import numpy as np
+
     from hfl.data import dirichlet_partition, iid_partition, train_test_split_indices
 
     try:
@@ -169,8 +173,17 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
         train=train, test=split["test"], global_test=global_test,
         num_classes=full.num_classes,
         public=public_set if public_set is not None else split.get("public"),
-        val=split.get("val"), label_noise_rate=noise_rate, class_names=full.classes,
+        val=split.get("val"), label_noise_rate=noise_rate,
+        classes_from="counted" if _counted(full, cfg) else "given",
+        labels_present=len(np.unique(full.y)),
     )
+
+
+def _counted(full, cfg: DataConfig) -> bool:
+    """Whether ``full.num_classes`` was counted from its labels (max + 1): a file of the
+    user's with numeric labels and no ``num_classes`` option."""
+    return (cfg.dataset in ("npz", "csv") and full.classes is None
+            and cfg.options.get("num_classes") is None)
 
 
 def _warn_unscaled(train, standardized: bool, dataset: str) -> None:
@@ -301,19 +314,17 @@ def _check_class_count(data: PeerData, source: str) -> None:
     """Classes counted from labels (max + 1) that make no sense to train: one class (a
     constant to learn), or far more than the labels present (an id column as the target:
     a model with an output per id). ``cohort.num_classes`` set says it is meant."""
-    import numpy as np
-
-    labels = np.concatenate([d.y for d in (data.train, data.test, data.val) if d is not None])
-    present = len(np.unique(labels))
+    present = data.labels_present
     if data.num_classes == 1:
-        raise ConfigError("cohort.num_classes", f"{source}: every label is 0, one class: nothing "
-                          "to learn. If the other peers hold the other classes, set "
-                          "cohort.num_classes to the cohort's number of classes")
-    if data.num_classes > max(100, 4 * present):
+        raise ConfigError("cohort.num_classes", f"{source}: one class only: nothing to learn. If "
+                          "the other peers hold the other classes, set cohort.num_classes to "
+                          "the cohort's number of classes")
+    if data.classes_from == "counted" and data.num_classes > max(100, 4 * present):
         raise ConfigError("cohort.num_classes", (
             f"{source}: labels run up to {data.num_classes - 1}, so {data.num_classes} classes "
             f"(one output each), but only {present} distinct labels appear: an id column as the "
-            "target? If these are the classes, set cohort.num_classes to say so"))
+            "target? If these are the classes, set data.options.num_classes (or "
+            "cohort.num_classes) to say so"))
 
 
 def model_spec(cfg: PeerConfig, input_shape: tuple[int, ...], num_classes: int) -> dict[str, Any]:

@@ -469,8 +469,9 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
                  cfg.data.partition, cfg.data.num_partitions, cfg.data.seed)
     if (names := class_names_term(classes := algorithm.ctx.train.classes)):
         shared = {**shared, **names}
-        log.info("%s: classes %s (%d): peers that name them differently are refused",
-                 cfg.node.id, ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else ""),
+        log.info("%s: %d classes named %s (fingerprint %d): peers that name them "
+                 "differently are refused", cfg.node.id, len(classes),
+                 ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else ""),
                  names["class_names"])
     if cfg.node.max_message_mib != DEFAULT_MAX_MESSAGE_MIB:
         # Every member must take what the others send (a larger message drops the link):

@@ -373,6 +373,18 @@ def test_load_yaml_errors(tmp_path: Path) -> None:
     assert load_yaml(empty) == {}
 
 
+
+def test_numbers_read_as_yaml_1_2_reads_them(tmp_path: Path) -> None:
+    # YAML 1.1 (PyYAML) read `rounds: 010` as 8 (octal) and `1:30` as 90 (base 60),
+    # silently; the scientific 1e-3 was a string.
+    file = tmp_path / "n.yaml"
+    file.write_text("a: 010\nb: 0o10\nc: 0x1f\nd: 1:30\ne: 1e-3\nf: .inf\ng: -2\nh: 1_000\n"
+                    "i: yes\n")
+    assert load_yaml(file) == {"a": 10, "b": 8, "c": 31, "d": "1:30", "e": 0.001,
+                               "f": float("inf"), "g": -2, "h": "1_000", "i": True}
+    assert apply_overrides({}, ["x=010", "y=1:30"]) == {"x": 10, "y": "1:30"}
+    assert yaml.safe_load("a: 010") == {"a": 8}  # (PyYAML's own loader is left as it is)
+
 def test_load_combines_file_overrides_and_names_the_file(tmp_path: Path) -> None:
     file = tmp_path / "cfg.yaml"
     file.write_text(CONFIG_YAML)

@@ -404,6 +404,15 @@ def test_bad_npz_files_get_one_error_naming_the_file_and_the_problem(tmp_path: P
     with pytest.raises(ValueError, match=r"huge\.npz: array 'x' of shape \(1000000, 10000000\)"
                        r" \(float64\) needs 74505\.8 GiB"):
         load_npz(tmp_path / "huge.npz")
+    # a header numpy cannot parse (it raised tokenize's error), and an unknown version
+    text = buf.getvalue().replace(b"(1000000, 10000000)", b"(4, 3             ")
+    for name, member in [("paren.npz", text), ("v9.npz", b"\x93NUMPY\x09\x00" + text[8:])]:
+        with zipfile.ZipFile(tmp_path / name, "w") as z:
+            z.writestr("x.npy", member)
+            z.writestr("y.npy", b"")
+        with pytest.raises(ValueError, match=rf"{name}: array 'x' (has a damaged header|is in "
+                                             r"\.npy format 9\.0)"):
+            load_npz(tmp_path / name)
 
 
 def test_features_that_are_nan_or_infinite_are_refused_naming_where(tmp_path: Path) -> None:
@@ -508,6 +517,12 @@ def test_csv_files_that_are_not_utf8_text_are_named_as_what_they_are(tmp_path: P
     path.write_text('a,label\n"' + "x" * 140_000 + "\n1,0\n")
     with pytest.raises(ValueError, match=r"t\.csv, line \d+: field larger than field limit .* "
                        "unclosed quote"):
+        load_csv(path, target="label")
+    # a stray quote swallowed every line after it into one cell: 10 of 1,000 rows kept and
+    # a label "dog\n10,dog\n11,cat..."
+    path.write_text("a,label\n" + "".join(f'{i},{"dog" if i % 2 else "cat"}\n' if i != 9
+                                          else '9,"dog\n' for i in range(1000)))
+    with pytest.raises(ValueError, match=r"t\.csv, line \d+: unexpected end of data .*unclosed"):
         load_csv(path, target="label")
 
 

@@ -104,8 +104,8 @@ def test_faults_target_the_rotations_aggregator_and_reach_only_that_peer(tmp_pat
     ({"faults": [{"peer": "p3", "at_round": 2}, {"peer": "aggregator", "at_round": 3}]},
      "faults[1].peer", "one fault per peer"),
     ({"peer_overrides": {"q1": {}}}, "peer_overrides.q1", "no such peer"),
-    ({"faults": [{"peer": "p1", "at_round": 2, "restart_at_round": 4}]},
-     "faults[0].restart_at_round", "got 4 but the cohort runs 3 rounds: the fault would never"),
+    ({"faults": [{"peer": "p1", "at_round": 4}]},
+     "faults[0].at_round", "got 4 but the cohort runs 3 rounds: the crash would never happen"),
     ({"peers": 0}, "peers", ">= 1"),
 ])
 def test_bad_experiments_name_the_field(tmp_path, over, path, needle):
@@ -118,7 +118,12 @@ def test_a_bad_peer_section_names_the_peer_and_field(tmp_path):
     exp = make(tmp_path, peer_overrides={"p1": {"timing": {"round_timeout_s": -1}}})
     with pytest.raises(ConfigError) as err:
         expand(exp, gpus=[], ports=[7000, 7001, 7002, 7003])
-    assert "peer p1" in str(err.value) and err.value.path == "timing.round_timeout_s"
+    # named where the experiment sets it: the peer's overrides, not the expanded config
+    assert "peer p1" in str(err.value) and err.value.path == "peer_overrides.p1.timing.round_timeout_s"
+    exp = make(tmp_path, defaults={"cohort": {"algorithm": "fedavg", "communicate_every": 0}})
+    with pytest.raises(ConfigError) as err:
+        expand(exp, gpus=[], ports=[7000, 7001, 7002, 7003])
+    assert err.value.path == "defaults.cohort.communicate_every"
 
 
 def test_load_experiment_applies_overrides_and_names_the_file(tmp_path):
@@ -314,7 +319,7 @@ def test_peers_that_set_different_max_message_mib_refuse_each_other_naming_it(tm
 def test_max_message_mib_is_checked_with_the_field_named(tmp_path):
     for bad, expected in ((0, "expected an integer >= 1 and <= 4096"),
                           (5000, "expected an integer >= 1 and <= 4096"), ("big", "expected int")):
-        with pytest.raises(ConfigError, match=f"peer p0: node.max_message_mib: got .*; {expected}"):
+        with pytest.raises(ConfigError, match=f"peer p0: defaults.node.max_message_mib: got .*; {expected}"):
             expand(make(tmp_path, defaults={"node": {"max_message_mib": bad}}),
                    gpus=[], ports=[7000, 7001, 7002, 7003])
 

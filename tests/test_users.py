@@ -304,7 +304,7 @@ def test_a_normal_launch_checks_options_before_starting_any_peer(tmp_path, capsy
     (["defaults.cohort.communicate_every=0", "faults=[{peer: aggregator, at_round: 1}]"],
      "cohort.communicate_every: got 0 (int); expected an integer >= 1"),
     (["defaults.timing.dead_after_s=.inf"], "timing.dead_after_s: got inf (float); expected a finite number"),
-    (["defaults.train.lr=1e999"], "train.lr: got '1e999' (str); expected a finite number"),
+    (["defaults.train.lr=1e999"], "train.lr: got inf (float); expected a finite number"),
     (["defaults.data.seed=-1"], "data.seed: got -1 (int); expected an integer >= 0"),
     (["defaults.cohort.rounds=18446744073709551616"], "cohort.rounds: got 18446744073709551616"),
     (["defaults.node.threads=99999999999"], "node.threads: got 99999999999"),
@@ -319,6 +319,9 @@ def test_a_normal_launch_checks_options_before_starting_any_peer(tmp_path, capsy
     (["peer_overrides.p1.node.max_message_mib=1"],
      "node.max_message_mib: peers disagree (p0 256, p1 1)"),
     (["defaults.node.device=mps"], "node.device: got 'mps' but Apple's MPS is not available here"),
+    (["peers=1"], "peers: got 1 peer running fedavg, a method that shares with peers"),
+    (["devices=0,gpu"], "devices: got '0,gpu'; allowed: auto"),
+    (["defaults.cohort.rounds=1:30"], "defaults.cohort.rounds: got '1:30' (str); expected int"),
 ])
 def test_a_bad_experiment_value_is_one_line_naming_the_field(tmp_path, capsys, sets, needle):
     from hfl.launch.cli import main
@@ -329,6 +332,35 @@ def test_a_bad_experiment_value_is_one_line_naming_the_field(tmp_path, capsys, s
     assert needle in err and "Traceback" not in err, err
     assert not (tmp_path / "run" / "launch.json").exists()
 
+
+
+
+def test_many_classes_a_peer_holds_few_of_are_not_taken_for_an_id_column(tmp_path):
+    # The id-column rule counted the labels of the peer's own split (a review: 120
+    # classes, dirichlet over 10 peers, 18 of them in one peer's split: refused).
+    from hfl.peer.check import check_peer
+    from hfl.peer.config import config_from_dict
+
+    y = np.repeat(np.arange(120), 30)
+    x = np.random.default_rng(0).normal(size=(len(y), 4)).astype(np.float32)
+    np.savez(tmp_path / "c120.npz", x=x, y=y)
+    cfg = config_from_dict({
+        "node": {"id": "a", "run_dir": str(tmp_path / "a")}, "security": {"mode": "none"},
+        "cohort": {"algorithm": "fedavg"}, "model": {"arch": "mlp", "options": {"hidden": [8]}},
+        "data": {"dataset": "npz", "path": str(tmp_path / "c120.npz"), "partition": "dirichlet",
+                 "alpha": 0.05, "num_partitions": 10, "partition_index": 3}})
+    assert "120 classes" in check_peer(cfg)
+
+def test_gpu_uuids_and_empty_sections_are_taken(tmp_path):
+    from hfl.launch.experiment import expand, load_experiment
+
+    path = _experiment(tmp_path)
+    text = path.read_text() + "devices: GPU-8932f937-d72c-4106-c12f-20bd9faed9f6,MIG-4a1b/1/0\n"
+    path.write_text(text.replace("defaults:\n", "defaults:\n  node:\n  security:\n", 1))
+    exp = load_experiment(str(path))
+    plans = expand(exp, gpus=["GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"], ports=[7000, 7001])
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == [
+        "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"] * 2
 
 def test_yaml_on_and_off_mean_the_words_where_a_setting_takes_them(tmp_path):
     # YAML 1.1 reads on/off/yes/no as booleans: `standardize: off` (as docs/data.md
@@ -366,6 +398,23 @@ def test_a_run_dir_that_holds_the_users_files_is_never_used_or_deleted(tmp_path,
     for bad in ("", "."):
         assert main([str(path), "--dry-run", "--run-dir", bad]) == 2
         assert "run_dir: got" in capsys.readouterr().err
+    # A project folder that looks like a run in parts (keys/, a model's checkpoint.pt)
+    # is still the user's (a review: --fresh would have deleted it); so is a --seeds base.
+    proj = tmp_path / "proj"
+    (proj / "model").mkdir(parents=True)
+    (proj / "keys").mkdir()
+    (proj / "model" / "checkpoint.pt").write_bytes(b"weights")
+    (proj / "thesis.tex").write_text("x")
+    for flags in (["--fresh", "--in-process"], ["--seeds", "0", "--dry-run"]):
+        assert main([str(path), "--quiet", "--run-dir", str(proj), *flags]) == 2, flags
+        assert "holds files that are not an hfl run (thesis.tex)" in capsys.readouterr().err
+    assert sorted(p.name for p in proj.iterdir()) == ["keys", "model", "thesis.tex"]
+    # A run of hfl, and a folder with only hidden files, are used as before.
+    empty = tmp_path / "new"
+    empty.mkdir()
+    (empty / ".DS_Store").write_bytes(b"")
+    assert main([str(path), "--quiet", "--in-process", "--run-dir", str(empty)]) == 0
+    assert main([str(path), "--quiet", "--in-process", "--fresh", "--run-dir", str(empty)]) == 0
 
 
 def test_hfl_peer_check_builds_the_peer(tmp_path, capsys):
@@ -428,9 +477,10 @@ def test_peers_that_name_their_classes_differently_refuse_each_other(tmp_path, c
 @pytest.mark.parametrize(("options", "labels", "field", "needle"), [
     ({"delim": ";"}, "01", "data.options.delim", "allowed: num_classes, name, delimiter, "
                                                    "categorical, classes; did you mean 'delimiter'?"),
-    ({}, "00", "cohort.num_classes", "every label is 0, one class: nothing to learn"),
+    ({}, "00", "cohort.num_classes", "one class only: nothing to learn"),
     ({}, "0Z", "cohort.num_classes", "labels run up to 20000, so 20001 classes (one output "
                                      "each), but only 2 distinct labels appear"),
+    ({"num_classes": 20001}, "0Z", None, None),  # said so: taken
 ])
 def test_a_peer_whose_data_makes_no_sense_to_train_is_stopped_naming_why(
         tmp_path, capsys, options, labels, field, needle):
@@ -444,6 +494,9 @@ def test_a_peer_whose_data_makes_no_sense_to_train_is_stopped_naming_why(
                     "partition": "none", "options": options}}
     path = tmp_path / "a.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    if field is None:
+        assert main(["--config", str(path), "--check"]) == 0, capsys.readouterr()
+        return
     assert main(["--config", str(path), "--check"]) == 2
     err = capsys.readouterr().err
     assert field in err and needle in err and "Traceback" not in err, err
