@@ -239,6 +239,20 @@ class LabelNoiseConfig:
     )
 
 
+def _check_source(dataset: str, path: str | None, target: str | None) -> None:
+    """A dataset's file and label column agree with its kind: a file dataset needs its
+    path, a built-in one takes none (a path beside it trained on digits, silently), and
+    only a CSV has a target column."""
+    if dataset in FILE_DATASETS and not path:
+        raise ValueError(f"path: required for dataset {dataset!r}")
+    if dataset not in FILE_DATASETS and path:
+        raise ValueError(f"path: got {path!r}, but dataset {dataset!r} is built in and reads no "
+                         f"file; for your own file set dataset to one of {', '.join(FILE_DATASETS)}")
+    if dataset != "csv" and target:
+        raise ValueError(f"target: applies to dataset 'csv' (the label column); dataset "
+                         f"{dataset!r} has its labels already: remove it")
+
+
 @dataclass(frozen=True)
 class PublicSetConfig:
     """A public dataset every peer loads identically (MDH-FL, FedDF, FedMD): it
@@ -261,15 +275,7 @@ class PublicSetConfig:
     )
 
     def validate(self) -> None:
-        if self.dataset in FILE_DATASETS and not self.path:
-            raise ValueError(f"path: required for dataset {self.dataset!r}")
-        if self.dataset not in FILE_DATASETS and self.path:  # (else digits, silently)
-            raise ValueError(f"path: got {self.path!r}, but dataset {self.dataset!r} is built in "
-                             f"and reads no file; for your own file set dataset to one of "
-                             f"{', '.join(FILE_DATASETS)}")
-        if self.dataset != "csv" and self.target:
-            raise ValueError(f"target: applies to dataset 'csv' (the label column); dataset "
-                             f"{self.dataset!r} has its labels already: remove it")
+        _check_source(self.dataset, self.path, self.target)
         if self.dataset == "csv" and not self.target:
             raise ValueError("target: required for dataset 'csv' (the label column)")
 
@@ -333,15 +339,7 @@ class DataConfig:
             raise ValueError(
                 f"partition_index: got {self.partition_index}; allowed: 0..{self.num_partitions - 1}"
             )
-        if self.dataset in FILE_DATASETS and not self.path:
-            raise ValueError(f"path: required for dataset {self.dataset!r}")
-        if self.dataset not in FILE_DATASETS and self.path:  # (else digits, silently)
-            raise ValueError(f"path: got {self.path!r}, but dataset {self.dataset!r} is built in "
-                             f"and reads no file; for your own file set dataset to one of "
-                             f"{', '.join(FILE_DATASETS)}")
-        if self.dataset != "csv" and self.target:
-            raise ValueError(f"target: applies to dataset 'csv' (the label column); dataset "
-                             f"{self.dataset!r} has its labels already: remove it")
+        _check_source(self.dataset, self.path, self.target)
         if self.public_fraction + self.val_fraction + self.test_fraction >= 1:
             raise ValueError(
                 "public_fraction + val_fraction + test_fraction must leave private data; got "
