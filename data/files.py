@@ -104,9 +104,42 @@ def load_npz(
 def _npz_array(archive, key: str, p: Path) -> np.ndarray:
     """One array of an open NPZ archive, its size read from its header first: an array
     that would not fit in memory (or a zip bomb) is an error, not an allocation."""
+    shape, dtype = _npz_header(archive, key, p)
+    need = math.prod(shape) * dtype.itemsize
+    have = _memory_bytes()
+    if have is not None and need > have // 2:
+        raise ValueError(f"{p}: array {key!r} of shape {shape} ({dtype}) needs "
+                         f"{need / 2**30:.1f} GiB, more than half this machine's memory "
+                         f"({have / 2**30:.1f} GiB)")
+    try:
+        arr = archive[key]
+    except MemoryError as exc:
+        raise ValueError(f"{p}: array {key!r} does not fit in this machine's memory "
+                         f"({exc})") from None
+    except (EOFError, OSError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{p}: cannot read array {key!r}: damaged or truncated "
+                         f"({type(exc).__name__}: {exc})") from exc
+    except ValueError as exc:
+        if dtype.hasobject:  # (numpy refuses object arrays without pickle)
+            raise ValueError(f"{p}: array {key!r} holds pickled (object) data, which hfl never "
+                             "loads (unpickling can run code); save plain numeric arrays, "
+                             "e.g. np.savez(path, x=x, y=y)") from None
+        raise ValueError(f"{p}: cannot read array {key!r}: damaged or truncated "
+                         f"({exc})") from exc
+    if not isinstance(arr, np.ndarray):  # (numpy hands back the raw bytes of a non-.npy member)
+        raise ValueError(f"{p}: member {key!r} is not an .npy array")
+    return arr
+
+
+def _npz_header(archive, key: str, p: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of an NPZ member, from its .npy header alone."""
     try:
         with archive.zip.open(f"{key}.npy") as f:
-            version = np.lib.format.read_magic(f)
+            try:
+                version = np.lib.format.read_magic(f)
+            except ValueError as exc:
+                raise ValueError(f"{p}: cannot read array {key!r}: not an .npy array "
+                                 f"({exc})") from None
             if version not in ((1, 0), (2, 0), (3, 0)):
                 raise ValueError(f"{p}: array {key!r} is in .npy format {version[0]}.{version[1]}, "
                                  "which numpy does not write (1.0 to 3.0): a damaged file")
@@ -114,35 +147,13 @@ def _npz_array(archive, key: str, p: Path) -> np.ndarray:
                     else np.lib.format.read_array_header_2_0)
             try:
                 shape, _, dtype = read(f)
-            except (ValueError, SyntaxError, TypeError, ArithmeticError) as exc:
-                raise ValueError(f"{p}: array {key!r} has a damaged header ({exc})") from None
             except Exception as exc:  # (numpy's header parser raises tokenize errors too)
                 raise ValueError(f"{p}: array {key!r} has a damaged header "
                                  f"({type(exc).__name__}: {exc})") from None
-        need = math.prod(shape) * dtype.itemsize
-        have = _memory_bytes()
-        if have is not None and need > have // 2:
-            raise ValueError(f"{p}: array {key!r} of shape {shape} ({dtype}) needs "
-                             f"{need / 2**30:.1f} GiB, more than half this machine's memory "
-                             f"({have / 2**30:.1f} GiB)")
-        arr = archive[key]
-    except MemoryError as exc:
-        raise ValueError(f"{p}: array {key!r} does not fit in this machine's memory "
-                         f"({exc})") from None
     except (EOFError, OSError, KeyError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{p}: cannot read array {key!r}: damaged or truncated "
                          f"({type(exc).__name__}: {exc})") from exc
-    except ValueError as exc:
-        if str(exc).startswith(str(p)):
-            raise
-        if "pickle" in str(exc) or "object" in str(exc):
-            raise ValueError(f"{p}: array {key!r} holds pickled (object) data, which hfl never "
-                             "loads (unpickling can run code); save plain numeric arrays, "
-                             "e.g. np.savez(path, x=x, y=y)") from None
-        raise ValueError(f"{p}: cannot read array {key!r}: not an .npy array ({exc})") from exc
-    if not isinstance(arr, np.ndarray):  # (numpy hands back the raw bytes of a non-.npy member)
-        raise ValueError(f"{p}: member {key!r} is not an .npy array")
-    return arr
+    return shape, dtype
 
 
 def _memory_bytes() -> int | None:

@@ -201,10 +201,13 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         exp = load_experiment(args.experiment, overrides)
         run_dir = exp.resolved_run_dir
         exp_dict = to_dict(exp)
-        refuse_foreign(run_dir, exp.peer_ids())  # a folder of the user's: a dry run writes too
         if args.dry_run:  # changes nothing: says what a launch would do
+            # (it writes peer configs and keys: never into a folder of the user's, which
+            # decide's refusal, taken as "a launch would be refused" below, would allow)
+            refuse_foreign(run_dir, exp.peer_ids())
             try:
-                decision = decide(run_dir, exp_dict, fresh=False, resume=args.resume)
+                decision = decide(run_dir, exp_dict, fresh=False, resume=args.resume,
+                                  peer_ids=exp.peer_ids())
                 if args.fresh:
                     decision = Decision("new", f"--fresh: would delete {run_dir} and start anew")
             except RunDirError as err:

@@ -198,9 +198,8 @@ def _convert(tp: Any, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
         else:
             converted = None
         if converted is not None:
-            if not math.isfinite(converted):  # (NaN fails every bound: _check says so)
-                if not math.isnan(converted):
-                    raise ConfigError(path, f"got {_show(value)}; expected a finite number")
+            if math.isinf(converted):  # (NaN fails every bound: _check says so)
+                raise ConfigError(path, f"got {_show(value)}; expected a finite number")
             _check(converted, value, meta, path, "a number")
             return converted
     elif tp is str:
