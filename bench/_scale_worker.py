@@ -10,23 +10,15 @@ script with a timeout. What it does mirrors ``hfl-launch EXP --in-process``
 :func:`hfl.launch.inprocess.in_memory`, logs every peer's lines to ``<run dir>/peers.log``
 and runs :func:`hfl.peer.runner.run_peer` for each plan on one ``MemoryHub``. On top:
 
-* **Counting.** ``InMemoryTransport.send_now`` is wrapped (the class attribute, before
-  any peer starts; ``send`` goes through it too): every send that delivered (the
-  original returned True) is counted
-  by its header's ``type`` (``msgpack.unpackb(frames[0])["type"]``), per sender, with
-  its bytes, in one-second buckets of wall time. *Membership* messages are every type
-  but :data:`NOT_MEMBERSHIP`, so a new type (a probe, say) counts as membership.
 * **A kill.** Once every peer has finished round ``kill_after`` (its ``round`` note,
   and from ``metrics.jsonl`` every second),
   the peer with the highest index dies as a SIGKILLed process would: its transport
   crashes (``InMemoryTransport.crash``: its sends fail, no goodbye gets out, its address
-  leaves the hub and sends to it fail), then its ``run_peer`` task is cancelled. ``t_kill`` is ``time.monotonic()`` at that moment.
-* **Detection.** Each peer runs with :class:`MembershipWatch` as its observer, which
-  takes the nodes' typed notes (docs/runtime.md, Typed events) and notes
-  ``time.monotonic()`` of each observer's first ``member`` note that the victim is
-  dead; detection time is that minus ``t_kill``. Other notes of ``-> suspect`` /
-  ``-> dead`` (about live peers, or about the victim before the kill) are counted as
-  false suspicions / deaths.
+  leaves the hub and sends to it fail), then its ``run_peer`` task is cancelled.
+* **What the peers' notes say** (:func:`from_events`, which bench/scale.py uses for
+  its forked and sim modes too): detection of the kill from the survivors' ``member``
+  notes in events.jsonl, and the messages sent by type from their ``sent`` notes.
+  Nothing of the runtime is patched.
 
 ``hfl_src`` (bench/scale.py --hfl-src DIR): :func:`use_hfl_from` makes ``import hfl``
 load the packages of checkout DIR instead of the editable install. bench/scale.py also
@@ -34,7 +26,7 @@ calls it from a ``sitecustomize.py`` it writes, so that the processes ``hfl-laun
 starts import the same code.
 
 bench/scale.py imports this module's counting and metrics helpers
-(:class:`MessageCounter`, :func:`round_stats`, ...) for its forked and sim modes; it
+(:func:`from_events`, :func:`round_stats`, ...) for its forked and sim modes; it
 imports nothing of ``hfl`` at import time, so that :func:`use_hfl_from` can run first.
 """
 
@@ -48,12 +40,12 @@ import importlib.util
 import inspect
 import json
 import logging
+import math
 import resource
 import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +55,6 @@ NOT_MEMBERSHIP = frozenset(
 )
 POLL_S = 0.05  # how often the kill task checks who finished round kill_after
 RESCAN_S = 1.0  # how often it also reads the metrics files (if the log lines change)
-BUCKET_S = 0.1  # message counts are kept per BUCKET_S of wall time
 PROGRESS_S = 15.0  # a progress line on stdout (bench/scale.py keeps it in its log)
 
 
@@ -105,129 +96,6 @@ def use_hfl_from(root: str) -> None:
     sys.meta_path.insert(0, _CheckoutFinder(str(Path(root).resolve())))
 
 
-# --------------------------------------------------------------------------- counting
-
-
-class MessageCounter:
-    """Messages by header type: totals, per sender, per ``bucket_s`` of ``clock()``
-    (wall time here; bench/scale.py --sim counts at the simulator's virtual time)."""
-
-    def __init__(self, clock: Callable[[], float] = time.time, bucket_s: float = BUCKET_S) -> None:
-        import msgpack
-
-        self._unpack = msgpack.unpackb
-        self._clock = clock
-        self.bucket_s = bucket_s
-        self.by_type: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # type -> [msgs, bytes]
-        self.by_sender: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        # int(clock() / bucket_s) -> [membership msgs, all msgs, membership bytes, all bytes]
-        self.buckets: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-        self._last_frame: Any = None  # a broadcast sends one encoded frame list N times
-        self._last_type = ""
-
-    def add(self, sender: str, frames) -> None:
-        head = frames[0]
-        if head is self._last_frame:
-            kind = self._last_type
-        else:
-            try:
-                kind = str(self._unpack(bytes(head), raw=False).get("type", "?"))
-            except Exception:
-                kind = "?"
-            self._last_frame, self._last_type = head, kind
-        nbytes = sum(memoryview(f).nbytes for f in frames)
-        t = self.by_type[kind]
-        t[0] += 1
-        t[1] += nbytes
-        self.by_sender[sender][kind] += 1
-        member = kind not in NOT_MEMBERSHIP
-        s = self.buckets[int(self._clock() / self.bucket_s)]
-        s[0] += member
-        s[1] += 1
-        s[2] += nbytes if member else 0
-        s[3] += nbytes
-
-    def install(self, transport_cls) -> None:
-        """Count what ``transport_cls`` (InMemoryTransport) delivers: every message leaves
-        through its ``send_now``, which its ``send`` calls too."""
-        if "send_now" not in vars(transport_cls):  # --hfl-src: a checkout from before it
-            original_send = transport_cls.send
-
-            async def counted_send(transport, address, frames, *args, **kwargs):
-                ok = await original_send(transport, address, frames, *args, **kwargs)
-                if ok is True:
-                    self.add(transport.peer_id, frames)
-                return ok
-
-            transport_cls.send = counted_send
-            return
-        original = transport_cls.send_now
-
-        def counted(transport, address, frames, *args, **kwargs):
-            ok = original(transport, address, frames, *args, **kwargs)
-            if ok is True:
-                self.add(transport.peer_id, frames)
-            return ok
-
-        transport_cls.send_now = counted
-
-    def totals(self) -> dict[str, int]:
-        member = [v for k, v in self.by_type.items() if k not in NOT_MEMBERSHIP]
-        return {
-            "messages": sum(v[0] for v in self.by_type.values()),
-            "bytes": sum(v[1] for v in self.by_type.values()),
-            "membership_messages": sum(v[0] for v in member),
-            "membership_bytes": sum(v[1] for v in member),
-        }
-
-    def within(self, start: float, end: float) -> list[float]:
-        """[membership msgs, all msgs, membership bytes, all bytes] sent from ``start`` to
-        ``end`` (clock time; a bucket cut by either end counts in proportion)."""
-        sums = [0.0] * 4
-        for b, counts in self.buckets.items():
-            lo, hi = b * self.bucket_s, (b + 1) * self.bucket_s
-            share = max(0.0, min(hi, end) - max(lo, start)) / self.bucket_s
-            if share:
-                for i in range(4):
-                    sums[i] += counts[i] * share
-        return sums
-
-    def rates(
-        self, n: int, in_span: list[float] | None, span: float | None, run_s: float, per_rounds
-    ) -> dict[str, float | None]:
-        """Per peer: messages per second over the rounds span (``in_span``: :meth:`within`
-        it, ``span`` s long), then over the whole run (``run_s``); bytes per round."""
-        tot = self.totals()
-        return {
-            "membership_msgs_per_peer_s": in_span[0] / n / span if in_span else None,
-            "msgs_per_peer_s": in_span[1] / n / span if in_span else None,
-            "membership_msgs_per_peer_s_whole_run": tot["membership_messages"] / n / run_s
-            if run_s
-            else None,
-            "msgs_per_peer_s_whole_run": tot["messages"] / n / run_s if run_s else None,
-            "bytes_per_peer_round": tot["bytes"] / n / per_rounds,
-            "membership_bytes_per_peer_round": tot["membership_bytes"] / n / per_rounds,
-        }
-
-    def breakdown(self) -> dict[str, Any]:
-        """The result's ``totals``, ``by_type`` and ``membership_msgs_per_sender``."""
-        member_sent = sorted(
-            sum(v for k, v in kinds.items() if k not in NOT_MEMBERSHIP)
-            for kinds in self.by_sender.values()
-        )
-        return {
-            "totals": self.totals(),
-            "by_type": {
-                k: {"messages": v[0], "bytes": v[1]} for k, v in sorted(self.by_type.items())
-            },
-            "membership_msgs_per_sender": {
-                "min": member_sent[0] if member_sent else None,
-                "median": statistics.median(member_sent) if member_sent else None,
-                "max": member_sent[-1] if member_sent else None,
-            },
-        }
-
-
 class FullCollections:
     """The cycle collector's full (generation 2) collections while the cohort runs: each
     stops the one event loop every peer shares for as long as it walks the heap."""
@@ -254,40 +122,128 @@ def clip_outcomes(outcomes: dict[str, list[str]]) -> dict[str, list[str]]:
     return {k: (v if len(v) <= 5 else [*v[:5], f"... {len(v)} peers"]) for k, v in outcomes.items()}
 
 
-# --------------------------------------------------------------------------- detection
+# --------------------------------------------------------------------------- the peers' notes
 
 
-class MembershipWatch:
-    """The nodes' typed notes (``observe``, passed to run_peer as its observer): each
-    membership change to suspect or dead, each round, each tick that overran its limit
-    (``slow_tick``: the loop is overloaded; None for a checkout from before that note)."""
+def peer_events(run_dir: Path) -> list[dict[str, Any]]:
+    """A peer's typed notes (its events.jsonl; a torn last line is skipped)."""
+    from hfl.peer.checkpoint import read_jsonl  # (not at import: use_hfl_from runs first)
 
-    def __init__(self, victim: str, slow_noted: bool = True) -> None:
-        self.victim = victim
-        self.t_kill: float | None = None
-        self.dead_at: dict[str, float] = {}  # observer -> first "victim -> dead" after the kill
-        self.false_suspect = 0  # a live peer (or the victim before its kill) -> suspect
-        self.false_dead = 0
-        self.slow_ticks: int | None = 0 if slow_noted else None
-        self.last_round: dict[str, int] = {}  # peer -> last round it finished
+    return read_jsonl(run_dir / "events.jsonl")
 
-    def observe(self, event: str, node, **fields: Any) -> None:
-        if event == "slow_tick" and self.slow_ticks is not None:
-            self.slow_ticks += 1
-            return
-        if event == "round":
-            if fields["round"] > self.last_round.get(node.id, 0):
-                self.last_round[node.id] = fields["round"]
-            return
-        if event != "member" or fields["new"] not in ("suspect", "dead"):
-            return
-        if fields["member"] == self.victim and self.t_kill is not None:
-            if fields["new"] == "dead" and fields["old"] in ("alive", "suspect"):
-                self.dead_at.setdefault(node.id, time.monotonic())
-        elif fields["new"] == "dead":
-            self.false_dead += 1
-        else:
-            self.false_suspect += 1
+
+def from_events(
+    run_dirs: dict[str, Path],
+    victim: str,
+    t_kill: float | None,
+    observers: list[str],
+    rounds: float,
+    run_s: float | None,
+    until: float = math.inf,
+    clock: str = "t",
+) -> dict[str, Any]:
+    """What the peers' typed notes (docs/runtime.md, Typed events) say of a run, in every
+    mode alike; ``clock``: the notes' time field (``vt``: the simulator's virtual time).
+
+    * **Detection**: each observer's first ``member`` note that the victim went dead
+      (from alive or suspect) from ``t_kill`` to ``until`` (the victim's restart); other
+      notes of -> suspect / -> dead are false (a live peer's, or the victim's before
+      its kill). ``slow_tick`` notes counted.
+    * **Traffic**: the ``sent`` notes (at each round's end, what that life has sent so
+      far by type: [messages, bytes]). Totals: each life's last note. Rates "in the
+      rounds span": each life's traffic from its first note to its last, over the time
+      from the first note to the last (round 1's end to the last round's end: the
+      join is left out); "whole run": the totals over ``run_s``. *Membership*: every
+      type but :data:`NOT_MEMBERSHIP`. What a life sends after its last round's end
+      (a goodbye; a killed peer's last moments) is not in any note."""
+    dead_at: dict[str, float] = {}
+    false_suspect = false_dead = slow = 0
+    lives: dict[tuple[str, Any], list[tuple[float, dict]]] = defaultdict(list)
+    for peer, d in run_dirs.items():
+        for e in peer_events(d):
+            t, kind = e.get(clock), e.get("kind")
+            if not isinstance(t, (int, float)):
+                continue
+            if kind == "slow_tick":
+                slow += 1
+            elif kind == "sent" and isinstance(e.get("types"), dict):
+                lives[(peer, e.get("incarnation"))].append((t, e["types"]))
+            elif kind == "member" and e.get("new") in ("suspect", "dead"):
+                if e.get("member") == victim and t_kill is not None and t >= t_kill:
+                    if (e["new"] == "dead" and e.get("old") in ("alive", "suspect")
+                            and t < until and peer != victim):
+                        dead_at[peer] = min(dead_at.get(peer, math.inf), t - t_kill)
+                elif e["new"] == "dead":
+                    false_dead += 1
+                else:
+                    false_suspect += 1
+    seen = [dead_at[o] for o in observers if o in dead_at]
+    late = [o for o in observers if o not in dead_at]
+    out: dict[str, Any] = {
+        "observers": len(observers),
+        "detected": len(seen),
+        "never_detected": len(late),
+        "never_detected_ids": late[:20],
+        "detect_median_s": statistics.median(seen) if seen else None,
+        "detect_max_s": max(seen) if seen else None,
+        "detect_s": dict(sorted(dead_at.items())),
+        "false_suspicions": false_suspect,
+        "false_deaths": false_dead,
+        "slow_ticks": slow,
+    }
+    return {**out, **traffic(lives, len(run_dirs), rounds, run_s)}
+
+
+def traffic(lives: dict[tuple[str, Any], list[tuple[float, dict]]], n: int, rounds: float,
+            run_s: float | None) -> dict[str, Any]:
+    """:func:`from_events`' traffic part: ``lives`` (peer, incarnation) -> its ``sent``
+    notes, (time, {type: [messages, bytes]})."""
+    if not lives:  # (a checkout from before the sent notes, --hfl-src)
+        return {"totals": None, "by_type": {}, "membership_msgs_per_sender": None}
+
+    def sums(types: dict, minus: dict | None = None) -> list[float]:
+        """[membership msgs, all msgs, membership bytes, all bytes] of a note's types."""
+        s = [0.0] * 4
+        for kind, (msgs, nbytes) in types.items():
+            msgs -= (minus or {}).get(kind, (0, 0))[0]
+            nbytes -= (minus or {}).get(kind, (0, 0))[1]
+            member = kind not in NOT_MEMBERSHIP
+            s[0] += msgs if member else 0
+            s[1] += msgs
+            s[2] += nbytes if member else 0
+            s[3] += nbytes
+        return s
+
+    by_type: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    per_sender: dict[str, float] = defaultdict(float)
+    total, in_span = [0.0] * 4, [0.0] * 4
+    for (peer, _), notes in lives.items():
+        notes.sort(key=lambda tn: tn[0])
+        last = notes[-1][1]
+        for kind, (msgs, nbytes) in last.items():
+            by_type[kind][0] += msgs
+            by_type[kind][1] += nbytes
+        life = sums(last)
+        per_sender[peer] += life[0]
+        total = [a + b for a, b in zip(total, life, strict=True)]
+        in_span = [a + b for a, b in zip(in_span, sums(last, notes[0][1]), strict=True)]
+    times = [t for notes in lives.values() for t, _ in notes]
+    span = max(times) - min(times)
+    member_sent = sorted(per_sender.values())
+    return {
+        "membership_msgs_per_peer_s": in_span[0] / n / span if span else None,
+        "msgs_per_peer_s": in_span[1] / n / span if span else None,
+        "membership_msgs_per_peer_s_whole_run": total[0] / n / run_s if run_s else None,
+        "msgs_per_peer_s_whole_run": total[1] / n / run_s if run_s else None,
+        "bytes_per_peer_round": total[3] / n / rounds,
+        "membership_bytes_per_peer_round": total[2] / n / rounds,
+        "totals": {"messages": total[1], "bytes": total[3], "membership_messages": total[0],
+                   "membership_bytes": total[2]},
+        "by_type": {k: {"messages": v[0], "bytes": v[1]} for k, v in sorted(by_type.items())},
+        "membership_msgs_per_sender": {"min": member_sent[0],
+                                       "median": statistics.median(member_sent),
+                                       "max": member_sent[-1]},
+    }
 
 
 # --------------------------------------------------------------------------- the run
@@ -398,8 +354,6 @@ async def run_cohort(
     plans,
     victim_index: int,
     kill_after: int,
-    counter: MessageCounter,
-    watch: MembershipWatch,
     state: dict[str, Any],
     checkpoint,
 ) -> list[Any]:
@@ -410,6 +364,12 @@ async def run_cohort(
 
     hub = MemoryHub()
     victim = plans[victim_index]
+    last_round: dict[str, int] = {}  # peer -> the last round it finished (its round notes)
+
+    def observe(event: str, node, **fields: Any) -> None:
+        if event == "round" and fields["round"] > last_round.get(node.id, 0):
+            last_round[node.id] = fields["round"]
+
     run_dirs = {p.id: Path(p.config.run_dir) for p in plans}
     rounds = plans[0].config.cohort.rounds
     ended: dict[str, float] = {}
@@ -420,7 +380,7 @@ async def run_cohort(
     params = inspect.signature(run_peer).parameters
     freeze = {k: True for k in ("freeze_heap", "inline_short_calls") if k in params}
     for p in plans:
-        task = asyncio.create_task(run_peer(p.config, hub=hub, observer=watch.observe, **freeze),
+        task = asyncio.create_task(run_peer(p.config, hub=hub, observer=observe, **freeze),
                                    name=p.id)
         task.add_done_callback(lambda t, pid=p.id: ended.setdefault(pid, time.monotonic()))
         tasks[p.id] = task
@@ -440,7 +400,7 @@ async def run_cohort(
             pending = {
                 pid
                 for pid in pending
-                if not tasks[pid].done() and watch.last_round.get(pid, 0) < kill_after
+                if not tasks[pid].done() and last_round.get(pid, 0) < kill_after
             }
             if pending and time.monotonic() > rescan:
                 reached = await asyncio.to_thread(
@@ -454,17 +414,8 @@ async def run_cohort(
         if transport is None:
             state["no_kill"] = f"{victim.id}'s transport was not on the hub"
             return
-        if hasattr(transport, "crash"):
-            transport.crash()  # the process is gone: nothing reaches it or leaves it
-        else:  # (--hfl-src: a checkout from before InMemoryTransport.crash)
-            del hub.endpoints[victim.config.node.listen]
-
-            async def lost(*args, **kwargs) -> bool:
-                return False
-
-            transport.send, transport.send_now = lost, lambda *args, **kwargs: False
-            transport._inbox = None
-        watch.t_kill = state["t_kill"] = time.monotonic()
+        transport.crash()  # the process is gone: nothing reaches it or leaves it
+        state["t_kill"] = time.monotonic()
         state["t_kill_unix"] = time.time()
         state["running_at_kill"] = sorted(
             pid for pid, t in tasks.items() if pid != victim.id and not t.done()
@@ -486,15 +437,12 @@ async def run_cohort(
                 lambda: {p: read_metrics(d) for p, d in run_dirs.items()}
             )
             done = [max_round(recs) for recs in metrics.values()]
-            tot = counter.totals()
             print(
                 f"[{time.monotonic() - t0:7.1f}s] rounds min {min(done)} max {max(done)} of "
-                f"{rounds}; {sum(t.done() for t in tasks.values())} peers ended; "
-                f"{tot['messages']} msgs ({tot['membership_messages']} membership); "
-                f"{watch.slow_ticks} slow ticks",
+                f"{rounds}; {sum(t.done() for t in tasks.values())} peers ended",
                 flush=True,
             )
-            checkpoint(metrics)
+            await asyncio.to_thread(checkpoint, metrics)  # (it reads every events.jsonl)
 
     helpers = [
         asyncio.create_task(kill_when_ready(), name="scale:kill"),
@@ -512,8 +460,6 @@ def summarize(
     plans,
     results: list[Any] | None,
     victim_index: int,
-    counter: MessageCounter,
-    watch: MembershipWatch,
     state: dict[str, Any],
     metrics: dict[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
@@ -528,17 +474,14 @@ def summarize(
     # bytes per round: over the configured rounds, or (still running) the rounds done so far
     per_rounds = rounds if results is not None else max(1.0, stats.covered / n)
 
-    # Detection, over the observers still running when the victim died.
-    observers = state.get("running_at_kill", [])
     ended = state.get("ended", {})
-    detected = {o: watch.dead_at[o] - state["t_kill"] for o in observers if o in watch.dead_at}
-    late = [o for o in observers if o not in detected]
-
     run_s = (max(ended.values()) if results is not None and ended else time.monotonic()) - state[
         "started"
     ]
-    first = stats.start
-    in_span = counter.within(first, first + span) if span else None
+    # Detection (over the observers still running when the victim died) and traffic.
+    notes = from_events({p.id: Path(p.config.run_dir) for p in plans}, victim,
+                        state.get("t_kill_unix"), state.get("running_at_kill", []),
+                        per_rounds, run_s)
     outcomes: dict[str, list[str]] = defaultdict(list)
     for p, r in zip(plans, results or [], strict=False):
         if p.id == victim and isinstance(r, asyncio.CancelledError):
@@ -554,8 +497,6 @@ def summarize(
         "run_s": run_s,
         "rounds_span_s": span,
         "mean_round_s": stats.mean_round_s,
-        # rates over the rounds span (whole seconds inside it), then over the whole run
-        **counter.rates(n, in_span, span, run_s, per_rounds),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "final_acc": stats.final_acc,
         "completed_all_rounds": stats.completed,
@@ -568,19 +509,10 @@ def summarize(
             state.get("no_kill")
             or f"the cohort ended before every peer's round {state['kill_after']} was seen"
         ),
-        "observers": len(observers),
-        "detected": len(detected),
-        "never_detected": len(late),
-        "never_detected_ids": late[:20],
-        "detect_median_s": statistics.median(detected.values()) if detected else None,
-        "detect_max_s": max(detected.values()) if detected else None,
-        "detect_s": dict(sorted(detected.items())),
-        "observers_ended_before_detect": sum(1 for o in late if o in ended),
-        "false_suspicions": watch.false_suspect,
-        "false_deaths": watch.false_dead,
-        "slow_ticks": watch.slow_ticks,
+        **notes,
+        "observers_ended_before_detect": sum(
+            1 for o in state.get("running_at_kill", []) if o in ended and o not in notes["detect_s"]),
         "victim_tasks_left": state.get("victim_tasks_left"),
-        **counter.breakdown(),
         "outcomes": clip_outcomes(outcomes),
     }
 
@@ -592,18 +524,11 @@ def main(argv: list[str]) -> int:
         use_hfl_from(spec["hfl_src"])
     notes: list[str] = []
     import hfl.peer
-    from hfl.peer.transport import InMemoryTransport
 
     exp, plans = load_plans(spec, notes)
     run_dir = exp.resolved_run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     victim_index = len(plans) - 1
-    counter = MessageCounter()
-    counter.install(InMemoryTransport)
-    import hfl.peer.status
-
-    watch = MembershipWatch(plans[victim_index].id,
-                            "slow_tick" in getattr(hfl.peer.status, "TYPED_EVENTS", ()))
     root = logging.getLogger("hfl")
     to_file = logging.FileHandler(run_dir / "peers.log")  # as hfl-launch --in-process
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
@@ -621,7 +546,7 @@ def main(argv: list[str]) -> int:
     gc.callbacks.append(collections)
 
     def write(results: list[Any] | None, metrics=None) -> dict[str, Any]:
-        out = summarize(plans, results, victim_index, counter, watch, state, metrics)
+        out = summarize(plans, results, victim_index, state, metrics)
         out.update(
             **collections.summary(),
             setup_s=setup_s,
@@ -641,8 +566,6 @@ def main(argv: list[str]) -> int:
                 plans,
                 victim_index,
                 int(spec["kill_after"]),
-                counter,
-                watch,
                 state,
                 lambda metrics: write(None, metrics),
             )

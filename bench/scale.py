@@ -11,12 +11,8 @@ round ``--kill-after``, and measures:
 
 * **in-process** (``--inprocess``): all N peers in one worker process
   (bench/_scale_worker.py, as ``hfl-launch --in-process`` runs them, on the
-  in-memory transport). The worker wraps ``InMemoryTransport.send_now`` and counts every
-  delivered message by header type and sender (membership = every type but
-  knowledge/aggregate/ack/commit/seed_request/seed_chunk/error), kills the victim
-  like SIGKILL (its sends fail silently, sends to it fail, its task is cancelled) and
-  times each surviving peer's ``member`` note (the victim -> dead; the nodes' typed
-  events, taken as run_peer's observer) from the kill. Peak memory is the worker's ru_maxrss.
+  in-memory transport). The worker kills the victim like SIGKILL (its sends fail
+  silently, sends to it fail, its task is cancelled). Peak memory is the worker's ru_maxrss.
 * **forked** (``--forked``): ``hfl-launch`` with one process per peer. From the peers'
   metrics.jsonl: whether the whole cohort formed (max ``live_peers`` == N), round
   times, ``bytes_sent``; the victim's process is found by the pid its ``started`` note
@@ -24,8 +20,7 @@ round ``--kill-after``, and measures:
   the note had a pid cannot be killed: the row says so); detection from the other peers' typed events
   (``member`` notes in events.jsonl). Peak memory: the sum of the peers' peak RSS (VmHWM, read
   from /proc while they run; pages shared with the template count once per peer, so
-  the JSON also has the largest total PSS sampled). Messages per second are only
-  known if the peers' metrics carry a key containing "membership" (else n/a).
+  the JSON also has the largest total PSS sampled).
 * **sim** (``--sim``, default none): the same cohort on the deterministic simulator
   (``hfl.launch.sim.run_seed``, in a worker subprocess: this script run as
   ``scale.py _sim-worker SPEC.json``), on virtual time, so the numbers show the
@@ -34,20 +29,21 @@ round ``--kill-after``, and measures:
   defaults.timing.KEY=V`` of one of these wins), no network faults, at least 15 rounds,
   and one fault: the highest-index peer is SIGKILLed at virtual t=9 s and restarted 20 s
   later (the simulator always restarts a crashed peer; 20 s lets it rejoin before the
-  others finish, so the run ends cleanly). ``SimNetwork.send`` is wrapped: every
-  message a live peer puts on the network (delivered, or lost: to a dead peer) is
-  counted by header type, with its bytes, at its virtual time. Detection: kill -> each
-  survivor's first ``member`` note that the victim went dead (its events.jsonl, whose
-  notes carry the virtual time ``vt`` in the simulator), before the restart. Rates are over the virtual rounds span (first
-  ``started`` event to last ``round`` event); training costs 0.5 virtual s a call
-  whatever it really takes. The row's notes carry the simulator's invariant
-  violations; its wall seconds are real time.
+  others finish, so the run ends cleanly). Detection ends at the restart; the notes
+  carry the virtual time ``vt``; training costs 0.5 virtual s a call whatever it
+  really takes. The row's notes carry the simulator's invariant violations; its wall
+  seconds are real time.
 
-Rates are per peer per second over the rounds span (first round start to last round
-end, from metrics ``time`` + ``round_time_s``); bytes per peer per round are all
-delivered bytes over the whole run / N / R (forked: the metrics' per-round
-``bytes_sent``, which leaves out traffic between rounds). s/round is the mean
-``round_time_s``, the round that waits for the victim to be declared dead included.
+In every mode the numbers come from what the peers write, nothing of the runtime is
+patched (``_scale_worker.from_events``): detection is the kill to each survivor's first
+``member`` note that the victim went dead (events.jsonl); messages and bytes by type
+are the peers' ``sent`` notes (at each round's end, what that life has sent so far;
+membership = every type but knowledge/aggregate/ack/commit/seed_request/seed_chunk/
+error). Rates are per peer per second from the first ``sent`` note to the last (round
+1's end to the last round's end: the join left out); bytes per peer per round are
+every life's last note over N and R (a killed peer's sends after its last round's end
+are not counted). s/round is the mean ``round_time_s``, the round that waits for the
+victim to be declared dead included.
 
 The quickstart's digits data cannot be split a thousand ways: above ``--max-partitions``
 (64) peers, the data is split into that many parts and peer i takes part i mod 64
@@ -72,7 +68,6 @@ after the victim's last round; the row then says so and has no detection time.)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -81,7 +76,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -114,7 +108,6 @@ SIM_TIMING = {
     "round_timeout_s": 30.0,
     "aggregate_grace_s": 10.0,
 }
-SIM_BUCKET_S = 0.1  # message counts are kept per this much virtual time
 #: Plot style per mode: (marker, line style, legend name).
 MODE_STYLES = {
     "inprocess": ("o", "-", "in-process"),
@@ -855,11 +848,6 @@ def run_forked(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[st
     row["peak_pss_mb"] = cohort.peak_pss_kb / 1024 if cohort.peak_pss_kb else None
     row["peers_seen_in_proc"] = len(cohort.hwm_kb)
     note_survivors(row, n)
-    if row.get("membership_metric_keys"):
-        row["notes"].append(
-            "membership msgs from the peers' metrics key(s) "
-            f"{', '.join(row['membership_metric_keys'])} (sent during rounds)"
-        )
     row["notes"] += detection_notes(row)
     return row
 
@@ -874,74 +862,18 @@ def forked_measures(
 ) -> dict[str, Any]:
     n = len(ids)
     stats = w.round_stats(read_metrics(run_dir, ids), args.rounds, n)
-    records, span, covered = stats.records, stats.span, stats.covered
-    sent = sum(
-        r.get("bytes_sent", 0) for r in records if isinstance(r.get("bytes_sent"), (int, float))
-    )
     out: dict[str, Any] = {
-        "rounds_span_s": span,
+        "rounds_span_s": stats.span,
         "s_per_round": stats.mean_round_s,
-        "bytes_per_peer_round": sent / covered if covered else None,
         "acc": stats.final_acc,
         "full_cohort": f"{stats.full_cohort}/{n}",
         "full_cohort_peers": stats.full_cohort,
         "completed": stats.completed,
-        "membership_msgs_per_peer_s": "n/a",
-        "msgs_per_peer_s": "n/a",
-        "membership_bytes_per_peer_round": "n/a",
     }
-    # Membership counts, if the peers' metrics carry them (a key naming "membership"):
-    # per-round keys summed over the rounds; "total_..." (running totals) left out.
-    keys = sorted(
-        {
-            k
-            for r in records
-            for k, v in r.items()
-            if "membership" in k.lower()
-            and not k.startswith("total_")
-            and isinstance(v, (int, float))
-        }
-    )
-    out["membership_metric_keys"] = keys
-    for key in keys:
-        total = sum(r.get(key, 0) for r in records if isinstance(r.get(key), (int, float)))
-        if "byte" in key.lower():
-            out["membership_bytes_per_peer_round"] = total / covered if covered else None
-        elif span:
-            out["membership_msgs_per_peer_s"] = total / n / span
-    # Detection: the survivors' "<victim> -> dead" notes (events.jsonl), and the ticks
-    # that took too long (warnings, also in events.jsonl).
-    detected, false_suspect, false_dead, slow = {}, 0, 0, 0
-    for pid in ids:
-        for e in c.events(run_dir / pid):
-            if e.get("kind") == "slow_tick":
-                slow += 1
-                continue
-            if e.get("kind") != "member" or e["new"] not in ("suspect", "dead"):
-                continue
-            if e["member"] == victim and t_kill is not None and e["t"] >= t_kill:
-                if e["new"] == "dead" and pid != victim:
-                    detected.setdefault(pid, e["t"] - t_kill)
-            elif e["new"] == "dead":
-                false_dead += 1
-            else:
-                false_suspect += 1
     observers = running_at_kill or [p for p in ids if p != victim]
-    seen = [detected[o] for o in observers if o in detected]
-    out.update(
-        t_kill_unix=t_kill,
-        observers=len(observers) if t_kill else 0,
-        detected=len(seen),
-        never_detected=len(observers) - len(seen) if t_kill else 0,
-        detect_median_s=statistics.median(seen) if seen else None,
-        detect_max_s=max(seen) if seen else None,
-        detect_s=dict(sorted(detected.items())),
-        false_suspicions=false_suspect,
-        false_deaths=false_dead,
-        # (None: a checkout from before the slow_tick note, which would read as none)
-        slow_ticks=slow if args.hfl_src is None
-        or "slow_tick" in (args.hfl_src / "peer" / "status.py").read_text() else None,
-    )
+    out.update(t_kill_unix=t_kill, **w.from_events(
+        {p: run_dir / p for p in ids}, victim, t_kill, observers if t_kill else [], args.rounds,
+        None))
     return out
 
 
@@ -1025,18 +957,12 @@ def run_sim(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, 
     return row
 
 
-def loop_time() -> float:
-    """The running event loop's clock: the simulator's virtual time."""
-    return asyncio.get_running_loop().time()
-
-
 def sim_worker(spec_path: Path) -> int:
-    """One --sim run (this script as ``scale.py _sim-worker SPEC.json``): run the seed
-    with :class:`SimNetwork` ``.send`` counted, then write the numbers to spec["out"]."""
+    """One --sim run (this script as ``scale.py _sim-worker SPEC.json``): run the seed,
+    then write the numbers (from the peers' notes) to spec["out"]."""
     import resource
 
     from hfl.launch import sim
-    from hfl.launch.simnet import SimNetwork
 
     t0 = time.monotonic()
     spec = json.loads(spec_path.read_text())
@@ -1071,21 +997,10 @@ def sim_worker(spec_path: Path) -> int:
         calm_at=restart_at + 1.0,
     )
     print(f"{n} peers on the simulator; victim {victim}; {scenario.describe()}", flush=True)
-    counter = w.MessageCounter(clock=loop_time, bucket_s=SIM_BUCKET_S)
-    original = SimNetwork.send
-
-    def counted(net, src, address, frames):
-        counter.add(src.peer_id, frames)
-        return original(net, src, address, frames)
-
     import torch  # noqa: F401 - (imported by the peers anyway: rss_growth_mb is the run's own)
 
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    SimNetwork.send = counted
-    try:
-        res = sim.run_seed(int(spec["seed"]), opts, scenario)
-    finally:
-        SimNetwork.send = original
+    res = sim.run_seed(int(spec["seed"]), opts, scenario)
     shutil.rmtree(scratch, ignore_errors=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kept = Path(res.run_dir)
@@ -1104,33 +1019,10 @@ def sim_worker(spec_path: Path) -> int:
     ]
     stats = w.round_stats(read_metrics(kept, ids), rounds, n, timed=False)
 
-    # Detection: each survivor's first note that the victim went dead (from alive or
-    # suspect) between the kill and the restart; other notes of -> suspect / -> dead are
-    # false (the victim's before its kill, or a live peer's). Virtual times: ``vt``.
-    from hfl.launch.results import JsonlTail
-
-    dead_at: dict[str, float] = {}
-    false_suspect = false_dead = slow = 0
-    for peer in ids:
-        for e in JsonlTail(kept / peer / "events.jsonl").read():
-            t, kind = e.get("vt"), e.get("kind")
-            if kind == "slow_tick":
-                slow += 1
-            if kind != "member" or e.get("new") not in ("suspect", "dead") or t is None:
-                continue
-            if e.get("member") == victim and t >= kill_at:
-                if (e["new"] == "dead" and e.get("old") in ("alive", "suspect")
-                        and t < restart_at and peer != victim):
-                    dead_at[peer] = min(dead_at.get(peer, math.inf), t - kill_at)
-            elif e["new"] == "dead":
-                false_dead += 1
-            else:
-                false_suspect += 1
+    # Detection before the restart, and traffic, on the notes' virtual time (vt).
     observers = [p for p in ids if p != victim]
-    seen = [dead_at[o] for o in observers if o in dead_at]
-    late = [o for o in observers if o not in dead_at]
-
-    in_span = counter.within(min(starts), max(ends)) if span else None
+    notes = w.from_events({p: kept / p for p in ids}, victim, kill_at, observers, rounds,
+                          res.simulated_s, until=restart_at, clock="vt")
     outcomes: dict[str, list[str]] = {}
     for pid, what in sorted(res.outcomes.items()):
         outcomes.setdefault(what, []).append(pid)
@@ -1152,25 +1044,13 @@ def sim_worker(spec_path: Path) -> int:
         "rounds_span_s": span,
         "rounds_span_from_s": min(starts) if starts else None,
         "mean_round_s": stats.mean_round_s,
-        # over the virtual rounds span, then over the whole simulated run
-        **counter.rates(n, in_span, span, res.simulated_s, rounds),
         "peak_rss_mb": rss / 1024,
         "rss_growth_mb": (rss - rss0) / 1024,
         "final_acc": stats.final_acc,
         "completed_all_rounds": stats.completed,
         "full_cohort_peers": stats.full_cohort,
         "victim_last_round_at_kill": max(victim_rounds, default=0),
-        "observers": len(observers),
-        "detected": len(seen),
-        "never_detected": len(late),
-        "never_detected_ids": late[:20],
-        "detect_median_s": statistics.median(seen) if seen else None,
-        "detect_max_s": max(seen) if seen else None,
-        "detect_s": dict(sorted(dead_at.items())),
-        "false_suspicions": false_suspect,
-        "false_deaths": false_dead,
-        "slow_ticks": slow,
-        **counter.breakdown(),
+        **notes,
         "outcomes": w.clip_outcomes(outcomes),
         "kept": str(kept),
     }
@@ -1179,7 +1059,7 @@ def sim_worker(spec_path: Path) -> int:
     tmp.replace(spec["out"])
     print(
         f"done: simulated {res.simulated_s:.1f} s in {res.wall_s:.1f} s; detection "
-        f"{len(seen)}/{len(observers)}; {len(res.violations)} violation(s)",
+        f"{notes['detected']}/{len(observers)}; {len(res.violations)} violation(s)",
         flush=True,
     )
     return 0
@@ -1336,14 +1216,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(c.table([h for _, h, _ in COLUMNS], table_rows(shown), [f for _, _, f in COLUMNS]))
     print(
-        "\ns/round: mean round_time_s; rates per peer per second over the rounds span; bytes per "
-        "peer per round (in-process: every delivered message / N / rounds; forked: metrics "
-        "bytes_sent); membership = every message type but knowledge, aggregate, ack, commit, "
+        "\ns/round: mean round_time_s; messages and bytes from the peers' sent notes: rates per "
+        "peer per second from round 1's end to the last round's end, bytes per peer per round "
+        "over the whole run; membership = every message type but knowledge, aggregate, ack, commit, "
         "seed_request, seed_chunk, error; peak MB: in-process the worker's max RSS, forked the "
         "sum of the peers' peak RSS; detect: kill -> a survivor's '<victim> -> dead'; full "
         "cohort: peers whose live_peers reached N; acc: final mean global_acc (else test_acc). "
-        "sim rows: virtual seconds (training 0.5 s a call), rates over the virtual rounds span, "
-        "messages put on the simulated network, peak MB the worker's max RSS, detection "
+        "sim rows: virtual seconds (training 0.5 s a call), rates over virtual time, "
+        "peak MB the worker's max RSS, detection "
         "before the victim's restart; wall s is real time."
     )
     for r in shown:

@@ -546,6 +546,10 @@ class Node:
         """RoundDone: the round's record; with an evaluation, its line in metrics.jsonl
         (the rounds between folded in), the checkpoint and ``on_round``."""
         mem = self.membership
+        # What this life has sent so far, by type (a round's traffic is the difference
+        # from the note before): the typed event benchmarks count messages from.
+        self._observe("sent", self, round=done.round, types={
+            t: [n, self.out.sent_bytes[t]] for t, n in sorted(self.sent.items())})
         record = self.ledger.end(done, self.clock.now(), self.transport.stats, self.sent, {
             "live_peers": mem.live_count(),
             # ourselves and every member heard from in this life, whatever its status now

@@ -185,9 +185,11 @@ def cpu_by_thread() -> dict[str, float]:
 #: injected crash (round, phase), the rounds began (round), a result taken from an
 #: aggregator's epoch (took), published or committed as aggregator, absorbed, a member
 #: proven to equivocate (equivocator), a tick that overran its limit (slow_tick: the loop
-#: is overloaded), the join given up short of the cohort (join_short).
+#: is overloaded), the join given up short of the cohort (join_short), what this life has
+#: sent by type at each round's end (sent).
 TYPED_EVENTS = frozenset({"started", "member", "dropped", "crash", "took", "published",
-                          "committed", "absorbed", "equivocator", "slow_tick", "join_short"})
+                          "committed", "absorbed", "equivocator", "slow_tick", "join_short",
+                          "sent"})
 
 
 class EventLog:

@@ -86,3 +86,26 @@ def test_a_join_warning_names_the_first_peers_and_counts_the_rest():
     ids = [f"p{i:03d}" for i in range(500)]
     assert _listed(ids) == "p000, p001, p002, p003, p004, p005, p006, p007 and 492 more"
     assert _listed(ids[:8]) == ", ".join(ids[:8])
+
+
+def test_each_round_notes_what_the_peer_sent_by_type_as_its_transport_counted_it(tmp_path):
+    # The sent notes are what benchmarks count messages from (bench/scale.py): at each
+    # round's end, this life's messages and bytes by type so far. Their bytes must be
+    # the transport's own count of the same moment (metrics' total_bytes_sent).
+    got = run(tmp_path, peers=3, rounds=4)
+    for peer, recs in got.items():
+        sent = [r for r in recs if r["kind"] == "sent"]
+        assert [r["round"] for r in sent] == [1, 2, 3, 4], peer
+        metrics = {m["round"]: m for m in map(json.loads,
+                   (tmp_path / f"hfl-sim-seed0/{peer}/metrics.jsonl").read_text().splitlines())}
+        for r in sent:
+            assert sum(b for _, b in r["types"].values()) == metrics[r["round"]]["total_bytes_sent"]
+            membership = sum(n for t, (n, _) in r["types"].items()
+                             if t in ("hello", "welcome", "gossip", "heartbeat", "leave"))
+            assert membership == metrics[r["round"]]["total_membership_sent"] > 0
+        # cumulative: never shrinks
+        for a, b in zip(sent, sent[1:], strict=False):
+            assert all(b["types"].get(t, [0, 0])[0] >= n for t, (n, _) in a["types"].items())
+    # each round, the two members other than its aggregator sent it their knowledge
+    last = [next(r for r in reversed(recs) if r["kind"] == "sent") for recs in got.values()]
+    assert sum(r["types"]["knowledge"][0] for r in last) == 4 * 2
