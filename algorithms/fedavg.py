@@ -78,7 +78,7 @@ def weighted_mean(contributions: dict[str, Payload], weighted: bool) -> dict[str
     weights = np.array(
         [float(contributions[p].meta.get("num_samples", 1)) if weighted else 1.0 for p in peers]
     )
-    weights = weights / weights.sum()
+    weights = robust.normalized_weights(weights, len(peers))
     out = {}
     for name in names:
         stack = [contributions[p].tensors[name] for p in peers]

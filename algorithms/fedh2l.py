@@ -50,6 +50,7 @@ other's conflict and summed).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -58,8 +59,11 @@ import torch
 from torch import nn
 
 from hfl.algorithms.base import Algorithm, AlgorithmContext, Payload
+from hfl.algorithms.payload import fraction_problem, probabilities_problem
 from hfl.algorithms.projection import flat_grads, flatten, pcgrad, project, write_grads
 from hfl.algorithms.registry import register
+
+log = logging.getLogger("hfl.algorithms")
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,23 @@ def mimicry_loss(
     if labels is not None:
         loss = loss + nn.functional.nll_loss(log_p, labels)
     return loss
+
+
+def teacher_problem(idx: Any, probs: Any, acc: Any, seeds: int, num_classes: int,
+                    verified: bool) -> str | None:
+    """Why a teacher's posteriors cannot be learned from, or None: ``idx`` distinct
+    integer indices into its ``seeds`` public samples, at least one; ``probs`` a row of
+    probabilities for each; ``acc`` (unless ``verified``: then measured here) in [0, 1].
+    A float index, integer probabilities or an accuracy of "abc" raised in absorb; NaN
+    probabilities or accuracy made the model NaN (an attack review)."""
+    if not isinstance(idx, np.ndarray) or idx.ndim != 1 or len(idx) == 0:
+        return "idx is not a non-empty 1-D array"
+    if not np.issubdtype(idx.dtype, np.integer) or np.issubdtype(idx.dtype, np.bool_):
+        return f"idx of dtype {idx.dtype}, expected integers"
+    if idx.min() < 0 or idx.max() >= seeds:
+        return f"idx outside this teacher's {seeds} public samples"
+    return probabilities_problem(probs, len(idx), num_classes) or (
+        None if verified else fraction_problem(acc, "acc"))
 
 
 @register
@@ -215,9 +236,12 @@ class FedH2L(Algorithm):
             probs = payload.tensors.get("probs")
             if seeds is None or idx is None or probs is None:
                 continue  # no seed set yet for this teacher, or not a teaching signal
-            if idx.ndim != 1 or idx.min(initial=0) < 0 or idx.max(initial=-1) >= len(seeds) \
-                    or probs.shape != (len(idx), self.ctx.num_classes):
-                continue  # malformed: refers to samples we do not have
+            why = teacher_problem(idx, probs, payload.meta.get("acc", 1.0), len(seeds),
+                                  self.ctx.num_classes, self.cfg.teacher_acc == "verified")
+            if why is not None:  # a member's posteriors: refused by name, never learned from
+                log.warning("%s: round %d: teacher %s left out: %s", self.ctx.peer_id, round,
+                            owner, why)
+                continue
             if self.cfg.teacher_acc == "verified":
                 acc = verified_accuracy(probs, seeds.y[idx])
             else:

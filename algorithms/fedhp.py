@@ -557,6 +557,11 @@ class FedHP(FedProto):
             elif self.key is not None and (peer not in self.key.public.parties
                                            or self.key.public.index_of(peer) != party):
                 why = f"party {party!r} is not this peer's key share"
+            elif (c.tensors["dshare"].shape, c.tensors["dshare"].dtype) != self.scheme.shape(
+                    self.num_values):
+                # (one extra row raised an IndexError in combine: an attack review)
+                why = (f"dshare of shape {c.tensors['dshare'].shape} {c.tensors['dshare'].dtype}, "
+                       f"expected {self.scheme.shape(self.num_values)[0]}")
             if why is not None:
                 log.warning("%s: round %d: decryption share of %s left out: %s",
                             self.ctx.peer_id, round, peer, why)

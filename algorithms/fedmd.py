@@ -33,6 +33,9 @@ from hfl.algorithms.robust import RobustOptions, combine, is_plain, rule_options
 
 log = logging.getLogger("hfl.algorithms")
 
+#: a logit beyond this is no model's score (softmax saturated long before): refused
+MAX_LOGIT = 1e6
+
 
 @dataclass(frozen=True)
 class FedMDConfig(RobustOptions):
@@ -77,7 +80,7 @@ class FedMD(Algorithm):
         plain = is_plain(options)
         groups: dict[tuple, list[tuple[str, Payload]]] = {}
         for peer, c in contributions.items():
-            why = None if plain else self.scores_problem(c)
+            why = self.scores_problem(c)  # (under the plain mean too: a member's scores)
             if why is not None:
                 log.warning("%s: round %d: scores of %s left out: %s", self.ctx.peer_id, round, peer, why)
                 continue
@@ -101,23 +104,34 @@ class FedMD(Algorithm):
                        meta=meta)
 
     def scores_problem(self, c: Payload) -> str | None:
-        """Why a contribution's scores cannot enter a robust consensus, or None."""
+        """Why a contribution's scores (or a consensus) cannot be averaged or learned
+        from, or None. Without these checks under the plain mean, a missing idx, a
+        logits array one class wider or no owner raised in the aggregator (every peer,
+        by default), and NaN logits made a NaN consensus (an attack review)."""
         idx, logits = c.tensors.get("idx"), c.tensors.get("logits")
+        if not isinstance(c.meta.get("owner"), str):
+            return "no owner named"
         if not isinstance(idx, np.ndarray) or not isinstance(logits, np.ndarray):
             return "idx or logits missing"
-        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
-            return f"idx {idx.dtype}{list(idx.shape)}, expected integers [B]"
+        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer) or idx.min(initial=0) < 0:
+            return f"idx {idx.dtype}{list(idx.shape)}, expected integers >= 0 [B]"
         if logits.shape != (len(idx), self.ctx.num_classes) or not np.issubdtype(logits.dtype, np.floating):
             return f"logits {logits.dtype}{list(logits.shape)}, expected float[{len(idx)}, {self.ctx.num_classes}]"
         if not np.isfinite(logits).all():
             return "non-finite logits"
+        if np.abs(logits).max(initial=0.0) > MAX_LOGIT:  # (a mean of float32 3e38s is inf)
+            return f"logits beyond +-{MAX_LOGIT:g}: no model's scores"
         return None
 
     def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
         result = next(iter(received.values()))
+        why = self.scores_problem(result)
+        if why is not None:
+            log.warning("%s: round %d: consensus refused: %s", self.ctx.peer_id, round, why)
+            return {"digested": 0.0}
         public = self._public_of(str(result.meta.get("owner")))
         idx, target = result.tensors.get("idx"), result.tensors.get("logits")
-        if public is None or idx is None or target is None or idx.max(initial=-1) >= len(public):
+        if public is None or idx.max(initial=-1) >= len(public):
             # Loudly: a consensus this peer cannot digest is a round it learns nothing from
             # the others (it holds no seed set of that owner, or the batch does not fit it).
             log.warning("%s: round %d: consensus on %s's public batch not digested: %s",

@@ -54,9 +54,18 @@ def _shape_key(name: str, shape: tuple[int, ...]) -> str:
     return f"{name}|{'x'.join(map(str, shape))}"
 
 
+def shares(weights: np.ndarray) -> np.ndarray:
+    """Finite weights >= 0, not all 0, as shares that sum to 1: scaled by the largest
+    first (two members' counts of 1e308 summed to inf, and every share was 0: an
+    all-zero model, whatever cap was set)."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.max()
+    return w / w.sum()
+
+
 def _mean(stack: list[np.ndarray], weights: np.ndarray) -> np.ndarray:
     if np.issubdtype(stack[0].dtype, np.floating):
-        w = weights / weights.sum()
+        w = shares(weights)
         acc = np.zeros(stack[0].shape, dtype=np.float64)
         for wi, t in zip(w, stack, strict=True):
             acc += wi * t

@@ -51,16 +51,13 @@ import numpy as np
 import torch
 
 from hfl.algorithms.base import Algorithm, AlgorithmContext, Payload
+from hfl.algorithms.payload import probabilities_problem
 from hfl.algorithms.registry import register
 from hfl.algorithms.robust import coordinate_median, trimmed_mean
 from hfl.algorithms.sce import classification_loss, confidence_weights, uniform_weights, weighted_kl
 from hfl.algorithms.training import batches
 
 log = logging.getLogger("hfl.algorithms")
-
-#: how far a probability row's sum may stray from 1 (float32 softmax is ~1e-6 off)
-ROW_SUM_TOLERANCE = 1e-3
-
 
 def public_round_indices(n: int, cohort_seed: int, round: int, count: int) -> np.ndarray:
     """``count`` indices into a public set of ``n`` samples for ``round``: the same on
@@ -81,18 +78,7 @@ def posterior_problem(idx: Any, probs: Any, expected_idx: np.ndarray, num_classe
         return f"idx of dtype {idx.dtype}, expected integers"
     if idx.shape != expected_idx.shape or not np.array_equal(idx, expected_idx):
         return f"posteriors on other public samples than this round's ({idx.shape[:1]} indices)"
-    if probs.shape != (len(expected_idx), num_classes):
-        return f"probs of shape {probs.shape}, expected {(len(expected_idx), num_classes)}"
-    if not np.issubdtype(probs.dtype, np.floating):
-        return f"probs of dtype {probs.dtype}, expected floats"
-    if not np.isfinite(probs).all():
-        return "non-finite probabilities"
-    if (probs < 0).any() or (probs > 1 + ROW_SUM_TOLERANCE).any():
-        return "probabilities outside [0, 1]"
-    worst = float(np.abs(probs.sum(axis=1, dtype=np.float64) - 1.0).max())
-    if worst > ROW_SUM_TOLERANCE:
-        return f"probability rows that do not sum to 1 (off by up to {worst:.3g})"
-    return None
+    return probabilities_problem(probs, len(expected_idx), num_classes)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ allocating or reading out of bounds.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ import numpy as np
 PACK_PREFIX = "@pack/"
 #: pack when a payload has more arrays than this (leaves room for a few extra frames)
 PACK_OVER = 32
+#: bounds on a layout's shapes (numpy's own limit is 64 dimensions)
+MAX_NDIM, MAX_DIM = 32, 2**31
 
 
 def pack(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[list[Any]]]:
@@ -54,7 +57,11 @@ def unpack(tensors: dict[str, np.ndarray], layout: Any) -> tuple[dict[str, np.nd
             return {}, f"layout[{i}]: bad shape {shape_txt!r}"
         if dt not in offsets or any(d < 0 for d in shape) or name in out:
             return {}, f"layout[{i}] ({name!r}): unknown dtype, negative or duplicate entry"
-        n = int(np.prod(shape, dtype=np.int64))
+        if len(shape) > MAX_NDIM or any(d > MAX_DIM for d in shape):
+            # (a dimension of 10^20 overflowed numpy; 3 x 6148914691236517206 wrapped
+            # around in int64 to the flat size and passed: an attack review)
+            return {}, f"layout[{i}] ({name!r}): shape {shape_txt[:40]!r} out of bounds"
+        n = math.prod(shape)  # Python ints: no wrap-around
         entries.append((name, dt, shape, offsets[dt], n))
         offsets[dt] += n
         out[name] = None  # reserve: a duplicate name is refused above

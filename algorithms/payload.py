@@ -23,3 +23,35 @@ class Payload:
     @property
     def nbytes(self) -> int:
         return sum(int(t.nbytes) for t in self.tensors.values())
+
+
+#: how far a row of probabilities may be from summing to 1 (float32 softmax outputs)
+ROW_SUM_TOLERANCE = 1e-3
+
+
+def probabilities_problem(probs: Any, rows: int, num_classes: int) -> str | None:
+    """Why ``probs`` from a member is no (rows, num_classes) array of probabilities (finite
+    floats in [0, 1], each row summing to 1), or None."""
+    if not isinstance(probs, np.ndarray):
+        return "probs missing"
+    if probs.shape != (rows, num_classes):
+        return f"probs of shape {probs.shape}, expected {(rows, num_classes)}"
+    if not np.issubdtype(probs.dtype, np.floating):
+        return f"probs of dtype {probs.dtype}, expected floats"
+    if not np.isfinite(probs).all():
+        return "non-finite probabilities"
+    if (probs < 0).any() or (probs > 1 + ROW_SUM_TOLERANCE).any():
+        return "probabilities outside [0, 1]"
+    worst = float(np.abs(probs.sum(axis=1, dtype=np.float64) - 1.0).max(initial=0.0))
+    if worst > ROW_SUM_TOLERANCE:
+        return f"probability rows that do not sum to 1 (off by up to {worst:.3g})"
+    return None
+
+
+def fraction_problem(value: Any, what: str) -> str | None:
+    """Why a member's ``value`` is not a number in [0, 1] (an accuracy), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{what} {str(value)[:40]!r} is not a number"
+    if not 0.0 <= value <= 1.0:  # (NaN fails this too)
+        return f"{what} {value!r} outside [0, 1]"
+    return None

@@ -228,9 +228,9 @@ def normalized_weights(weights: Any, n: int) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
     if w.shape != (n,):
         raise ValueError(f"{w.size} weights for {n} contributions")
-    if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+    if not np.isfinite(w).all() or (w < 0).any() or not (w > 0).any():
         raise ValueError(f"weights must be finite, >= 0 and not all 0, got {w.tolist()}")
-    return w / w.sum()
+    return layerwise.shares(w)
 
 
 def cap_weights(weights: Any, max_share: float | None) -> np.ndarray:
@@ -239,6 +239,7 @@ def cap_weights(weights: Any, max_share: float | None) -> np.ndarray:
     to their weights. A cap below 1/m (m: the positive weights) is raised to 1/m."""
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
     p = normalized_weights(w, len(w))
+    w = w / w.max()  # (sums of counts near the float limit stay finite)
     if max_share is None:
         return p
     if not 0 < max_share <= 1:

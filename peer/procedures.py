@@ -300,8 +300,10 @@ class RoundProcedures:
                 self.ahead = (r + 1, dict((yield JoinCompute())))
             if core.mode != "local":
                 info.setdefault("learned_from", 0)  # no other peer's knowledge this round
-        if received:
-            metrics.update((yield Compute("absorb", (r, received))))
+        absorbed = (yield from self.on_members_payloads(r, Compute("absorb", (r, received)),
+                                                        "absorbing")) if received else None
+        if absorbed is not None:
+            metrics.update(absorbed)
             if core.mode == "aggregator":
                 (source, result), = received.items()
                 core.absorbed = (r, payload_digest(result), source)
@@ -454,7 +456,8 @@ class RoundProcedures:
         contributions = {p: c for p, c in contributions.items() if p not in core.equivocators}
         if payload is not None and payload.kind != "none":
             contributions[core.id] = payload
-        result = yield Aggregate(r, dict(sorted(contributions.items())))
+        result = yield from self.on_members_payloads(
+            r, Aggregate(r, dict(sorted(contributions.items()))), "aggregating")
         info.update(aggregator=core.id, epoch=0, learned_from=0)
         if result is None:
             return {}
@@ -648,6 +651,19 @@ class RoundProcedures:
             yield Wait(lambda: core.committed(r) is not None, self.now() + grace)
         return core.committed(r)
 
+    def on_members_payloads(self, r: int, call: Compute | Aggregate, what: str) -> Procedure:
+        """The method's call on what members sent (absorb, aggregate): its value, or None
+        where it raised. A payload that passed the codec and the method's own checks must
+        never stop this peer (a member could stop every peer it sends to): the error is
+        a drop (``method_error``, logged with the exception) and the round goes on
+        without that call's result, the local model kept (PROTOCOL.md, Validation)."""
+        try:
+            return (yield call)
+        except Exception as err:  # noqa: BLE001 -- a drop, named; cancellations pass
+            yield Dropped("method_error", f"round {r}: {what} the members' payloads raised "
+                          f"{type(err).__name__}: {err}; the round goes on without it")
+            return None
+
     def short_of_quorum(self, r: int, count: int, quorum: int, info: dict,
                         outcome: str) -> Procedure:
         """Say (and record) that round r's contributions fell short of the quorum."""
@@ -709,7 +725,8 @@ class RoundProcedures:
             contributions = {p: payload_of(m) for p, m in promised.items() if m.kind != "none"}
             if payload is not None:
                 contributions[core.id] = payload
-            result = yield Aggregate(r, contributions)
+            result = yield from self.on_members_payloads(r, Aggregate(r, contributions),
+                                                         "aggregating")
             if result is None:
                 yield from self.discard_unused_results(r, core.epoch)
                 return {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import math
 
 import numpy as np
@@ -145,6 +146,40 @@ def test_several_teachers_give_the_mean_of_their_mimicry_gradients(batch_norm):
     theta0 = flat(p.detach() for p in alg.model.parameters())
     alg.absorb(1, received)
     torch.testing.assert_close(flat(p.detach() for p in alg.model.parameters()), theta0 - 0.05 * g_pub)
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda idx, probs, meta: (idx.astype(np.float64), probs, meta), "idx of dtype float64"),
+    (lambda idx, probs, meta: (idx.astype(bool), probs, meta), "idx of dtype bool"),
+    (lambda idx, probs, meta: (idx[:0], probs[:0], meta), "non-empty"),
+    (lambda idx, probs, meta: (idx + 100, probs, meta), "outside this teacher's"),
+    (lambda idx, probs, meta: (idx, probs.astype(np.int64), meta), "probs of dtype int64"),
+    (lambda idx, probs, meta: (idx, np.full_like(probs, np.nan), meta), "non-finite"),
+    (lambda idx, probs, meta: (idx, probs * 1e6, meta), "outside [0, 1]"),
+    (lambda idx, probs, meta: (idx, probs[:, :1], meta), "probs of shape"),
+    (lambda idx, probs, meta: (idx, probs, {"acc": "abc"}), "is not a number"),
+    (lambda idx, probs, meta: (idx, probs, {"acc": None}), "is not a number"),
+    (lambda idx, probs, meta: (idx, probs, {"acc": float("nan")}), "outside [0, 1]"),
+    (lambda idx, probs, meta: (idx, probs, {"acc": -1e30}), "outside [0, 1]"),
+])
+def test_a_hostile_teacher_is_left_out_by_name_and_the_others_still_teach(edit, why, caplog):
+    # Each of these raised in absorb (which stopped the peer) or made the model NaN
+    # (an attack review). The teacher is left out with a logged reason; an honest
+    # teacher beside it still teaches, as it would alone.
+    train = TrainConfig(optimizer="sgd", lr=0.1, momentum=0.0, batch_size=64, max_batches=1)
+    alone = make_fedh2l(train, eta=0.05, projection="none")
+    alone.absorb(1, conflicting_teacher(alone))
+    alg = make_fedh2l(train, eta=0.05, projection="none")
+    received = conflicting_teacher(alg)
+    seeds = two_class_data(10, seed=7)
+    alg.add_peer_seeds("evil", seeds.x, seeds.y)
+    idx, probs, meta = edit(np.arange(10), np.full((10, 2), 0.5, np.float32), {"acc": 0.9})
+    received["evil"] = Payload(kind="posteriors", tensors={"idx": idx, "probs": probs}, meta=meta)
+    with caplog.at_level(logging.WARNING, logger="hfl"):
+        out = alg.absorb(1, received)
+    assert out["teachers"] == 1.0 and "teacher evil left out: " in caplog.text and why in caplog.text
+    torch.testing.assert_close(flat(p.detach() for p in alg.model.parameters()),
+                               flat(p.detach() for p in alone.model.parameters()))
 
 
 def test_g_loc_averages_the_raw_gradients_of_the_local_batches():

@@ -275,6 +275,26 @@ def test_paillier_secure_sum_equals_the_plaintext_one_and_the_clear_sum(key_dir)
     assert np.array_equal(decrypted.tensors["present"], in_clear.tensors["present"])
 
 
+def test_a_decryption_share_of_the_wrong_shape_is_left_out_and_the_others_decrypt(key_dir, caplog):
+    # A member's dshare with one extra row raised an IndexError in the aggregator's
+    # combine (which stopped it; an attack review). It is left out by its shape now.
+    secure = [make("fedhp", f"p{i}", proto_dim=4, secure_sum="paillier", key_dir=key_dir) for i in range(4)]
+    first = secure[1].aggregate(1, {a.ctx.peer_id: a.share(1) for a in secure})
+    for a in secure:
+        a.absorb(1, {"p1": first})
+
+    def share(a, pad: bool):
+        d = a.decryption_share(2)
+        return Payload("secure_sum", {"dshare": np.concatenate([d, d[:1]]) if pad else d},
+                       {"round": 2, "dshare_round": 1, "party": a.key.index,
+                        "dshare_digest": a.pending["digest"], "dshare_summands": 4})
+
+    with caplog.at_level(logging.WARNING, logger="hfl"):
+        out = secure[2].aggregate(2, {a.ctx.peer_id: share(a, a.ctx.peer_id == "p0") for a in secure})
+    assert "p0" in out.meta["excluded"] and out.meta["protos_round"] == 1  # t = 3 of the others
+    assert "decryption share of p0 left out: dshare of shape" in caplog.text
+
+
 def test_a_round_completes_with_n_minus_t_peers_dead(key_dir):
     algs = [make("fedhp", f"p{i}", proto_dim=4, secure_sum="paillier", key_dir=key_dir) for i in range(4)]
     results = run_rounds(algs, 3, dead={"p2"})  # t = 3 of n = 4: one may die

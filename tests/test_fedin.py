@@ -447,6 +447,10 @@ def test_a_deep_state_travels_packed_in_few_frames_and_round_trips(digits):
     (lambda f, lay: (f, "not a list"), "without a layout"),
     (lambda f, lay: ({k: v[:-1] for k, v in f.items()}, lay), "the layout needs"),
     (lambda f, lay: (f, [[lay[0][0], lay[0][1], "99999999x99999999"], *lay[1:]]), "the layout needs"),
+    # an OverflowError, and an int64 wrap-around to the flat size, before (an attack review)
+    (lambda f, lay: (f, [[lay[0][0], lay[0][1], "99999999999999999999"], *lay[1:]]), "out of bounds"),
+    (lambda f, lay: (f, [[lay[0][0], lay[0][1], "3x6148914691236517206"], *lay[1:]]), "out of bounds"),
+    (lambda f, lay: (f, [[lay[0][0], lay[0][1], "x".join(["1"] * 40)], *lay[1:]]), "out of bounds"),
 ])
 def test_a_malformed_layout_is_refused_with_a_reason(edit, why):
     flat, layout = pack({"a": np.arange(6, dtype=np.float32).reshape(2, 3),

@@ -441,8 +441,10 @@ def calls(seen) -> list[str]:
     return out
 
 
-def run_rounds(procs: RoundProcedures, core: PeerCore, last: int, evaluate_every: int) -> list:
-    """Rounds 1..last of a broadcast peer whose members' knowledge is always in."""
+def run_rounds(procs: RoundProcedures, core: PeerCore, last: int, evaluate_every: int,
+               absorb_raises: tuple[int, ...] = ()) -> list:
+    """Rounds 1..last of a broadcast peer whose members' knowledge is always in (the
+    method's absorb raising in the rounds ``absorb_raises``)."""
     seen = []
     for r in range(1, last + 1):
         enter(core, r)
@@ -454,6 +456,8 @@ def run_rounds(procs: RoundProcedures, core: PeerCore, last: int, evaluate_every
                     contribution(core, p, r, 2.0)
             if isinstance(ins, Compute) and ins.call == "share":
                 s.answer(weights(1.0))
+            elif isinstance(ins, Compute) and ins.call == "absorb" and r in absorb_raises:
+                s.ins = s._step(s.gen.throw, OverflowError("cannot fit 'int' into an index"))
             elif isinstance(ins, Compute | JoinCompute):
                 s.answer({"loss": 1.0})
             elif isinstance(ins, Wait):
@@ -486,3 +490,32 @@ def test_overlap_starts_the_next_local_step_once_the_knowledge_is_out_and_absorb
     assert calls(run_rounds(procs, core, last=3, evaluate_every=3)) == [
         "local_update 1", "share 1", "absorb 1", "local_update 2", "share 2", "absorb 2",
         "local_update 3", "share 3", "absorb 3", "evaluate"]
+
+
+def test_a_method_that_raises_on_the_members_payloads_is_a_drop_and_the_peer_goes_on():
+    # PROTOCOL.md, Validation (method_error): a payload that passed the codec and the
+    # method's checks but makes its absorb or aggregate raise (a member's packed layout
+    # whose shape overflows, say) is a logged drop; the round goes on without that call,
+    # the local model kept, and the next rounds run as before. It stopped the peer.
+    core, procs, _ = peer(mode="broadcast")
+    seen = run_rounds(procs, core, last=3, evaluate_every=1, absorb_raises=(2,))
+    assert calls(seen) == ["local_update 1", "share 1", "absorb 1", "evaluate",
+                           "local_update 2", "share 2", "absorb 2", "evaluate",
+                           "local_update 3", "share 3", "absorb 3", "evaluate"]
+    drops = [i for i in seen if isinstance(i, Dropped)]
+    assert [d.code for d in drops] == ["method_error"]
+    assert "round 2: absorbing" in drops[0].reason and "OverflowError" in drops[0].reason
+    # An aggregator whose aggregate raised publishes nothing (its members fail over).
+    core, procs, clock, r = serving()
+    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
+    s.until(Wait)
+    contribution(core, "p1", r, 2.0)
+    contribution(core, "p2", r, 3.0)
+    s.answer(True)
+    s.until(Aggregate)
+    mark = len(s.seen)
+    s.ins = s._step(s.gen.throw, ValueError("cannot reshape array of size 3 into shape (2,2)"))
+    s.until()
+    assert s.done and s.value == {}
+    assert [i.code for i in s.seen[mark:] if isinstance(i, Dropped)] == ["method_error"]
+    assert not [m for m in s.sent(mark) if m[1] in ("aggregate", "commit")]

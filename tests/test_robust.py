@@ -161,6 +161,20 @@ def test_cap_weights_by_hand():
     np.testing.assert_allclose(R.cap_weights([0, 1, 1, 8], 0.5), [0, 0.25, 0.25, 0.5])
 
 
+
+def test_counts_near_the_float_limit_cannot_zero_the_mean():
+    # Two members claiming 1e308 samples each: the counts summed to inf and every share
+    # was 0, so the mean was an all-zero model every peer absorbed, with or without a
+    # cap (an attack review). Shares are scaled by the largest count first.
+    huge = [1e308, 1e308, 1.0, 1.0]
+    np.testing.assert_allclose(R.cap_weights(huge, None), [0.5, 0.5, 0, 0], atol=1e-300)
+    np.testing.assert_allclose(R.cap_weights(huge, 0.3), [0.3, 0.3, 0.2, 0.2])
+    np.testing.assert_allclose(R.normalized_weights([1e308] * 3, 3), [1 / 3] * 3)
+    contributions = {p: Payload("weights", {"w": np.full(2, v, np.float32)}, {"num_samples": n})
+                     for p, v, n in zip("abcd", [1.0, 3.0, 5.0, 7.0], huge, strict=True)}
+    np.testing.assert_allclose(weighted_mean(contributions, weighted=True)["w"], [2.0, 2.0])
+
+
 def test_a_rule_refuses_what_it_cannot_survive_naming_the_rule_n_and_f():
     x = as_contributions(np.random.default_rng(5).normal(size=(4, 3)))
     with pytest.raises(ValueError, match=r"krum: needs n > 2f \+ 2 = 4 contributions for byzantine f=1, got n=4"):
@@ -414,6 +428,24 @@ def test_fedmd_and_feddf_consensus_logits_take_the_rule():
     result = fedmd.aggregate(1, contributions)
     np.testing.assert_allclose(result.tensors["logits"], np.median(logits, axis=0), rtol=1e-6)
     assert result.meta["scorers"] == 5
+
+    # Under the plain mean (the default) too, a member's scores are checked: a missing
+    # idx, a logits array one class wider and no owner raised in the aggregator, NaN
+    # made a NaN consensus, 3e38s summed to inf (an attack review). Each is left out.
+    plain = make("fedmd", "p0", public_batch=16)
+    hostile = {"a_noidx": Payload("scores", {"logits": logits[0]}, {"owner": "p0"}),
+               "a_wide": Payload("scores", {"idx": idx, "logits": np.zeros((16, C + 1), np.float32)},
+                                 {"owner": "p0"}),
+               "a_noowner": Payload("scores", {"idx": idx, "logits": logits[0]}, {}),
+               "a_nan": contributions["p5"],
+               "a_huge": Payload("scores", {"idx": idx, "logits": np.full((16, C), 3e38, np.float32)},
+                                 {"owner": "p0"})}
+    honest_only = {p: contributions[p] for p in ("p0", "p1", "p2")}
+    result = plain.aggregate(1, {**honest_only, **hostile})
+    assert result.meta["scorers"] == 3
+    np.testing.assert_allclose(result.tensors["logits"], logits[:3].mean(axis=0), rtol=1e-6)
+    assert plain.absorb(1, {"p1": Payload("consensus", {"idx": idx, "logits": logits[0] * np.nan},
+                                          {"owner": "p0"})}) == {"digested": 0.0}
 
     peers = [make("feddf", f"p{i}", robust="multi_krum", byzantine=1, public_batch=8, public_batches=1)
              for i in range(5)]
