@@ -59,6 +59,7 @@ from hfl.algorithms.base import (
 from hfl.algorithms.fedavg import mismatch, weighted_mean
 from hfl.algorithms.mdhfl import public_round_indices
 from hfl.algorithms.packing import pack_if_many, unpack_if_packed
+from hfl.algorithms.payload import MAX_LOGIT
 from hfl.algorithms.registry import register
 from hfl.algorithms.robust import RobustOptions, combine, is_plain, rule_options
 
@@ -140,6 +141,8 @@ class FedDF(Algorithm):
             return f"logits {logits.dtype}{list(logits.shape)}, expected float{[len(idx), self.ctx.num_classes]}"
         if not np.isfinite(logits).all():
             return "non-finite logits"
+        if float(np.abs(logits).max(initial=0)) > MAX_LOGIT:
+            return f"logits beyond +-{MAX_LOGIT:g}: no model's scores"
         weights = {k: v for k, v in c.tensors.items() if k.startswith(WEIGHT_PREFIX)}
         if not weights:
             return "no weights"

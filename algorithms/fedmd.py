@@ -28,14 +28,11 @@ import torch
 from torch import nn
 
 from hfl.algorithms.base import Algorithm, Payload
+from hfl.algorithms.payload import MAX_LOGIT
 from hfl.algorithms.registry import register
 from hfl.algorithms.robust import RobustOptions, combine, is_plain, rule_options
 
 log = logging.getLogger("hfl.algorithms")
-
-#: a logit beyond this is no model's score (softmax saturated long before): refused
-MAX_LOGIT = 1e6
-
 
 @dataclass(frozen=True)
 class FedMDConfig(RobustOptions):
@@ -119,7 +116,7 @@ class FedMD(Algorithm):
             return f"logits {logits.dtype}{list(logits.shape)}, expected float[{len(idx)}, {self.ctx.num_classes}]"
         if not np.isfinite(logits).all():
             return "non-finite logits"
-        if np.abs(logits).max(initial=0.0) > MAX_LOGIT:  # (a mean of float32 3e38s is inf)
+        if float(np.abs(logits).max(initial=0)) > MAX_LOGIT:
             return f"logits beyond +-{MAX_LOGIT:g}: no model's scores"
         return None
 

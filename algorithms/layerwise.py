@@ -99,8 +99,11 @@ def groups(
     for (name, shape, dtype), members in holders.items():
         if variants[name] > 1:
             same_shape = [k for k in holders if k[0] == name and k[1] == shape]
-            if len(same_shape) > 1:  # one name, one shape, several dtypes: keep the first
-                if dtype != sorted(k[2] for k in same_shape)[0]:
+            if len(same_shape) > 1:
+                # One name, one shape, several dtypes: the one most peers hold (ties: the
+                # first by name). It was the first by name: one member's float16 copies
+                # of every array ('<f2' < '<f4') displaced every honest group.
+                if dtype != min(same_shape, key=lambda k: (-len(holders[k]), k[2]))[2]:
                     continue
             key = _shape_key(name, shape)
         else:

@@ -25,6 +25,10 @@ class Payload:
         return sum(int(t.nbytes) for t in self.tensors.values())
 
 
+#: a logit beyond this is no model's score (its softmax saturated long before): refused
+#: (float32 logits of 3e38 averaged to inf; float64 ones of 1e300 became inf as float32)
+MAX_LOGIT = 1e6
+
 #: how far a row of probabilities may be from summing to 1 (float32 softmax outputs)
 ROW_SUM_TOLERANCE = 1e-3
 

@@ -209,6 +209,23 @@ def test_layerwise_mean_matches_numpy_per_layer_over_its_holders(digits):
             np.testing.assert_array_equal(v, mean[k])
 
 
+def test_one_member_holding_every_array_in_another_dtype_does_not_displace_the_others():
+    # A member sent float16 copies of every array under the honest names and shapes:
+    # the group kept per (name, shape) was the first dtype by name ('<f2'), so the mean
+    # held only its arrays and every honest peer refused the result, every round (an
+    # attack review). The dtype most peers hold is kept.
+    from hfl.algorithms import layerwise
+
+    honest = {"w": np.ones((2, 3), np.float32), "b": np.zeros(3, np.float32)}
+    arrays = {p: dict(honest) for p in ("p0", "p1", "p2")}
+    arrays["a"] = {k: v.astype(np.float16) for k, v in honest.items()}
+    kept = {keys_[next(iter(keys_))]: (members, arrays[members[0]][next(iter(keys_.values()))].dtype)
+            for _, members, keys_ in layerwise.groups(arrays)}
+    assert kept == {"w": (["p0", "p1", "p2"], np.float32), "b": (["p0", "p1", "p2"], np.float32)}
+    mean = layerwise.layerwise_mean(arrays, dict.fromkeys(arrays, 1.0))
+    assert mean["w|2x3"].dtype == np.float32
+
+
 def test_same_arch_averages_only_identical_architectures(digits):
     a = make("fedavg", digits, "p0", depth=10, aggregation="same_arch", max_weight_share=None)
     b = make("fedavg", digits, "p1", depth=10, part=1, aggregation="same_arch", max_weight_share=None)

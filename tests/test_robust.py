@@ -457,6 +457,13 @@ def test_fedmd_and_feddf_consensus_logits_take_the_rule():
     result = peers[0].aggregate(1, payloads)
     assert result.meta["selected"] == ["p0", "p1", "p2", "p3"]  # m = n - f, the liar left out
     np.testing.assert_allclose(result.tensors["teacher"], honest[:4].mean(axis=0), rtol=1e-5, atol=1e-6)
+    # float64 logits of 1e300 are finite, and inf as the float32 teacher: every peer
+    # refused the round's result (an attack review). Left out like NaN.
+    payloads["p4"] = Payload(payloads["p4"].kind, {**payloads["p4"].tensors,
+                                                    "logits": np.full(liar.shape, 1e300)},
+                             payloads["p4"].meta)
+    result = make("feddf", "p0", public_batch=8, public_batches=1).aggregate(1, payloads)
+    assert result.meta["excluded"] == ["p4"] and np.isfinite(result.tensors["teacher"]).all()
 
 
 # ------------------------------------------------------------------ teachers: mdhfl and fedh2l
