@@ -30,7 +30,7 @@ from torch import nn
 
 from hfl.algorithms.payload import Payload  # noqa: F401 (re-exported: where methods find it)
 from hfl.algorithms.settings import SelectionConfig, TrainConfig
-from hfl.algorithms.training import evaluate, make_optimizer, train_epochs
+from hfl.algorithms.training import evaluate, load_optimizer, make_optimizer, train_epochs
 
 Mode = Literal["local", "broadcast", "aggregator"]
 
@@ -228,7 +228,7 @@ class Algorithm:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer(self.optimizer, state["optimizer"])
         self.generator.set_state(state["generator"])
         self.best_val = float(state.get("best_val", -1.0))
         self.selected = dict(state.get("selected", {}))

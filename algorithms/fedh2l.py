@@ -62,6 +62,7 @@ from hfl.algorithms.base import Algorithm, AlgorithmContext, Payload
 from hfl.algorithms.payload import fraction_problem, probabilities_problem
 from hfl.algorithms.projection import flat_grads, flatten, pcgrad, project, write_grads
 from hfl.algorithms.registry import register
+from hfl.algorithms.training import load_optimizer
 
 log = logging.getLogger("hfl.algorithms")
 
@@ -336,7 +337,7 @@ class FedH2L(Algorithm):
             if "global_opt" not in state:
                 raise ValueError("checkpoint has no global optimizer state: it was written "
                                  "with algorithm.global_optimizer: shared")
-            self.global_opt.load_state_dict(state["global_opt"])
+            load_optimizer(self.global_opt, state["global_opt"], "the global optimizer")
         self._teach_gen.set_state(state["teach_gen"])
         device = self.ctx.device
         self._anchor = state["anchor"].to(device) if "anchor" in state else None

@@ -19,6 +19,26 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> to
     )
 
 
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, what: str = "optimizer") -> None:
+    """A checkpoint's optimizer state (momentum buffers, Adam's moments and step counts)
+    under the settings the optimizer was built with now. ``load_state_dict`` alone also
+    puts back the saved lr, momentum and weight decay: a run resumed with a new
+    ``train.lr`` trained on at the old one while every record named the new one (a
+    review of the results). ValueError, naming ``what``, for another kind of optimizer,
+    whose state cannot go on (sgd -> adam raised in the next step)."""
+    now = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    saved = [{k: v for k, v in g.items() if k != "params"} for g in state.get("param_groups", [])]
+    if len(saved) != len(now) or any(
+            set(a) != set(b) or a.get("amsgrad") != b.get("amsgrad")
+            for a, b in zip(saved, now, strict=False)):
+        raise ValueError(f"{what}: the checkpoint's optimizer is of another kind than "
+                         f"train.optimizer builds ({type(optimizer).__name__}); it cannot change "
+                         "on resume")
+    optimizer.load_state_dict(state)
+    for group, settings in zip(optimizer.param_groups, now, strict=True):
+        group.update(settings)
+
+
 def batches(ds, batch_size: int, generator: torch.Generator | None, shuffle: bool = True):
     """Yield (x, y) CPU tensors from an ArrayDataset in a seeded order.
 

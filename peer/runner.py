@@ -434,6 +434,9 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         except RuntimeError as exc:  # a checkpoint older than its model description
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
             raise _model_changed(cfg, run_dir, (lines[1:] or lines or ["?"])[0][:200]) from None
+        except ValueError as exc:  # (training.load_optimizer: another kind of optimizer)
+            raise ConfigError("train.optimizer", f"{exc}: node.resume: false (hfl-launch "
+                              "--fresh) starts over, or use another node.run_dir") from None
         torch.set_rng_state(state["torch_rng"])
         log.info("%s: resumed from checkpoint after round %d (incarnation %d)",
                  cfg.node.id, resumed_after, incarnation)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 
@@ -180,6 +181,27 @@ def test_a_hostile_teacher_is_left_out_by_name_and_the_others_still_teach(edit, 
     assert out["teachers"] == 1.0 and "teacher evil left out: " in caplog.text and why in caplog.text
     torch.testing.assert_close(flat(p.detach() for p in alg.model.parameters()),
                                flat(p.detach() for p in alone.model.parameters()))
+
+
+def test_a_resume_trains_at_the_new_settings_and_refuses_another_optimizer():
+    # A run resumed with a new train.lr kept the saved lr (load_state_dict puts back the
+    # saved param groups) while every record named the new one (a review of the
+    # results); sgd -> adam raised KeyError 'step' in the next step.
+    train = TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, batch_size=8, max_batches=2)
+    alg = make_fedh2l(train, global_optimizer="amsgrad", eta=0.01)
+    alg.local_update(1)
+    alg.absorb(1, conflicting_teacher(alg))
+    state = alg.state_dict()
+    faster = make_fedh2l(dataclasses.replace(train, lr=0.5), global_optimizer="amsgrad", eta=0.02)
+    faster.load_state_dict(state)
+    assert faster.optimizer.param_groups[0]["lr"] == 0.5
+    assert faster.global_opt.param_groups[0]["lr"] == 0.02
+    momentum = [faster.optimizer.state[p]["momentum_buffer"] for p in faster.model.parameters()]
+    for mine, saved in zip(momentum, state["optimizer"]["state"].values(), strict=True):
+        torch.testing.assert_close(mine, saved["momentum_buffer"])  # the state itself kept
+    with pytest.raises(ValueError, match="optimizer is of another kind.*Adam"):
+        make_fedh2l(dataclasses.replace(train, optimizer="adam"), global_optimizer="amsgrad",
+                    eta=0.01).load_state_dict(state)
 
 
 def test_g_loc_averages_the_raw_gradients_of_the_local_batches():
