@@ -319,3 +319,26 @@ def trim_metrics(path: str | Path, last_round: int) -> int:
     if dropped:
         write_atomic(path, "".join(f"{line}\n" for line in kept).encode())
     return dropped
+
+
+def set_aside_metrics(peer_id: str, path: str | Path, incarnation: int) -> Path | None:
+    """Before a start with no checkpoint to resume: a row of round 1 alone (killed between
+    its line and its checkpoint) is dropped, as :func:`trim_metrics` drops it. Rows of
+    later rounds are an earlier life's whose checkpoint is gone (moved aside as damaged,
+    or never written: ``node.checkpoint: false``): they were deleted without a word, or
+    listed again under the new rounds. The file moves to ``<name>.before-<incarnation>``,
+    named in a warning; returns that path (None: nothing set aside)."""
+    path = Path(path)
+    last = max((r.get("round", 0) for r in read_jsonl(path)
+                if isinstance(r.get("round"), int)), default=0)
+    if last <= 1:
+        trim_metrics(path, 0)
+        return None
+    aside = path.with_name(f"{path.name}.before-{incarnation}")
+    try:
+        os.replace(path, aside)
+    except OSError as exc:
+        raise file_error(path, exc) from exc
+    log.warning("%s: %s holds rounds up to %d but there is no checkpoint to resume them: "
+                "starting from round 1, the earlier rows kept in %s", peer_id, path, last, aside)
+    return aside

@@ -27,6 +27,7 @@ from hfl.peer.checkpoint import (
     next_incarnation,
     read_jsonl,
     save_checkpoint,
+    set_aside_metrics,
     trim_metrics,
     write_atomic,
 )
@@ -111,12 +112,36 @@ def _check_same_model(cfg: PeerConfig, run_dir: Path, saved: dict[str, Any] | No
         raise _model_changed(cfg, run_dir, "; ".join(config_differences(saved, spec)) or "it differs")
 
 
+def checkpoint_owner(cfg: PeerConfig) -> dict[str, Any]:
+    """Whose rounds a checkpoint holds: this peer of this cohort's run."""
+    return {"peer": cfg.node.id, "cohort": cfg.cohort.name, "run": cfg.cohort.run}
+
+
+def _check_owner(cfg: PeerConfig, run_dir: Path, saved: Any) -> None:
+    """Refuse to resume another peer's checkpoint, or another cohort's or run's: it was
+    resumed silently (another run's model went on for the new run's last rounds, and
+    pulled a fresh cohort's round forward; another peer's made this one a stranger to
+    its own members). A checkpoint from before the record is taken as it is."""
+    if not isinstance(saved, dict):
+        return
+    mine = checkpoint_owner(cfg)
+    differs = [k for k in mine if saved.get(k) != mine[k]]
+    if differs:
+        field = {"peer": "node.id", "cohort": "cohort.name", "run": "cohort.run"}[differs[0]]
+        raise ConfigError(field, f"the checkpoint in {run_dir} holds the rounds of "
+                          f"{'; '.join(f'{k} {saved.get(k)!r}' for k in differs)}, not of this "
+                          f"config's {'; '.join(f'{k} {mine[k]!r}' for k in differs)}: a new "
+                          "run starts with node.resume: false (hfl-launch --fresh) or in "
+                          "another node.run_dir")
+
+
 def _save(run_dir: Path, r: int, node: Node, model: dict[str, Any] | None,
-          saved_at: float | None = None) -> None:
+          saved_at: float | None = None, owner: dict[str, Any] | None = None) -> None:
     import torch
 
     save_checkpoint(run_dir, {
         "round": r,
+        "owner": owner,  # whose rounds these are (checkpoint_owner): refused for another
         # when (the run's wall clock, or the simulator's): a summary a member wrote after
         # it means the cohort finished without this peer (finished_siblings)
         "saved_at": time.time() if saved_at is None else saved_at,
@@ -154,6 +179,7 @@ class RoundRecorder:
                  clock=None, wall: Callable[[], float] = time.time):
         self.run_dir = run_dir
         self.model = model
+        self.owner = checkpoint_owner(cfg)
         self.write_metrics = MetricsWriter(run_dir / METRICS_NAME, cfg.cohort.rounds)
         self.checkpoints = checkpoints
         self.watch_alone = (resumed_after is not None and mode != "local"
@@ -240,7 +266,7 @@ class RoundRecorder:
         if record is not None:
             self._record(record)
         if self.checkpoints:
-            _save(self.run_dir, r, node, self.model, self.wall())
+            _save(self.run_dir, r, node, self.model, self.wall(), self.owner)
 
     def round(self, record: dict[str, Any]) -> None:
         self._record(record)
@@ -365,6 +391,8 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     # read-only disk, a finished cohort are one line each, at once.
     metrics_path = run_dir / METRICS_NAME
     state = load_checkpoint(run_dir) if cfg.node.resume else None
+    if state is not None:
+        _check_owner(cfg, run_dir, state.get("owner"))
     at_least = metrics_incarnation(metrics_path)
     if state is not None:
         at_least = max(at_least, int(state.get("incarnation", -1)) + 1)
@@ -395,15 +423,12 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         if dropped:
             log.info("%s: dropped %d metrics line(s) past the checkpoint's round %d (that round "
                      "runs again)", cfg.node.id, dropped, resumed_after)
-    elif cfg.node.resume and cfg.node.checkpoint:
-        # Checkpoints on but none yet: killed (or the disk filled) between round 1's
-        # metrics line and its checkpoint. Round 1 runs again: its row must not repeat.
-        trim_metrics(metrics_path, 0)
-    elif cfg.node.resume is False and metrics_path.exists():
-        try:
-            metrics_path.unlink()
-        except OSError as exc:
-            raise file_error(metrics_path, exc) from exc
+    elif cfg.node.resume:
+        # No checkpoint: killed (or the disk filled) between round 1's metrics line and
+        # its checkpoint, or checkpoints off. Round 1 runs again: its row must not repeat.
+        # Rows of later rounds are an earlier life's whose checkpoint is gone (moved
+        # aside as damaged): kept in a file of their own, never deleted.
+        set_aside_metrics(cfg.node.id, metrics_path, incarnation)
 
     # With an elected aggregator a peer records each round it enters; restarted from its
     # checkpoint, it sits out the rounds an earlier life entered (it may have acked a
@@ -419,13 +444,21 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
             sit_out_through = start_round
             log.warning("%s: %s unreadable (%s): sitting out round %d to be safe",
                         cfg.node.id, entered_path, exc, start_round)
-    else:
-        entered_path.unlink(missing_ok=True)
 
     def enter_round(r: int) -> None:
         write_atomic(entered_path, str(r).encode())
 
     algorithm, num_classes = build_algorithm(cfg)
+    # Starting over (node.resume: false), once the config has built (a config that does
+    # not build loses nothing): the last run's rows, its checkpoint (the next plain start
+    # resumed it under this run's rows) and the rounds it entered go together.
+    gone = ((metrics_path, run_dir / CHECKPOINT_NAME, entered_path) if not cfg.node.resume
+            else () if cfg.node.checkpoint else (entered_path,))
+    for path in gone:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise file_error(path, exc) from exc
     spec = model_spec(cfg, algorithm.model.input_shape, num_classes)
     if state is not None:
         _check_same_model(cfg, run_dir, state.get("model"), spec)

@@ -223,6 +223,63 @@ def test_a_kill_before_the_first_checkpoint_does_not_list_round_1_twice(tmp_path
     assert [(r["round"], r["incarnation"]) for r in rows(run_dir)] == [(1, 1), (2, 1)]
 
 
+def test_a_checkpoint_of_another_run_or_peer_is_refused_and_loses_nothing(tmp_path):
+    # Resumed silently before (a checkpoint review): a new run (cohort.run) in the last
+    # run's folder went on from its round 3, and pulled a fresh cohort forward; another
+    # peer's checkpoint made this one a stranger to its own members.
+    from hfl.peer.configtools import ConfigError
+
+    run_dir = tmp_path / "p0"
+    run(config_from_dict({**cfg_dict(run_dir, rounds=2), "cohort": {"algorithm": "solo", "rounds": 2,
+                                                                     "run": 111}}))
+    before = {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()}
+    with pytest.raises(ConfigError, match=r"cohort\.run.*holds the rounds of run 111.*run 222"):
+        run(config_from_dict({**cfg_dict(run_dir, rounds=4), "cohort": {"algorithm": "solo", "rounds": 4,
+                                                                         "run": 222}}))
+    with pytest.raises(ConfigError, match=r"node\.id.*peer 'p0'.*peer 'p1'"):
+        run(config_from_dict({**cfg_dict(run_dir, "p1", rounds=4), "cohort": {
+            "algorithm": "solo", "rounds": 4, "run": 111}}))
+    assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()} == before
+    run(config_from_dict({**cfg_dict(run_dir, rounds=3), "cohort": {"algorithm": "solo", "rounds": 3,
+                                                                     "run": 111}}))
+    assert [r["round"] for r in rows(run_dir)] == [1, 2, 3]  # the same run resumes
+
+
+def test_starting_over_drops_the_checkpoint_too_and_only_once_the_config_builds(tmp_path):
+    # node.resume: false deleted the rows before the config was built (a config that
+    # then failed lost them) and kept the checkpoint, which the next plain start resumed
+    # under the new rows (a checkpoint review).
+    run_dir = tmp_path / "p0"
+    run(config_from_dict(cfg_dict(run_dir, rounds=2)))
+    kept = (METRICS_NAME, CHECKPOINT_NAME, "entered_round")
+    before = {name: (run_dir / name).read_bytes() for name in kept if (run_dir / name).exists()}
+    with pytest.raises(Exception, match="fedin"):  # fedin cannot build on an MLP
+        run(config_from_dict({**cfg_dict(run_dir, rounds=2, resume=False),
+                              "cohort": {"algorithm": "fedin", "rounds": 2}}))
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    run(config_from_dict(cfg_dict(run_dir, rounds=1, resume=False, checkpoint=False)))
+    assert not (run_dir / CHECKPOINT_NAME).exists() and [r["round"] for r in rows(run_dir)] == [1]
+
+
+def test_rows_whose_checkpoint_is_gone_are_set_aside_not_deleted(tmp_path, caplog):
+    # The checkpoint moved aside as damaged (as its refusal advises): the start from
+    # round 1 deleted rows 1..3 without a word (a checkpoint review). With checkpoints
+    # off, a restart listed rounds 1, 2 twice.
+    run_dir = tmp_path / "p0"
+    run(config_from_dict(cfg_dict(run_dir, rounds=3)))
+    old = (run_dir / METRICS_NAME).read_text()
+    (run_dir / CHECKPOINT_NAME).rename(run_dir / "checkpoint.pt.bad")
+    with caplog.at_level(logging.WARNING, logger="hfl"):
+        run(config_from_dict(cfg_dict(run_dir, rounds=2)))
+    assert [r["round"] for r in rows(run_dir)] == [1, 2]
+    assert (run_dir / f"{METRICS_NAME}.before-1").read_text() == old
+    assert "holds rounds up to 3 but there is no checkpoint" in caplog.text
+    nock = tmp_path / "nock"
+    for _ in range(2):
+        run(config_from_dict(cfg_dict(nock, rounds=2, checkpoint=False)))
+    assert [r["round"] for r in rows(nock)] == [1, 2]
+
+
 # ------------------------------------------------------------------ incarnations
 
 
