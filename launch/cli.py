@@ -19,6 +19,7 @@ experiment file or a refused run directory, 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -353,7 +354,8 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     if any(r.get("rounds", 0) for r in rows[:-1]):
         _out()
         _out(table)
-        _out(f"\nbest mean test acc over rounds (the peers' mean in one round, best round): {best:.4f}")
+        _out("\nbest mean test acc over rounds (the peers' mean in one round, best round): "
+             + ("- (no round with every peer's test acc)" if math.isnan(best) else f"{best:.4f}"))
     else:
         _out("\nno peer finished a round: no results table (see the errors above and each peer.log)")
     started = (f" (the command's {time.time() - args.started_at:.1f}s; every peer in round 1 "

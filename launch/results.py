@@ -168,10 +168,37 @@ def running_time_s(records: list[dict[str, Any]]) -> float:
 
 def best_mean(run_dirs: list[Path], key: str = "test_acc") -> float:
     """The best, over rounds, of the peers' mean ``key`` in that round (CHFL's "best
-    average validation accuracy of all clients"); rounds some peer lacks are skipped."""
+    average validation accuracy of all clients"), over the peers that reached the
+    furthest round (:func:`finished`: a peer that stopped early limited it to the rounds
+    before it stopped, without a word); rounds some of them lack are skipped."""
     per_peer = [{r["round"]: r[key] for r in read_metrics(d) if key in r} for d in run_dirs]
+    last = max((max(p, default=0) for p in per_peer), default=0)
+    per_peer = [p for p in per_peer if max(p, default=0) >= last]
     common = set.intersection(*(set(p) for p in per_peer)) if per_peer else set()
-    return max((sum(p[r] for p in per_peer) / len(per_peer) for r in common), default=math.nan)
+    values = [sum(p[r] for p in per_peer) / len(per_peer) for r in common]
+    return max((v for v in values if not math.isnan(v)), default=math.nan)
+
+
+def finished(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The peer rows that reached the furthest round any peer reached: what the mean row
+    and the best mean are over. A peer stopped early (a crash with no restart) was
+    averaged in with its last round's numbers beside the others' final ones."""
+    peers = [r for r in rows if r.get("peer") != "mean"]
+    last = max((int(r.get("last_round") or 0) for r in peers), default=0)
+    return [r for r in peers if int(r.get("last_round") or 0) >= last]
+
+
+def stopped_note(rows: list[dict[str, Any]]) -> str | None:
+    """A line naming the peers the mean row leaves out (stopped before the last round)."""
+    peers = [r for r in rows if r.get("peer") != "mean"]
+    kept = {r["peer"] for r in finished(peers)}
+    early = [r for r in peers if r["peer"] not in kept]
+    if not early:
+        return None
+    last = max(int(r.get("last_round") or 0) for r in peers)
+    named = ", ".join(f"{r['peer']} (round {r.get('last_round') or 0})" for r in early)
+    return (f"stopped before round {last}: {named}; the mean row and the best mean are over "
+            f"the {len(kept)} peer(s) that reached it")
 
 
 def columns_for(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -180,14 +207,16 @@ def columns_for(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 
 
 def mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"peer": "mean", "arch": ""}
+    """The mean of the peers that reached the last round (:func:`finished`)."""
+    basis = finished(rows)
+    out: dict[str, Any] = {"peer": "mean", "arch": "", "over": [r["peer"] for r in basis]}
     for key, _, _ in COLUMNS[2:-1] + DOMAIN_COLUMNS:
-        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
+        vals = [r[key] for r in basis if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
         out[key] = sum(vals) / len(vals) if vals else math.nan
     out["rounds"] = round(out["rounds"], 1) if not math.isnan(out["rounds"]) else "-"
     if not math.isnan(out["restarts"]):
         out["restarts"] = round(out["restarts"], 2)  # the mean, like every column of this row
-    short = sum(1 for r in rows if r.get("short"))
+    short = sum(1 for r in basis if r.get("short"))
     out["cohort"] = f"{short} short {SHORT_MARK}" if short else ""
     return out
 
@@ -217,7 +246,9 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     columns = columns_for(rows)
     table = markdown_table([title for _, title, _ in columns],
                            [[_fmt(r.get(k), spec) for k, _, spec in columns] for r in rows])
-    return table + (f"\n{SHORT_NOTE}" if any(r.get("short") for r in rows) else "")
+    notes = [SHORT_NOTE] if any(r.get("short") for r in rows) else []
+    notes += [n for n in [stopped_note(rows)] if n]
+    return "\n".join([table, *notes])
 
 
 def round_one_after(peer_dirs: list[Path], since: float) -> float | None:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from hfl.launch.experiment import ExperimentConfig, aggregator_of, expand, load_experiment
-from hfl.launch.results import mean_row, peer_row, render_table
+from hfl.launch.results import best_mean, mean_row, peer_row, render_table
 from hfl.peer.config import load_config
 from hfl.peer.configtools import ConfigError, build
 
@@ -149,10 +149,16 @@ def test_results_rows_and_mean_from_metrics_files(tmp_path):
     assert rows[0]["sent_mb"] == pytest.approx(3.0)
     assert rows[0]["wall_s"] == pytest.approx(5.0)  # rounds start at 100, 102, 104 and last 1 s
     assert rows[2]["rounds"] == 0 and math.isnan(rows[2]["global_acc"])
+    # The mean is over the peers that reached the last round: p1 stopped after round 2
+    # (a crash with no restart) was averaged in with its round-2 numbers beside p0's
+    # round-3 ones, without a word (a review of the results); the silent p2 is no zero.
     mean = mean_row(rows)
-    assert mean["global_acc"] == pytest.approx((0.8 + 0.7) / 2)  # the silent peer is not a zero
+    assert mean["global_acc"] == pytest.approx(0.8) and mean["over"] == ["p0"]
     table = render_table([*rows, mean])
     assert table.splitlines()[0].startswith("| peer") and "| mean" in table and " - " in table
+    assert ("stopped before round 3: p1 (round 2), p2 (round 0); the mean row and the best "
+            "mean are over the 1 peer(s) that reached it") in table
+    assert best_mean([tmp_path / p for p in ("p0", "p1", "p2")]) == pytest.approx(0.9)
 
 
 def test_expand_gives_every_peer_its_own_curve_key_and_one_allow_list(tmp_path):

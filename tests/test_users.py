@@ -147,7 +147,7 @@ def test_wall_time_leaves_out_the_downtime_between_lives_and_restarts_are_a_mean
              "live_peers": 2}
             for r, t, inc in ((1, 100.0, 0), (2, 102.0, 0), (3, 204.0, 1), (4, 206.0, 1))]
     _write_metrics(tmp_path / "p0", recs)
-    _write_metrics(tmp_path / "p1", [{**r, "incarnation": 0} for r in recs[:2]])
+    _write_metrics(tmp_path / "p1", [{**r, "incarnation": 0} for r in recs])
     assert running_time_s(recs) == pytest.approx(3.0 + 3.0)  # not 107
     rows = [peer_row("p0", "mlp", tmp_path / "p0"), peer_row("p1", "mlp", tmp_path / "p1")]
     assert rows[0]["wall_s"] == pytest.approx(6.0) and rows[0]["restarts"] == 1
