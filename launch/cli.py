@@ -272,6 +272,10 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
             restore(run_dir, decision)  # a refused --fresh launch loses nothing
         _out(f"hfl-launch: invalid experiment: {err}", err=True)
         return 2
+    except BaseException:  # Ctrl-C meanwhile: a --fresh launch that never started loses nothing
+        if decision is not None:  # (it hid the old run in a dot-folder, for good)
+            restore(run_dir, decision)
+        raise
     discard(decision)
     gpus = sorted({p.env.get("CUDA_VISIBLE_DEVICES", "") for p in plans} - {""})
     _out(f"hfl-launch: {exp.name}: {len(plans)} peers, {plans[0].config.cohort.algorithm}, "

@@ -878,6 +878,22 @@ def test_a_refused_fresh_launch_loses_nothing_and_an_accepted_one_replaces_the_r
         after = {f.relative_to(run): f.read_bytes() for f in run.rglob("*") if f.is_file()}
         assert after == before  # every file as it was, nothing of the refused launch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.yaml", "run"]  # nothing aside
+    # Ctrl-C while the peers are checked: the old run was left hidden in a dot-folder
+    # for good, and the next command started a new run (a checkpoint review).
+    import hfl.launch.cli as launch_cli
+
+    real = launch_cli.check_plans
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    launch_cli.check_plans = interrupted
+    try:
+        assert main([str(path), "--in-process", "--quiet", "--fresh"]) == 130
+    finally:
+        launch_cli.check_plans = real
+    assert {f.relative_to(run): f.read_bytes() for f in run.rglob("*") if f.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.yaml", "run"]
     assert main([str(path), "--in-process", "--quiet", "--fresh",
                  "--set", "defaults.cohort.rounds=1"]) == 0
     assert json.loads((run / "results.json").read_text())["peers"][0]["rounds"] == 1
