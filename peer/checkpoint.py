@@ -20,6 +20,7 @@ directory) raises :class:`RunFileError`, whose message is the single line
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -342,3 +343,36 @@ def set_aside_metrics(peer_id: str, path: str | Path, incarnation: int) -> Path 
     log.warning("%s: %s holds rounds up to %d but there is no checkpoint to resume them: "
                 "starting from round 1, the earlier rows kept in %s", peer_id, path, last, aside)
     return aside
+
+
+LOCK_NAME = ".lock"
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: str | Path):
+    """One peer process per run directory while it runs: a second start of the same peer
+    (another port, another terminal) ran beside the first, both writing every round's
+    row and the same checkpoint (a checkpoint review). An advisory lock on
+    ``<run_dir>/.lock``, released when the peer ends or its process dies; a directory
+    the lock file cannot be made in is left to fail at its first real write, naming it."""
+    try:
+        import fcntl
+    except ImportError:  # (not POSIX)
+        yield
+        return
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunFileError(path, "another peer process runs in this run directory (a "
+                                     "second start of the same peer?): stop it first, or "
+                                     "give this one another node.run_dir") from None
+        yield
+    finally:
+        os.close(fd)

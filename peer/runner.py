@@ -26,6 +26,7 @@ from hfl.peer.checkpoint import (
     metrics_incarnation,
     next_incarnation,
     read_jsonl,
+    run_dir_lock,
     save_checkpoint,
     set_aside_metrics,
     trim_metrics,
@@ -360,18 +361,19 @@ async def run_peer(
     run_dir = Path(cfg.run_dir)
     make_run_dir(run_dir)
     started = time.time()
-    if hub is None and transport is None:
-        check_listen(cfg.node.listen)  # a port in use: one clear line, before the slow start-up
-        handler = attach(run_dir)  # warnings/errors also to events.jsonl, which hfl-launch follows
-        try:
-            return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started, None,
-                                   run_blocking, observer, freeze_heap=freeze_heap,
-                                   inline_short_calls=inline_short_calls)
-        finally:
-            detach(handler)
-    return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started, transport, run_blocking,
-                           observer, signing, freeze_heap=freeze_heap,
-                           inline_short_calls=inline_short_calls)
+    with run_dir_lock(run_dir):  # one peer process per run directory
+        if hub is None and transport is None:
+            check_listen(cfg.node.listen)  # a port in use: one clear line, before the slow start-up
+            handler = attach(run_dir)  # warnings/errors also to events.jsonl, which hfl-launch follows
+            try:
+                return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started, None,
+                                       run_blocking, observer, freeze_heap=freeze_heap,
+                                       inline_short_calls=inline_short_calls)
+            finally:
+                detach(handler)
+        return await _run_peer(cfg, hub, fault_plan, clock, run_dir, started, transport,
+                               run_blocking, observer, signing, freeze_heap=freeze_heap,
+                               inline_short_calls=inline_short_calls)
 
 
 async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, started: float,

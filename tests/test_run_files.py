@@ -280,6 +280,21 @@ def test_rows_whose_checkpoint_is_gone_are_set_aside_not_deleted(tmp_path, caplo
     assert [r["round"] for r in rows(nock)] == [1, 2]
 
 
+def test_a_second_start_of_the_same_peer_is_refused_while_the_first_runs(tmp_path):
+    # Two processes of one peer in one run directory (the second on another port) both
+    # ran, each round's row written twice, one checkpoint file between them (a
+    # checkpoint review). The run directory is locked while a peer runs in it.
+    run_dir = tmp_path / "p0"
+    run_dir.mkdir()
+    with ckpt.run_dir_lock(run_dir):
+        with pytest.raises(RunFileError, match="another peer process runs in this run directory"):
+            run(config_from_dict(cfg_dict(run_dir, rounds=1)))
+    assert not (run_dir / METRICS_NAME).exists()
+    run(config_from_dict(cfg_dict(run_dir, rounds=1)))  # released: it runs
+    with ckpt.run_dir_lock(run_dir):  # and released again when it ended
+        pass
+
+
 # ------------------------------------------------------------------ incarnations
 
 
