@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hfl.launch.experiment import ExperimentConfig, FaultSpec, PeerPlan
-from hfl.launch.results import JsonlTail, RoundProgress
+from hfl.launch.results import JsonlTail, RoundProgress, read_jsonl
 from hfl.launch.rundir import rotate_log
 
 POLL_S = 0.1
@@ -44,9 +44,12 @@ class PeerProc:
     starts: int = 0
     killed_on_purpose: bool = False
     exit_codes: list[int] = field(default_factory=list)
+    rounds_before: int = 0  # the last round of earlier launches (a resumed run)
 
     def __post_init__(self) -> None:
         self.metrics = JsonlTail(self.metrics_path)
+        self.rounds_before = max((r["round"] for r in read_jsonl(self.metrics_path)
+                                  if isinstance(r.get("round"), int)), default=0)
         try:  # status events from now on: those of earlier launches were shown then
             self.events = JsonlTail(self.events_path, self.events_path.stat().st_size)
         except OSError:
@@ -351,12 +354,13 @@ class Supervisor:
                 # Failures are reported even with progress off, on stderr.
                 self._say(f"hfl-launch: {pid} exited with status {code}; last lines of {log_path}:\n"
                           f"{_tail(log_path, 15)}")
-                if pp.rounds.last_round == 0:
+                if pp.rounds.last_round <= pp.rounds_before:
                     # It never got going (bad data path, bad architecture, a share
-                    # that does not fit a message...): the others would only wait out
-                    # their join timeout, or train alone. Stop them now.
-                    self._say(f"hfl-launch: {pid} failed before its first round ended; "
-                              "stopping the cohort")
+                    # that does not fit a message, a damaged checkpoint on resume: it
+                    # read as going, by the rounds of an earlier launch): the others
+                    # would only wait out their join timeout, or train alone. Stop them now.
+                    self._say(f"hfl-launch: {pid} failed before it finished a round in this "
+                              "launch; stopping the cohort")
                     self.stop_all()
 
 

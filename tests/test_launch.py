@@ -303,7 +303,7 @@ def test_a_peer_process_whose_share_does_not_fit_exits_1_with_the_reason(tmp_pat
     err = capsys.readouterr().err
     assert "exited with status 1" in err, err
     assert "its knowledge for round 1 cannot go on the wire" in err
-    assert "failed before its first round ended; stopping the cohort" in err
+    assert "failed before it finished a round in this launch; stopping the cohort" in err
 
 
 def test_peers_that_set_different_max_message_mib_refuse_each_other_naming_it(tmp_path, capsys):
