@@ -217,7 +217,34 @@ def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
                             f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from exc
     if not isinstance(state, dict) or any(k not in state for k in _REQUIRED):
         raise _refuse(path, f"checkpoint without {', '.join(_REQUIRED)}")
+    why = _state_problem(state)
+    if why is not None:  # (a checksummed file edited by hand raised deep in the resume)
+        raise _refuse(path, f"checkpoint with {why}")
     return state
+
+
+def _state_problem(state: dict[str, Any]) -> str | None:
+    """Why a checkpoint's fields cannot be resumed from (their types and ranges), or None."""
+    import torch
+
+    def whole(v: Any, top: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < top
+
+    members = state["members"]
+    if not whole(state["round"], 2**31):
+        return f"round {state['round']!r} (a whole number >= 0)"
+    if "incarnation" in state and not whole(state["incarnation"], 2**62):
+        return f"incarnation {state['incarnation']!r} (a whole number >= 0)"
+    if not isinstance(members, list) or not all(
+            isinstance(m, (list, tuple)) and len(m) == 2 and all(isinstance(x, str) for x in m)
+            for m in members):
+        return "members that are no list of [peer id, address]"
+    if not isinstance(state["algorithm"], dict) or not state["algorithm"]:
+        return "no algorithm state"
+    rng = state["torch_rng"]
+    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
+        return "a torch_rng that is no byte tensor"
+    return None
 
 
 def read_incarnation(run_dir: str | Path) -> int | None:

@@ -170,6 +170,23 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path, damage):
         assert "SHA-256" in msg
 
 
+@pytest.mark.parametrize("edit, why", [
+    ({"round": "3"}, "round '3'"), ({"round": -7}, "round -7"), ({"round": 2.7}, "round 2.7"),
+    ({"incarnation": 2**70}, "incarnation"), ({"members": None}, "members"),
+    ({"members": [["p1"]]}, "members"), ({"algorithm": {}}, "no algorithm state"),
+    ({"torch_rng": None}, "a torch_rng"),
+])
+def test_a_checksummed_checkpoint_with_fields_of_the_wrong_kind_is_refused_in_one_line(
+        tmp_path, edit, why):
+    # A hand-edited file with a valid checksum raised deep in the resume (a review).
+    run_dir = tmp_path / "p0"
+    run(config_from_dict(cfg_dict(run_dir, rounds=1)))
+    state = load_checkpoint(run_dir)
+    save_checkpoint(run_dir, {**state, **edit})
+    with pytest.raises(RunFileError, match=f"checkpoint with {why}.*refusing to resume"):
+        load_checkpoint(run_dir)
+
+
 def test_a_checkpoint_from_before_checksums_still_loads_with_a_warning(tmp_path, caplog):
     state = {"round": 2, "incarnation": 0, "algorithm": {"w": torch.ones(3)},
              "torch_rng": torch.get_rng_state(), "members": []}
