@@ -25,6 +25,11 @@ RUN_TIMEOUT_S = 300
 ACC_KEYS = ("global_acc", "test_acc", "best_global_acc")
 
 
+def num(value) -> float:
+    """A number of results.json (where NaN is written as null) as a float."""
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
 def run_one(label: str, algorithm: str, args, extra: list[str]) -> dict:
     run_dir = c.OUT_DIR / "quickstart" / label
     overrides = [f"defaults.cohort.algorithm={algorithm}", f"name=bench-quickstart-{label}", *extra]
@@ -50,13 +55,13 @@ def run_one(label: str, algorithm: str, args, extra: list[str]) -> dict:
         "run_dir": str(run_dir),
         "exit_status": rc,
         "wall_s": wall,
-        "launcher_wall_s": res.get("wall_time_s", math.nan),
+        "launcher_wall_s": num(res.get("wall_time_s")),
         "rounds_span_s": span,
-        "global_acc": mean_row.get("global_acc", math.nan),
-        "test_acc": mean_row.get("test_acc", math.nan),
-        "best_global_acc": mean_row.get("best_global_acc", math.nan),
-        "mean_round_s": mean_row.get("mean_round_s", math.nan),
-        "sent_mb": mean_row.get("sent_mb", math.nan),
+        "global_acc": num(mean_row.get("global_acc")),
+        "test_acc": num(mean_row.get("test_acc")),
+        "best_global_acc": num(mean_row.get("best_global_acc")),
+        "mean_round_s": num(mean_row.get("mean_round_s")),
+        "sent_mb": num(mean_row.get("sent_mb")),
         "rounds": mean_row.get("rounds"),
         "rounds_configured": configured,
         "join_timeouts": c.join_timeouts(run_dir),

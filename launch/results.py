@@ -130,6 +130,8 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
     global_accs = [r["global_acc"] for r in records if "global_acc" in r]
     seen = max((int(r.get("live_peers", 1)) for r in records), default=None)
     short = bool(summary.get("cohort_shortfall"))
+    diverged = next((r["round"] for r in records if isinstance(r.get("train_loss"), float)
+                     and not math.isfinite(r["train_loss"])), None)
     return {
         "peer": peer_id,
         "arch": arch,
@@ -147,6 +149,7 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
         "restarts": max((r.get("incarnation", 0) for r in records), default=0),
         "max_live_peers": seen,
         "short": short,
+        "diverged_at": diverged,  # the first round whose train_loss was NaN or infinite
         "cohort": "-" if seen is None else f"{seen}{' ' + SHORT_MARK if short else ''}",
         **{key: last.get(key, math.nan) for key, _, _ in DOMAIN_COLUMNS},
     }
@@ -248,6 +251,11 @@ def render_table(rows: list[dict[str, Any]]) -> str:
                            [[_fmt(r.get(k), spec) for k, _, spec in columns] for r in rows])
     notes = [SHORT_NOTE] if any(r.get("short") for r in rows) else []
     notes += [n for n in [stopped_note(rows)] if n]
+    diverged = [r for r in rows if r.get("diverged_at") is not None]
+    if diverged:
+        notes.append("training diverged (a non-finite train_loss): " + ", ".join(
+            f"{r['peer']} from round {r['diverged_at']}" for r in diverged)
+            + "; their accuracies are a broken model's")
     return "\n".join([table, *notes])
 
 
@@ -265,10 +273,23 @@ def round_one_after(peer_dirs: list[Path], since: float) -> float | None:
     return max(starts) - since if starts else None
 
 
+def no_nan(value: Any) -> Any:
+    """``value`` with NaN and infinite floats as None: results.json is strict JSON (bare
+    NaN tokens, as every run's sel_* fields had, are refused by strict readers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: no_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [no_nan(v) for v in value]
+    return value
+
+
 def write_results(run_dir: Path, rows: list[dict[str, Any]], extra: dict[str, Any]) -> str:
     table = render_table(rows)
     (run_dir / "results.md").write_text(table + "\n")
-    (run_dir / "results.json").write_text(json.dumps({"peers": rows, **extra}, indent=2, default=str))
+    (run_dir / "results.json").write_text(json.dumps(no_nan({"peers": rows, **extra}), indent=2,
+                                                     default=str, allow_nan=False))
     return table
 
 

@@ -10,6 +10,7 @@ import contextlib
 import gc
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -192,6 +193,7 @@ class RoundRecorder:
         self.need = max(2, cfg.node.quorum if cfg.node.quorum is not None
                         else (remembered + 1) // 2 + 1)
         self.written: set[int] = set()
+        self.diverged = False  # a round's train_loss was NaN or infinite (said once)
         self.node: Node | None = None  # set once built: the membership tells who answered
         self.clock = clock or MonotonicClock()
         self.wall = wall  # what "saved_at" in a checkpoint reads
@@ -206,6 +208,12 @@ class RoundRecorder:
             return
         if self.watch_alone and self.node is not None:
             self._check_cohort(r)
+        loss = record.get("train_loss")
+        if isinstance(loss, float) and not math.isfinite(loss) and not self.diverged:
+            self.diverged = True  # said once: every later round builds on it
+            log.warning("%s: round %d: train_loss is %s: training diverged (a learning rate "
+                        "too high for this model, or a poisoned result absorbed); the rounds "
+                        "from here on train a broken model", record.get("peer"), r, loss)
         self.write_metrics(record)
         self.written.add(r)
 

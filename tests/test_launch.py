@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from hfl.launch.experiment import ExperimentConfig, aggregator_of, expand, load_experiment
-from hfl.launch.results import best_mean, mean_row, peer_row, render_table
+from hfl.launch.results import best_mean, mean_row, peer_row, render_table, write_results
 from hfl.peer.config import load_config
 from hfl.peer.configtools import ConfigError, build
 
@@ -159,6 +159,25 @@ def test_results_rows_and_mean_from_metrics_files(tmp_path):
     assert ("stopped before round 3: p1 (round 2), p2 (round 0); the mean row and the best "
             "mean are over the 1 peer(s) that reached it") in table
     assert best_mean([tmp_path / p for p in ("p0", "p1", "p2")]) == pytest.approx(0.9)
+
+
+def test_a_diverged_peer_is_named_and_results_json_is_strict(tmp_path):
+    # lr 1e5: train_loss NaN every round, exit 0, no word, a normal-looking table; and
+    # results.json held bare NaN tokens (every run's sel_* fields) that strict JSON
+    # readers refuse (a review of the results).
+    for pid, loss in (("p0", 0.5), ("p1", float("nan"))):
+        d = tmp_path / pid
+        d.mkdir()
+        lines = [{"round": r, "time": 100.0 + r, "test_acc": 0.5, "round_time_s": 1.0,
+                  "train_loss": loss if r > 1 else 0.7} for r in (1, 2, 3)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rows = [peer_row(p, "mlp", tmp_path / p) for p in ("p0", "p1")]
+    rows.append(mean_row(rows))
+    table = write_results(tmp_path, rows, {"best_mean_test_acc": float("nan")})
+    assert "training diverged (a non-finite train_loss): p1 from round 2" in table
+    strict = json.loads((tmp_path / "results.json").read_text(),
+                        parse_constant=lambda c: pytest.fail(f"bare {c} in results.json"))
+    assert strict["best_mean_test_acc"] is None and strict["peers"][0]["sel_acc"] is None
 
 
 def test_expand_gives_every_peer_its_own_curve_key_and_one_allow_list(tmp_path):

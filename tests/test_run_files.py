@@ -20,6 +20,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import types
 from pathlib import Path
@@ -310,6 +311,17 @@ def test_a_second_start_of_the_same_peer_is_refused_while_the_first_runs(tmp_pat
     run(config_from_dict(cfg_dict(run_dir, rounds=1)))  # released: it runs
     with ckpt.run_dir_lock(run_dir):  # and released again when it ended
         pass
+
+
+def test_a_peer_whose_training_diverges_says_so_once(tmp_path, caplog):
+    # train.lr 1e5: train_loss NaN every round, and not a word (a review of the results).
+    cfg = cfg_dict(tmp_path / "p0", rounds=3)
+    cfg["train"].update(lr=1e5)
+    with caplog.at_level(logging.WARNING, logger="hfl"):
+        run(config_from_dict(cfg))
+    assert all(math.isnan(r["train_loss"]) for r in rows(tmp_path / "p0")[1:])
+    said = [r for r in caplog.records if "training diverged" in r.getMessage()]
+    assert len(said) == 1 and "train_loss is nan" in said[0].getMessage()
 
 
 # ------------------------------------------------------------------ incarnations
