@@ -147,6 +147,9 @@ def launch_seeds(args: argparse.Namespace) -> int:
         worst = max(worst, rc)
         if not args.dry_run and peer_dirs(seed_dir(base, seed)):
             per_seed[seed] = cohort_row(seed_dir(base, seed), peer_dirs(seed_dir(base, seed)))
+            if rc != 0:
+                per_seed[seed]["failed"] = (f"its launch failed (exit {rc}; "
+                                            f"{seed_dir(base, seed)}/results.md says why)")
     if args.dry_run or not per_seed:
         return worst
     table = render_seeds_table(per_seed)

@@ -90,10 +90,43 @@ def _data(run_dir: Path, peers: list[tuple[str, Path]]) -> str:
                        lambda cfg: data_description(build(PeerConfig, cfg).data))
 
 
+#: What makes the seeds of one ``--seeds`` run differ: not their experiment.
+SEED_KEYS = ("defaults.data.seed", "defaults.cohort.seed", "defaults.node.seed")
+
+
+def mixed_seeds(seeds: list[tuple[int, Path]]) -> str | None:
+    """Why the seed folders of one base are not seeds of one experiment (each seed's
+    launch.json, its seed keys aside), or None. A ``--seeds 0 --fresh`` with a new
+    lr left seed 1 of the old lr beside it, and the report averaged the two."""
+    from hfl.launch.rundir import differences, read_record
+
+    def experiment(d: Path) -> dict[str, Any] | None:
+        record = read_record(d)
+        if record is None:
+            return None
+        exp = record.get("experiment") or {}
+        defaults = {section: {k: v for k, v in values.items() if f"defaults.{section}.{k}" not in SEED_KEYS}
+                    if isinstance(values, dict) else values
+                    for section, values in (exp.get("defaults") or {}).items()}
+        return {**exp, "defaults": defaults}
+
+    known = [(s, e) for s, d in seeds if (e := experiment(d)) is not None]
+    for s, e in known[1:]:
+        diff = differences(known[0][1], e)
+        if diff:
+            return (f"seed {s} is of another experiment than seed {known[0][0]} "
+                    f"({'; '.join(diff[:3])})")
+    return None
+
+
 def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
     """The peers' means of one run; of a ``hfl-launch --seeds`` run, (mean, std) over
     its seeds for the SEED_AVERAGED columns and ``seeds`` = how many."""
     seeds = seed_dirs(run_dir)
+    why = mixed_seeds([(sd, d) for sd, d in seeds if peer_dirs(d)])
+    if why is not None:
+        raise ValueError(f"{run_dir}: {why}: its seeds cannot be averaged (launch each "
+                         "experiment in a run directory of its own)")
     runs = [d for _, d in seeds if peer_dirs(d)] or [run_dir]
     per_run = [cohort_row(d, peer_dirs(d)) for d in runs]
     peers = peer_dirs(runs[0])
@@ -168,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
               "not a run directory, or no round finished yet", file=sys.stderr)
         return 2
     names = labels(run_dirs)
-    rows = [run_row(d, name) for d, name in zip(run_dirs, names, strict=True)]
+    try:
+        rows = [run_row(d, name) for d, name in zip(run_dirs, names, strict=True)]
+    except ValueError as err:  # (mixed_seeds)
+        print(f"hfl-report: {err}", file=sys.stderr)
+        return 2
     table = render(rows)
     print(table)
     if any(r["short"] for r in rows):

@@ -340,14 +340,21 @@ def render_seeds_table(per_seed: dict[int, dict[str, Any]]) -> str:
     some seed reports."""
     summary = seeds_summary(per_seed)
     cols = [(k, t) for k, t in SEED_COLUMNS if not math.isnan(summary["mean"][k])]
-    spec = {"rounds": "{:.0f}", "wall_s": "{:.1f}", "sent_mb": "{:.2f}"}
+    spec = {"rounds": "{:.1f}", "wall_s": "{:.1f}", "sent_mb": "{:.2f}"}
     header = ["seed", *(t for _, t in cols)]
     body = [[str(seed), *(_fmt(row.get(k, math.nan), spec.get(k, "{:.4f}")) for k, _ in cols)]
             for seed, row in sorted(per_seed.items())]
     body.append([f"mean ± std ({len(per_seed)})", *(
         f"{_fmt(summary['mean'][k], spec.get(k, '{:.4f}'))} ± {_fmt(summary['std'][k], spec.get(k, '{:.4f}'))}"
         for k, _ in cols)])
-    return markdown_table(header, body)
+    # What a seed's row hides (a review of the results: a failed seed and its short peers
+    # were averaged in like a good one, and 4.75 rounds printed as 5)
+    notes = [f"seed {seed}: {row['failed']}" for seed, row in sorted(per_seed.items())
+             if row.get("failed")]
+    notes += [f"seed {seed}: the mean of {len(row['over'])} of its {row['peers']} peers (the "
+              "others stopped before its last round)" for seed, row in sorted(per_seed.items())
+              if isinstance(row.get("over"), list) and len(row["over"]) < row.get("peers", 0)]
+    return "\n".join([markdown_table(header, body), *notes])
 
 
 def cohort_row(run_dir: Path, peers: list[tuple[str, Path]]) -> dict[str, Any]:
@@ -356,4 +363,5 @@ def cohort_row(run_dir: Path, peers: list[tuple[str, Path]]) -> dict[str, Any]:
     out = mean_row(rows) if rows else {}
     out["best_mean"] = best_mean([d for _, d in peers]) if peers else math.nan
     out["short"] = sum(1 for r in rows if r.get("short"))
+    out["peers"] = len(rows)
     return out

@@ -994,3 +994,12 @@ def test_seeds_run_once_per_seed_and_report_mean_and_std(tmp_path, capsys):
     assert f"{statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f}" in row
     with pytest.raises(SystemExit):  # each seed once
         main([str(path), "--seeds", "1", "1"])
+    # Seed 0 again with another lr: seeds 1 and 2 of the old lr stay beside it, and the
+    # report averaged the two experiments (a review of the results). Refused, named.
+    assert main([str(path), "--in-process", "--quiet", "--seeds", "0", "--fresh",
+                 "--set", "defaults.train.lr=0.5"]) == 0
+    capsys.readouterr()
+    assert report([str(run), "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert "seed 1 is of another experiment than seed 0 (defaults.train.lr" in err
+    assert "cannot be averaged" in err
