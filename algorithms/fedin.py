@@ -64,6 +64,10 @@ from hfl.algorithms.robust import UpdateRobustOptions
 log = logging.getLogger("hfl.algorithms")
 
 S_IN, S_OUT = "@s_in", "@s_out"  # payload keys of the feature batch (no state-dict name starts with @)
+#: A member's feature batch whose largest |value| is over this many times this peer's own
+#: (+1) is refused: the same layer of another architecture on other data is of the same
+#: order; 1e19 is an attack (features_unfit)
+FEATURE_SCALE_LIMIT = 1e3
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,9 @@ class FedIN(FedProx):
         self.store: dict[Origin, tuple[np.ndarray, np.ndarray]] = {}  # insertion order = age
         self.S: tuple[np.ndarray, np.ndarray] | None = None  # the batch IN training uses
         self._stats = self._zero_stats()
+        # The largest |value| of this peer's own last feature batch, per tensor: what a
+        # member's batch is measured against (features_unfit)
+        self._own_scale: dict[str, float] = {}
 
     @staticmethod
     def _zero_stats() -> dict[str, float]:
@@ -146,6 +153,8 @@ class FedIN(FedProx):
 
         def alleviate() -> None:
             l_in = nn.functional.mse_loss(self.intermediate(s_in), s_out)  # eq. 8
+            if not torch.isfinite(l_in):  # never a NaN step from S: the local gradient alone
+                return
             g_in = flatten(g if g is not None else torch.zeros_like(p) for g, p in zip(
                 torch.autograd.grad(l_in, params, allow_unused=True), params, strict=True))
             g_loc = flat_grads(params)  # grad of eq. 4 on this batch, intermediate layers only
@@ -182,6 +191,8 @@ class FedIN(FedProx):
         train = self.ctx.train
         idx = torch.randperm(len(train), generator=self._feat_gen)[: self.cfg.feature_batch]
         s_in, s_out = self.features_of(train.x[idx.sort().values.numpy()])
+        self._own_scale = {S_IN: float(np.abs(s_in).max(initial=0)),
+                           S_OUT: float(np.abs(s_out).max(initial=0))}
         self._store_add([(self.ctx.peer_id, round, i) for i in range(len(s_in))], s_in, s_out)
         return Payload(kind=payload.kind, tensors={**payload.tensors, S_IN: s_in, S_OUT: s_out},
                        meta=payload.meta)
@@ -229,6 +240,12 @@ class FedIN(FedProx):
                 return f"{name}: shape {list(a.shape)}, expected [B, {', '.join(map(str, shape))}]"
             if not np.isfinite(a).all():
                 return f"{name}: non-finite values"
+            top, own = float(np.abs(a).max(initial=0)), self._own_scale.get(name)
+            if own is not None and top > FEATURE_SCALE_LIMIT * (own + 1.0):
+                # (rows of 1e19, finite float32, made the next step's in_loss and the
+                # model NaN, under robust rules too: an attack review)
+                return (f"{name}: values up to {top:.3g}, over {FEATURE_SCALE_LIMIT:g} x this "
+                        f"peer's own ({own:.3g})")
         if not 1 <= len(s_in) <= self.cfg.feature_batch or len(s_in) != len(s_out):
             return (f"{len(s_in)} s_in rows and {len(s_out)} s_out rows; expected the same "
                     f"number, 1..{self.cfg.feature_batch}")

@@ -296,6 +296,23 @@ def test_hostile_contributions_and_features_are_left_out_with_a_reason(digits, c
     assert agg.aggregate(1, bad_weights) is None
 
 
+def test_a_feature_batch_far_beyond_this_peers_own_scale_is_left_out(digits, caplog):
+    # Rows of 1e19 are finite float32: they passed, were picked into S, and the next
+    # step's in_loss and the model were NaN, under robust: median too (an attack review).
+    agg = make("fedin", digits, "p0")
+    own = agg.share(1)
+    good = make("fedin", digits, "p1", depth=14, part=1).share(1)
+    huge = Payload(good.kind, {**good.tensors, S_IN: np.full_like(good.tensors[S_IN], 1e19)},
+                   good.meta)
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        result = agg.aggregate(1, {"p0": own, "p1": good, "p2": huge})
+    assert result.meta["features_excluded"] == ["p2"]
+    assert "values up to 1e+19, over 1000 x this peer's own" in caplog.text
+    assert agg.absorb(1, {"p0": result})["absorbed"] == 1.0
+    agg.local_update(2)
+    assert all(torch.isfinite(p).all() for p in agg.model.parameters())
+
+
 def test_a_result_with_a_bad_batch_keeps_the_weights_and_the_old_batch(digits, caplog):
     alg = make("fedin", digits, "p0")
     agg = make("fedin", digits, "p1", depth=18, part=1)
