@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfl.peer.checkpoint import read_jsonl  # (re-exported: tools read JSON lines with it)
+
 # Shown only when some peer reports them (multi-domain runs: FedH2L's protocol,
 # test metrics of the model chosen on validation, then the final model's ACC).
 DOMAIN_COLUMNS = [
@@ -38,21 +40,16 @@ SHORT_NOTE = (f"{SHORT_MARK} = this peer shared with fewer peers than expected "
               "its numbers are not a federated result")
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON-lines file, skipping a torn last line of a live file."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    return read_jsonl(run_dir / "metrics.jsonl")
+    """A peer's round records: the metrics lines that are objects with a round (a line of
+    ``null`` raised in the table, after the run, and cost its results: a review)."""
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if isinstance(r.get("round"), int)]
+
+
+def _timed(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with their times (a line of an older format without them raised)."""
+    return [r for r in records if isinstance(r.get("time"), (int, float))
+            and isinstance(r.get("round_time_s"), (int, float))]
 
 
 class JsonlTail:
@@ -141,9 +138,10 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
         "test_acc": last.get("test_acc", math.nan),
         "global_acc": last.get("global_acc", math.nan),
         "best_global_acc": max(global_accs, default=math.nan),
-        "wall_s": running_time_s(records),
-        "mean_round_s": (sum(r["round_time_s"] for r in records)
-                         / sum(int(r.get("span", 1)) for r in records)) if records else math.nan,
+        "wall_s": running_time_s(_timed(records)),
+        "mean_round_s": (sum(r["round_time_s"] for r in _timed(records))
+                         / sum(int(r.get("span", 1)) for r in _timed(records)))
+        if _timed(records) else math.nan,
         "sent_mb": sum(r.get("bytes_sent", 0) for r in records) / 1e6,
         "recv_mb": sum(r.get("bytes_received", 0) for r in records) / 1e6,
         "restarts": max((r.get("incarnation", 0) for r in records), default=0),

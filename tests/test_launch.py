@@ -142,7 +142,8 @@ def test_results_rows_and_mean_from_metrics_files(tmp_path):
         lines = [{"round": i + 1, "time": 100.0 + 2 * i, "test_acc": a, "global_acc": a, "round_time_s": 1.0,
                   "bytes_sent": 1_000_000, "bytes_received": 500_000, "incarnation": 0}
                  for i, a in enumerate(accs)]
-        (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines)
+                                         + "\nnull\n[1]\n{\"round\": \"9\"}\nnot json\n")  # none a round
     rows = [peer_row("p0", "mlp", tmp_path / "p0"), peer_row("p1", "mlp", tmp_path / "p1"),
             peer_row("p2", "mlp", tmp_path / "p2")]  # p2 never wrote anything
     assert rows[0]["rounds"] == 3 and rows[0]["global_acc"] == 0.8 and rows[0]["best_global_acc"] == 0.9
