@@ -92,9 +92,14 @@ def weighted_mean(contributions: dict[str, Payload], weighted: bool) -> dict[str
     return out
 
 
+#: An array whose largest |value| is over this many times this peer's own (+1) is no
+#: model of this cohort's: a sanity bound, not a robust rule (docs/robust.md)
+SCALE_LIMIT = 1e6
+
+
 def mismatch(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> str | None:
     """Why ``arrays`` cannot stand in for ``reference`` (names, shapes, dtypes, finite
-    values), or None if it can."""
+    values of this peer's order, :data:`SCALE_LIMIT`), or None if it can."""
     if set(arrays) != set(reference):
         missing, extra = sorted(set(reference) - set(arrays)), sorted(set(arrays) - set(reference))
         return f"arrays differ: missing {missing}, unexpected {extra}"
@@ -104,8 +109,16 @@ def mismatch(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]) ->
             return f"{name}: {got.dtype}{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}"
         # (dtype.kind: np.issubdtype per tensor per contribution was 6 % of a 1,000-peer
         # cohort's CPU in one process)
-        if got.dtype.kind == "f" and not np.isfinite(got).all():
-            return f"{name}: non-finite values"
+        if got.dtype.kind == "f" and got.size:
+            top = float(np.abs(got).max())  # (NaN and inf too, in the one pass)
+            if not math.isfinite(top):
+                return f"{name}: non-finite values"
+            own = float(np.abs(ref).max()) if ref.size else 0.0
+            if top > SCALE_LIMIT * (own + 1.0):
+                # (one member's weights of 3e38, finite float32, made an equal-weight mean
+                # every peer absorbed, and NaN at the next step: an attack review)
+                return (f"{name}: values up to {top:.3g}, over {SCALE_LIMIT:g} x this peer's "
+                        f"own ({own:.3g})")
     return None
 
 

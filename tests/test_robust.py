@@ -162,6 +162,20 @@ def test_cap_weights_by_hand():
 
 
 
+def test_weights_far_beyond_this_peers_own_scale_are_left_out_of_the_mean():
+    # One member of four sent weights of 3e38: finite float32, so the equal-weight mean
+    # (the default) took them, every peer absorbed 7.5e37 and trained to NaN at the next
+    # step (an attack review). An array over 1e6 x this peer's own (+1) is no model of
+    # this cohort's; the same array at 1e5 x still goes in (a bound, not a robust rule).
+    own = {"w": np.full(3, 2.0, np.float32)}
+    from hfl.algorithms.fedavg import mismatch
+
+    assert "values up to 3e+38, over 1e+06 x this peer's own (2)" in mismatch(
+        {"w": np.full(3, 3e38, np.float32)}, own)
+    assert mismatch({"w": np.full(3, 2e5, np.float32)}, own) is None
+    assert mismatch({"w": np.array([1, np.nan, 1], np.float32)}, own) == "w: non-finite values"
+
+
 def test_counts_near_the_float_limit_cannot_zero_the_mean():
     # Two members claiming 1e308 samples each: the counts summed to inf and every share
     # was 0, so the mean was an all-zero model every peer absorbed, with or without a
