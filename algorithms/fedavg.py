@@ -48,6 +48,7 @@ from torch import nn
 from hfl.algorithms import layerwise, robust
 from hfl.algorithms.base import Algorithm, Payload, arrays_to_module, module_to_arrays
 from hfl.algorithms.packing import pack_if_many, unpack_if_packed
+from hfl.algorithms.payload import SCALE_LIMIT
 from hfl.algorithms.registry import register
 
 log = logging.getLogger("hfl.algorithms")
@@ -90,11 +91,6 @@ def weighted_mean(contributions: dict[str, Payload], weighted: bool) -> dict[str
         else:  # e.g. BatchNorm's num_batches_tracked
             out[name] = np.max(np.stack(stack), axis=0)
     return out
-
-
-#: An array whose largest |value| is over this many times this peer's own (+1) is no
-#: model of this cohort's: a sanity bound, not a robust rule (docs/robust.md)
-SCALE_LIMIT = 1e6
 
 
 def mismatch(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> str | None:

@@ -41,6 +41,7 @@ from torch import nn
 
 from hfl.algorithms import prototypes as P
 from hfl.algorithms.base import Algorithm, Payload
+from hfl.algorithms.payload import SCALE_LIMIT
 from hfl.algorithms.registry import register
 from hfl.algorithms.robust import WeightedRobustOptions, combine, is_plain, rule_options
 from hfl.algorithms.training import batches
@@ -85,6 +86,7 @@ class FedProto(Algorithm):
         self.protos: torch.Tensor | None = None  # (K, D) global prototypes
         self.present: torch.Tensor | None = None  # (K,) bool: classes that have one
         self.protos_round = 0  # the round whose releases they were made of
+        self._own_scale: float | None = None  # largest |class mean| of its last release
         self._reg_sum, self._reg_batches = 0.0, 0
 
     # ------------------------------------------------------------- the model's parts
@@ -144,6 +146,7 @@ class FedProto(Algorithm):
         if rel is None:
             return None
         rows, weights = rel
+        self._own_scale = float((rows.abs() / weights.abs().clamp(min=1.0)[:, None]).max())
         return Payload(kind="prototypes", tensors={
             "rows": rows.float().cpu().numpy(), "weights": weights.float().cpu().numpy()},
             meta={"round": round})
@@ -157,6 +160,12 @@ class FedProto(Algorithm):
             why = check_rows(c.tensors, k, d, nonneg_weights=self.nonneg_weights)
             if why is None and c.meta.get("round", round) != round:
                 why = f"it is of round {c.meta.get('round')!r}"
+            if why is None and self._own_scale is not None:
+                means = np.abs(c.tensors["rows"]) / np.maximum(np.abs(c.tensors["weights"]), 1.0)[:, None]
+                top = float(means.max(initial=0))
+                if top > SCALE_LIMIT * (self._own_scale + 1.0):  # (rows of 3e38 at weight 0)
+                    why = (f"class means up to {top:.3g}, over {SCALE_LIMIT:g} x this peer's own "
+                           f"({self._own_scale:.3g})")
             if why is not None:
                 log.warning("%s: round %d: contribution of %s left out: %s",
                             self.ctx.peer_id, round, peer, why)
@@ -242,6 +251,12 @@ class FedProto(Algorithm):
             return f"protos: {protos.dtype}{list(protos.shape)}, expected finite float32[{k}, {d}]"
         if present.dtype != np.bool_ or present.shape != (k,):
             return f"present: {present.dtype}{list(present.shape)}, expected bool[{k}]"
+        top = float(np.abs(protos).max(initial=0))
+        if self._own_scale is not None and top > SCALE_LIMIT * (self._own_scale + 1.0):
+            # (a member's rows of 3e38 with weight 0 made prototypes of 8e36, finite, and
+            # the next step NaN: an attack review)
+            return (f"protos: values up to {top:.3g}, over {SCALE_LIMIT:g} x this peer's own "
+                    f"({self._own_scale:.3g})")
         of_round = result.meta.get("protos_round")
         if isinstance(of_round, bool) or not isinstance(of_round, int):
             return f"protos_round must be an int, got {of_round!r}"

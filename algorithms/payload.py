@@ -25,6 +25,10 @@ class Payload:
         return sum(int(t.nbytes) for t in self.tensors.values())
 
 
+#: An array whose largest |value| is over this many times this peer's own (+1) is no
+#: model of this cohort's: a sanity bound, not a robust rule (docs/robust.md)
+SCALE_LIMIT = 1e6
+
 #: a logit beyond this is no model's score (its softmax saturated long before): refused
 #: (float32 logits of 3e38 averaged to inf; float64 ones of 1e300 became inf as float32)
 MAX_LOGIT = 1e6

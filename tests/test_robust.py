@@ -410,6 +410,27 @@ def proto_payload(rows: np.ndarray, weights: np.ndarray) -> Payload:
                    {"round": 1})
 
 
+def test_fedproto_leaves_out_class_means_far_beyond_its_own_and_refuses_such_prototypes(caplog):
+    # Rows of 3e38 at weight 0 went into the sum (prototypes of 8e36, finite, and the
+    # next step NaN); at weight 0.5 for a class only that member holds, inf prototypes
+    # every peer refused each round (an attack review).
+    peers = [make("fedproto", f"p{i}") for i in range(3)]
+    for a in peers:
+        a.local_update(1)
+    contributions = {a.ctx.peer_id: a.share(1) for a in peers}
+    rows = np.zeros((C, E), np.float32)
+    rows[0] = 3e38
+    contributions["p9"] = proto_payload(rows, np.zeros(C))
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        result = peers[0].aggregate(1, contributions)
+    assert result.meta["excluded"] == ["p9"] and "class means up to 3e+38" in caplog.text
+    assert peers[1].absorb(1, {"p0": result})["absorbed"] == 1.0
+    forged = Payload("prototypes", {**result.tensors, "protos": np.full((C, E), 8e36, np.float32)},
+                     result.meta)
+    assert peers[2].absorb(1, {"p0": forged}) == {"absorbed": 0.0}
+    assert "protos: values up to 8e+36, over 1e+06 x" in caplog.text
+
+
 def test_fedproto_median_per_class_over_the_holders_local_prototypes(caplog):
     rng = np.random.default_rng(9)
     alg = make("fedproto", "p0", robust="median")
