@@ -9,7 +9,8 @@ preprocessing (a CSV's one-hot columns, the z-score statistics of its private sp
 scaling). Then it evaluates the model ``hfl-export`` would write (``--which``) on the
 peer's test, global test and validation splits, prints each accuracy beside the one
 the run recorded for that round, and exits 0 when they are equal, 1 when one is not
-(named), 2 for a request that cannot be met (as hfl-export's).
+(named) or the run recorded none to compare with, 2 for a request that cannot be met
+(as hfl-export's).
 
 ``--save-splits FILE.npz`` writes the splits as arrays (``test_x``, ``test_y``,
 ``global_test_x``, ...; inputs preprocessed exactly as the model saw them). In
@@ -147,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     if differ:
         print(f"hfl-eval: {', '.join(differ)}: not the recorded accuracy (a config or data file "
               "changed since the run?)", file=sys.stderr)
+        return 1
+    if all(then is None or math.isnan(then) for _, then in result.values()):
+        # (exit 0 said "every split gives the recorded accuracy" with none checked)
+        print(f"hfl-eval: the run recorded no accuracy for round {meta['round']} (its metrics "
+              "line is missing): nothing was checked", file=sys.stderr)
         return 1
     return 0
 

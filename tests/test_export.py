@@ -333,6 +333,21 @@ def test_hfl_eval_says_which_split_moved_when_the_data_changed(launched, tmp_pat
     assert "DIFFERENT" in captured.out and "not the recorded accuracy" in captured.err
 
 
+def test_hfl_eval_with_no_recorded_accuracy_to_compare_is_not_a_pass(launched, tmp_path, capsys):
+    # The metrics line of the checkpoint's round gone: every split "the run recorded
+    # none", and exit 0, which says every split gave the recorded accuracy (a review).
+    run = copy_run(launched, tmp_path)
+    metrics = run / "p0" / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()
+                               if f'"round": {ROUNDS},' not in line))
+    from hfl.launch.evaluate import main as hfl_eval
+
+    assert hfl_eval([str(run), "--peer", "p0"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.count("the run recorded none") == 3
+    assert "nothing was checked" in captured.err
+
+
 def test_hfl_eval_of_one_hfl_peer_run_asks_for_its_config(solo, tmp_path, capsys):
     import yaml
 
