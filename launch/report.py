@@ -138,6 +138,14 @@ def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
         row[key] = mean_std(values) if seeds else values[0]
     if seeds:
         row["seeds"] = len(runs)
+    from hfl.launch.rundir import read_record
+
+    # how far it got and whether it ended (a running, failed or interrupted run read as
+    # a finished one, and runs of 5 and 8 rounds were compared without a word: a review)
+    row["last_round"] = max((max((r["round"] for r in read_metrics(d)), default=0)
+                             for run in runs for _, d in peer_dirs(run)), default=0)
+    states = {(read_record(run) or {}).get("state") for run in runs} - {None, "finished"}
+    row["state"] = ", ".join(sorted(states)) or None
     return row
 
 
@@ -167,11 +175,13 @@ def render(rows: list[dict[str, Any]]) -> str:
 def unlike_runs(rows: list[dict[str, Any]]) -> str | None:
     """What differs between the compared runs besides the method (data, split, cohort
     size), so that a table of unlike runs says so; None when they compare like for like."""
-    differ = [what for what in ("data", "peers") if len({str(r.get(what)) for r in rows}) > 1]
+    differ = [what for what in ("data", "peers", "last_round")
+              if len({str(r.get(what)) for r in rows}) > 1]
     if not differ:
         return None
     each = "; ".join(r["run"] + ": " + ", ".join(str(r.get(w)) for w in differ) for r in rows)
-    return (f"these runs differ in {' and '.join(differ)} ({each}): their accuracies are not "
+    names = [{"last_round": "rounds"}.get(w, w) for w in differ]
+    return (f"these runs differ in {' and '.join(names)} ({each}): their accuracies are not "
             "a like-for-like comparison of the methods")
 
 
@@ -213,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     unlike = unlike_runs(rows)
     if unlike:
         print(f"note: {unlike}")
+    for r in rows:
+        if r.get("state"):
+            print(f"note: {r['run']} is not a finished run ({r['state']}, launch.json): its "
+                  f"numbers are as far as it got (round {r['last_round']})")
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
     if not args.no_plot:

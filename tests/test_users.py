@@ -702,6 +702,16 @@ def test_hfl_report_compares_runs_in_one_table_and_one_plot_per_metric(tmp_path,
     assert (tmp_path / "cmp_global_acc.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "cmp.md").read_text().startswith("| run")
     assert main([str(tmp_path / "nowhere")]) == 2
+    # Runs of 2 and 3 rounds, one of them interrupted: compared without a word before.
+    from hfl.launch.rundir import write_record
+
+    with (tmp_path / "solo" / "p0" / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"round": 3, "time": 30.0, "round_time_s": 1.0, "test_acc": 0.6}) + "\n")
+    write_record(tmp_path / "fedavg", {"name": "x"}, [], "interrupted")
+    assert main([str(tmp_path / "fedavg"), str(tmp_path / "solo"), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "these runs differ in data and peers and rounds (fedavg: digits, iid over 8, 2, 2;" in out
+    assert "note: fedavg is not a finished run (interrupted, launch.json)" in out
 
 
 def test_peers_that_partition_differently_refuse_each_other_and_end_short(tmp_path):
