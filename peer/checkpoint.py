@@ -208,6 +208,10 @@ def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
     elif data.startswith(_LEGACY_MAGIC):
         log.warning("%s: checkpoint written before checksums: loading it unverified", path)
         body = data
+    elif data.startswith(b"HFL-CHECKPOINT "):  # (it read "no HFL-CHECKPOINT header")
+        version = data[15:data.find(b" ", 15)].decode("ascii", "replace")[:20]
+        raise _refuse(path, f"a checkpoint of format {version!r}, which this hfl (format 1) "
+                            "cannot read: resume it with the hfl that wrote it")
     else:
         raise _refuse(path, f"not a checkpoint ({len(data)} bytes, no HFL-CHECKPOINT header)")
     try:

@@ -188,6 +188,15 @@ def test_a_checksummed_checkpoint_with_fields_of_the_wrong_kind_is_refused_in_on
         load_checkpoint(run_dir)
 
 
+def test_a_checkpoint_of_another_format_says_so(tmp_path):
+    run_dir = tmp_path / "p0"
+    run(config_from_dict(cfg_dict(run_dir, rounds=1)))
+    data = (run_dir / CHECKPOINT_NAME).read_bytes()
+    (run_dir / CHECKPOINT_NAME).write_bytes(data.replace(MAGIC, b"HFL-CHECKPOINT 2 sha256=", 1))
+    with pytest.raises(RunFileError, match="a checkpoint of format '2', which this hfl"):
+        load_checkpoint(run_dir)
+
+
 def test_a_checkpoint_from_before_checksums_still_loads_with_a_warning(tmp_path, caplog):
     state = {"round": 2, "incarnation": 0, "algorithm": {"w": torch.ones(3)},
              "torch_rng": torch.get_rng_state(), "members": []}
