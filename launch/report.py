@@ -54,9 +54,14 @@ SEED_AVERAGED = ("rounds", *DOMAIN_KEYS, "test_acc", "global_acc", "best_mean", 
 
 
 def peer_dirs(run_dir: Path) -> list[tuple[str, Path]]:
+    """The run's peers (their folders): every peer hfl-launch wrote a config for, once
+    any has metrics (a peer that died before its first round had none, and the report
+    left it out of its peer count without a word: a review), else those with metrics."""
     if (run_dir / "metrics.jsonl").exists():
         return [(run_dir.name, run_dir)]
-    return [(d.name, d) for d in sorted(run_dir.iterdir()) if (d / "metrics.jsonl").exists()]
+    have = {d.name for d in run_dir.iterdir() if (d / "metrics.jsonl").exists()}
+    launched = {p.stem for p in (run_dir / "peers").glob("*.yaml")} if have else set()
+    return [(pid, run_dir / pid) for pid in sorted(have | launched)]
 
 
 def _from_peers(run_dir: Path, peers: list[tuple[str, Path]], key: str, from_config) -> str:
@@ -146,6 +151,7 @@ def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
                              for run in runs for _, d in peer_dirs(run)), default=0)
     states = {(read_record(run) or {}).get("state") for run in runs} - {None, "finished"}
     row["state"] = ", ".join(sorted(states)) or None
+    row["over"] = min(len(r.get("over", ())) for r in per_run)  # peers the means are over
     return row
 
 
@@ -224,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     if unlike:
         print(f"note: {unlike}")
     for r in rows:
+        if r.get("over", r["peers"]) < r["peers"]:
+            print(f"note: {r['run']}: its means are over {r['over']} of its {r['peers']} peers "
+                  "(the others stopped before its last round; hfl-launch's table names them)")
         if r.get("state"):
             print(f"note: {r['run']} is not a finished run ({r['state']}, launch.json): its "
                   f"numbers are as far as it got (round {r['last_round']})")

@@ -712,6 +712,14 @@ def test_hfl_report_compares_runs_in_one_table_and_one_plot_per_metric(tmp_path,
     out = capsys.readouterr().out
     assert "these runs differ in data and peers and rounds (fedavg: digits, iid over 8, 2, 2;" in out
     assert "note: fedavg is not a finished run (interrupted, launch.json)" in out
+    # A peer that died before its first round has no metrics: the report counted 2 peers
+    # of 3 without a word. The launcher's configs name every peer.
+    (tmp_path / "fedavg" / "peers").mkdir()
+    for pid in ("p0", "p1", "p2"):
+        (tmp_path / "fedavg" / "peers" / f"{pid}.yaml").write_text("{}\n")
+    assert main([str(tmp_path / "fedavg"), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "note: fedavg: its means are over 2 of its 3 peers" in out
 
 
 def test_peers_that_partition_differently_refuse_each_other_and_end_short(tmp_path):
