@@ -124,7 +124,8 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
     arch = summary.get("arch", arch)  # the model the peer built (a random_mlp: its widths)
     by_round = {r["round"]: r for r in records}  # a restarted peer may repeat a round
     last = records[-1] if records else {}
-    global_accs = [r["global_acc"] for r in records if "global_acc" in r]
+    global_accs = [r["global_acc"] for r in records if isinstance(r.get("global_acc"), (int, float))
+                   and not math.isnan(r["global_acc"])]  # (max() after a NaN returned NaN)
     seen = max((int(r.get("live_peers", 1)) for r in records), default=None)
     short = bool(summary.get("cohort_shortfall"))
     diverged = next((r["round"] for r in records if isinstance(r.get("train_loss"), float)
