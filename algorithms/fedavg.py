@@ -48,7 +48,7 @@ from torch import nn
 from hfl.algorithms import layerwise, robust
 from hfl.algorithms.base import Algorithm, Payload, arrays_to_module, module_to_arrays
 from hfl.algorithms.packing import pack_if_many, unpack_if_packed
-from hfl.algorithms.payload import SCALE_LIMIT
+from hfl.algorithms.payload import beyond_scale, top_abs
 from hfl.algorithms.registry import register
 
 log = logging.getLogger("hfl.algorithms")
@@ -95,7 +95,7 @@ def weighted_mean(contributions: dict[str, Payload], weighted: bool) -> dict[str
 
 def mismatch(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> str | None:
     """Why ``arrays`` cannot stand in for ``reference`` (names, shapes, dtypes, finite
-    values of this peer's order, :data:`SCALE_LIMIT`), or None if it can."""
+    values of this peer's order: payload.beyond_scale), or None if it can."""
     if set(arrays) != set(reference):
         missing, extra = sorted(set(reference) - set(arrays)), sorted(set(arrays) - set(reference))
         return f"arrays differ: missing {missing}, unexpected {extra}"
@@ -106,15 +106,12 @@ def mismatch(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]) ->
         # (dtype.kind: np.issubdtype per tensor per contribution was 6 % of a 1,000-peer
         # cohort's CPU in one process)
         if got.dtype.kind == "f" and got.size:
-            top = float(np.abs(got).max())  # (NaN and inf too, in the one pass)
+            top = top_abs(got)  # (NaN and inf too, in the one pass)
             if not math.isfinite(top):
                 return f"{name}: non-finite values"
-            own = float(np.abs(ref).max()) if ref.size else 0.0
-            if top > SCALE_LIMIT * (own + 1.0):
-                # (one member's weights of 3e38, finite float32, made an equal-weight mean
-                # every peer absorbed, and NaN at the next step: an attack review)
-                return (f"{name}: values up to {top:.3g}, over {SCALE_LIMIT:g} x this peer's "
-                        f"own ({own:.3g})")
+            why = beyond_scale(name, top, top_abs(ref))
+            if why is not None:
+                return why
     return None
 
 
@@ -165,7 +162,8 @@ class FedAvg(Algorithm):
             arrays, why = unpack_if_packed(c.tensors, c.meta)
             c = Payload(kind=c.kind, tensors=arrays, meta=c.meta)
             if why is None:
-                why = layerwise.unfit(c.tensors) if by_layer else mismatch(c.tensors, reference)
+                why = (layerwise.unfit(c.tensors, top_abs(reference)) if by_layer
+                       else mismatch(c.tensors, reference))
             if why is None and (isinstance(n, bool) or not isinstance(n, (int, float))
                                 or not math.isfinite(n) or n <= 0):
                 why = f"num_samples must be a number > 0, got {n!r}"
@@ -234,7 +232,7 @@ class FedAvg(Algorithm):
         found = len(own)
         if why is None and self.aggregation() != "model":
             arrays, found = layerwise.select(arrays, own, self.aggregation() == "same_arch")
-            why = layerwise.unfit(arrays) or (None if found else "no array fits this model")
+            why = layerwise.unfit(arrays, top_abs(own)) or (None if found else "no array fits this model")
         elif why is None:
             why = mismatch(arrays, own)
         if why is None and result.meta.get("round", round) != round:

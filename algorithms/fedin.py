@@ -57,6 +57,7 @@ from torch import nn
 from hfl.algorithms.base import Payload
 from hfl.algorithms.fedavg import AGGREGATION_HELP
 from hfl.algorithms.fedprox import FedProx
+from hfl.algorithms.payload import beyond_scale, top_abs
 from hfl.algorithms.projection import flat_grads, flatten, project, write_grads
 from hfl.algorithms.registry import register
 from hfl.algorithms.robust import UpdateRobustOptions
@@ -240,12 +241,12 @@ class FedIN(FedProx):
                 return f"{name}: shape {list(a.shape)}, expected [B, {', '.join(map(str, shape))}]"
             if not np.isfinite(a).all():
                 return f"{name}: non-finite values"
-            top, own = float(np.abs(a).max(initial=0)), self._own_scale.get(name)
-            if own is not None and top > FEATURE_SCALE_LIMIT * (own + 1.0):
-                # (rows of 1e19, finite float32, made the next step's in_loss and the
-                # model NaN, under robust rules too: an attack review)
-                return (f"{name}: values up to {top:.3g}, over {FEATURE_SCALE_LIMIT:g} x this "
-                        f"peer's own ({own:.3g})")
+            # (rows of 1e19, finite float32, made the next step's in_loss and the model
+            # NaN, under robust rules too: an attack review)
+            why = beyond_scale(name, top_abs(a), self._own_scale.get(name),
+                               FEATURE_SCALE_LIMIT)
+            if why is not None:
+                return why
         if not 1 <= len(s_in) <= self.cfg.feature_batch or len(s_in) != len(s_out):
             return (f"{len(s_in)} s_in rows and {len(s_out)} s_out rows; expected the same "
                     f"number, 1..{self.cfg.feature_batch}")

@@ -41,7 +41,7 @@ from torch import nn
 
 from hfl.algorithms import prototypes as P
 from hfl.algorithms.base import Algorithm, Payload
-from hfl.algorithms.payload import SCALE_LIMIT
+from hfl.algorithms.payload import beyond_scale, top_abs
 from hfl.algorithms.registry import register
 from hfl.algorithms.robust import WeightedRobustOptions, combine, is_plain, rule_options
 from hfl.algorithms.training import batches
@@ -160,12 +160,9 @@ class FedProto(Algorithm):
             why = check_rows(c.tensors, k, d, nonneg_weights=self.nonneg_weights)
             if why is None and c.meta.get("round", round) != round:
                 why = f"it is of round {c.meta.get('round')!r}"
-            if why is None and self._own_scale is not None:
+            if why is None:  # (rows of 3e38 at weight 0)
                 means = np.abs(c.tensors["rows"]) / np.maximum(np.abs(c.tensors["weights"]), 1.0)[:, None]
-                top = float(means.max(initial=0))
-                if top > SCALE_LIMIT * (self._own_scale + 1.0):  # (rows of 3e38 at weight 0)
-                    why = (f"class means up to {top:.3g}, over {SCALE_LIMIT:g} x this peer's own "
-                           f"({self._own_scale:.3g})")
+                why = beyond_scale("class means", top_abs(means), self._own_scale)
             if why is not None:
                 log.warning("%s: round %d: contribution of %s left out: %s",
                             self.ctx.peer_id, round, peer, why)
@@ -251,12 +248,11 @@ class FedProto(Algorithm):
             return f"protos: {protos.dtype}{list(protos.shape)}, expected finite float32[{k}, {d}]"
         if present.dtype != np.bool_ or present.shape != (k,):
             return f"present: {present.dtype}{list(present.shape)}, expected bool[{k}]"
-        top = float(np.abs(protos).max(initial=0))
-        if self._own_scale is not None and top > SCALE_LIMIT * (self._own_scale + 1.0):
-            # (a member's rows of 3e38 with weight 0 made prototypes of 8e36, finite, and
-            # the next step NaN: an attack review)
-            return (f"protos: values up to {top:.3g}, over {SCALE_LIMIT:g} x this peer's own "
-                    f"({self._own_scale:.3g})")
+        # (a member's rows of 3e38 with weight 0 made prototypes of 8e36, finite, and the
+        # next step NaN: an attack review)
+        why = beyond_scale("protos", top_abs(protos), self._own_scale)
+        if why is not None:
+            return why
         of_round = result.meta.get("protos_round")
         if isinstance(of_round, bool) or not isinstance(of_round, int):
             return f"protos_round must be an int, got {of_round!r}"

@@ -20,10 +20,13 @@ back as the peer's own (it was averaged over one holder).
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import defaultdict
 
 import numpy as np
+
+from hfl.algorithms.payload import beyond_scale, top_abs
 
 GroupKey = tuple[str, tuple[int, ...], str]  # (name, shape, dtype)
 
@@ -37,16 +40,23 @@ def arch_signature(arrays: dict[str, np.ndarray]) -> str:
     return f"{crc:08x}"
 
 
-def unfit(arrays: dict[str, np.ndarray]) -> str | None:
+def unfit(arrays: dict[str, np.ndarray], own_top: float | None = None) -> str | None:
     """Why ``arrays`` cannot take part in a layer-wise mean (nothing to average, an
-    array that is not numeric, non-finite values), or None if they can."""
+    array that is not numeric, non-finite values, values far beyond this peer's own
+    largest ``own_top``: payload.beyond_scale, over its whole model, as its layers
+    need not match), or None if they can."""
     if not arrays:
         return "no arrays"
     for name, a in arrays.items():
         if not isinstance(a, np.ndarray) or a.dtype.kind not in "fiub":
             return f"{name}: not a numeric array"
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
-            return f"{name}: non-finite values"
+        if a.dtype.kind == "f":
+            top = top_abs(a)
+            if not math.isfinite(top):
+                return f"{name}: non-finite values"
+            why = beyond_scale(name, top, own_top)
+            if why is not None:
+                return why
     return None
 
 

@@ -29,6 +29,25 @@ class Payload:
 #: model of this cohort's: a sanity bound, not a robust rule (docs/robust.md)
 SCALE_LIMIT = 1e6
 
+def top_abs(arrays: Any) -> float:
+    """The largest |value| of a float array, or of a dict of arrays' float ones (0: none)."""
+    if isinstance(arrays, dict):
+        return max((top_abs(a) for a in arrays.values()), default=0.0)
+    if not isinstance(arrays, np.ndarray) or arrays.dtype.kind != "f" or not arrays.size:
+        return 0.0
+    return float(np.abs(arrays).max())
+
+
+def beyond_scale(what: str, top: float, own: float | None, limit: float = SCALE_LIMIT) -> str | None:
+    """Why values up to ``top`` are no model's of this cohort: over ``limit`` times this
+    peer's own largest ``own`` (+1); None when they fit or ``own`` is unknown. A sanity
+    bound (docs/robust.md): one member's weights of 3e38 were finite, went into an
+    equal-weight mean, and every peer trained to NaN at the next step."""
+    if own is None or top <= limit * (own + 1.0):
+        return None
+    return f"{what}: values up to {top:.3g}, over {limit:g} x this peer's own ({own:.3g})"
+
+
 #: a logit beyond this is no model's score (its softmax saturated long before): refused
 #: (float32 logits of 3e38 averaged to inf; float64 ones of 1e300 became inf as float32)
 MAX_LOGIT = 1e6

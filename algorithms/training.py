@@ -19,6 +19,10 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> to
     )
 
 
+class OptimizerChanged(ValueError):
+    """A checkpoint's optimizer state is of another kind than the config builds."""
+
+
 def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, what: str = "optimizer") -> None:
     """A checkpoint's optimizer state (momentum buffers, Adam's moments and step counts)
     under the settings the optimizer was built with now. ``load_state_dict`` alone also
@@ -28,10 +32,13 @@ def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, what: str = "o
     whose state cannot go on (sgd -> adam raised in the next step)."""
     now = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     saved = [{k: v for k, v in g.items() if k != "params"} for g in state.get("param_groups", [])]
-    if len(saved) != len(now) or any(
-            set(a) != set(b) or a.get("amsgrad") != b.get("amsgrad")
-            for a, b in zip(saved, now, strict=False)):
-        raise ValueError(f"{what}: the checkpoint's optimizer is of another kind than "
+
+    def kind(group: dict) -> tuple:  # (what tells the optimizers apart; a torch version
+        # may add a setting, which its load_state_dict takes: the key sets may differ)
+        return ("betas" in group, "momentum" in group, bool(group.get("amsgrad")))
+
+    if len(saved) != len(now) or any(kind(a) != kind(b) for a, b in zip(saved, now, strict=False)):
+        raise OptimizerChanged(f"{what}: the checkpoint's optimizer is of another kind than "
                          f"train.optimizer builds ({type(optimizer).__name__}); it cannot change "
                          "on resume")
     optimizer.load_state_dict(state)

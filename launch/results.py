@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ class JsonlTail:
     def read(self) -> list[dict[str, Any]]:
         try:
             with self.path.open("rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offset:
+                    self.offset = 0  # replaced by a shorter file (rows set aside): from its start
                 f.seek(self.offset)
                 chunk = f.read()
         except OSError:

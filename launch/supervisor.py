@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hfl.launch.experiment import ExperimentConfig, FaultSpec, PeerPlan
-from hfl.launch.results import JsonlTail, RoundProgress, read_jsonl
+from hfl.launch.results import JsonlTail, RoundProgress
 from hfl.launch.rundir import rotate_log
 
 POLL_S = 0.1
@@ -44,16 +44,22 @@ class PeerProc:
     starts: int = 0
     killed_on_purpose: bool = False
     exit_codes: list[int] = field(default_factory=list)
-    rounds_before: int = 0  # the last round of earlier launches (a resumed run)
+    launched_at: float = field(default_factory=time.time)  # this launch's start (wall clock)
 
     def __post_init__(self) -> None:
         self.metrics = JsonlTail(self.metrics_path)
-        self.rounds_before = max((r["round"] for r in read_jsonl(self.metrics_path)
-                                  if isinstance(r.get("round"), int)), default=0)
         try:  # status events from now on: those of earlier launches were shown then
             self.events = JsonlTail(self.events_path, self.events_path.stat().st_size)
         except OSError:
             self.events = JsonlTail(self.events_path)
+
+    @property
+    def went_on(self) -> bool:
+        """Whether it finished a round in this launch (a resumed run's file holds the
+        rounds of earlier launches, which read as going: a peer that failed at once on a
+        damaged checkpoint left the others waiting out their join timeout)."""
+        t = self.rounds.last.get("time")
+        return isinstance(t, (int, float)) and t >= self.launched_at
 
     @property
     def running(self) -> bool:
@@ -354,7 +360,7 @@ class Supervisor:
                 # Failures are reported even with progress off, on stderr.
                 self._say(f"hfl-launch: {pid} exited with status {code}; last lines of {log_path}:\n"
                           f"{_tail(log_path, 15)}")
-                if pp.rounds.last_round <= pp.rounds_before:
+                if not pp.went_on:
                     # It never got going (bad data path, bad architecture, a share
                     # that does not fit a message, a damaged checkpoint on resume: it
                     # read as going, by the rounds of an earlier launch): the others

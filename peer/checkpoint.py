@@ -356,9 +356,8 @@ def trim_metrics(path: str | Path, last_round: int) -> int:
 def set_aside_metrics(peer_id: str, path: str | Path, incarnation: int) -> Path | None:
     """Before a start with no checkpoint to resume: a row of round 1 alone (killed between
     its line and its checkpoint) is dropped, as :func:`trim_metrics` drops it. Rows of
-    later rounds are an earlier life's whose checkpoint is gone (moved aside as damaged,
-    or never written: ``node.checkpoint: false``): they were deleted without a word, or
-    listed again under the new rounds. The file moves to ``<name>.before-<incarnation>``,
+    later rounds are an earlier life's whose checkpoint is gone (moved aside as damaged):
+    they were deleted without a word. The file moves to ``<name>.before-<incarnation>``,
     named in a warning; returns that path (None: nothing set aside)."""
     path = Path(path)
     last = max((r.get("round", 0) for r in read_jsonl(path)
@@ -404,6 +403,8 @@ def run_dir_lock(run_dir: str | Path):
             raise RunFileError(path, "another peer process runs in this run directory (a "
                                      "second start of the same peer?): stop it first, or "
                                      "give this one another node.run_dir") from None
+        except OSError as exc:  # a file system without flock (Lustre, some NFS): no lock
+            log.debug("%s: no lock (%s)", path, exc)
         yield
     finally:
         os.close(fd)

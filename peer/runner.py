@@ -369,8 +369,12 @@ async def run_peer(
     run_dir = Path(cfg.run_dir)
     make_run_dir(run_dir)
     started = time.time()
-    with run_dir_lock(run_dir):  # one peer process per run directory
-        if hub is None and transport is None:
+    # One peer process per run directory (a process of its own: in one process, with a
+    # hub or the simulator's transport, the launcher gives each peer its folder, and a
+    # lock file held open per peer cost a thousand peers a thousand descriptors)
+    own_process = hub is None and transport is None
+    with run_dir_lock(run_dir) if own_process else contextlib.nullcontext():
+        if own_process:
             check_listen(cfg.node.listen)  # a port in use: one clear line, before the slow start-up
             handler = attach(run_dir)  # warnings/errors also to events.jsonl, which hfl-launch follows
             try:
@@ -390,6 +394,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     import torch
 
     from hfl.algorithms.registry import get_algorithm
+    from hfl.algorithms.training import OptimizerChanged
     from hfl.peer.factory import build_algorithm, model_spec
 
     identity = cfg.identity()  # keys before anything slow: a bad key file fails at once
@@ -433,11 +438,12 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         if dropped:
             log.info("%s: dropped %d metrics line(s) past the checkpoint's round %d (that round "
                      "runs again)", cfg.node.id, dropped, resumed_after)
-    elif cfg.node.resume:
+    elif cfg.node.resume and cfg.node.checkpoint:
         # No checkpoint: killed (or the disk filled) between round 1's metrics line and
-        # its checkpoint, or checkpoints off. Round 1 runs again: its row must not repeat.
-        # Rows of later rounds are an earlier life's whose checkpoint is gone (moved
-        # aside as damaged): kept in a file of their own, never deleted.
+        # its checkpoint. Round 1 runs again: its row must not repeat. Rows of later
+        # rounds are an earlier life's whose checkpoint is gone (moved aside as
+        # damaged): kept in a file of their own, never deleted. (Without checkpoints a
+        # restarted peer catches up to its cohort, and its earlier rows stay.)
         set_aside_metrics(cfg.node.id, metrics_path, incarnation)
 
     # With an elected aggregator a peer records each round it enters; restarted from its
@@ -477,7 +483,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         except RuntimeError as exc:  # a checkpoint older than its model description
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
             raise _model_changed(cfg, run_dir, (lines[1:] or lines or ["?"])[0][:200]) from None
-        except ValueError as exc:  # (training.load_optimizer: another kind of optimizer)
+        except OptimizerChanged as exc:
             raise ConfigError("train.optimizer", f"{exc}: node.resume: false (hfl-launch "
                               "--fresh) starts over, or use another node.run_dir") from None
         torch.set_rng_state(state["torch_rng"])

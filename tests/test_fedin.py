@@ -296,6 +296,19 @@ def test_hostile_contributions_and_features_are_left_out_with_a_reason(digits, c
     assert agg.aggregate(1, bad_weights) is None
 
 
+@pytest.mark.parametrize("aggregation", ["layerwise", "same_arch"])
+def test_weights_far_beyond_this_peers_own_scale_are_left_out_layer_wise_too(digits, aggregation, caplog):
+    # The 1e6 bound held for aggregation: model only; layer-wise (FedIN's default) and
+    # same_arch took weights of 3e38 into the mean and the model went NaN (a review).
+    agg = make("fedavg", digits, "p0", aggregation=aggregation)
+    good = make("fedavg", digits, "p1", part=1, aggregation=aggregation).share(1)
+    bad_arrays = {k: (v * np.float32(1e30) if v.dtype.kind == "f" else v) for k, v in arrays(good).items()}
+    bad = Payload(good.kind, bad_arrays, {k: v for k, v in good.meta.items() if k != "pack"})
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        result = agg.aggregate(1, {"p0": agg.share(1), "p1": good, "p2": bad})
+    assert result.meta["excluded"] == ["p2"] and "over 1e+06 x this peer's own" in caplog.text
+
+
 def test_a_feature_batch_far_beyond_this_peers_own_scale_is_left_out(digits, caplog):
     # Rows of 1e19 are finite float32: they passed, were picked into S, and the next
     # step's in_loss and the model were NaN, under robust: median too (an attack review).

@@ -423,7 +423,7 @@ def test_fedproto_leaves_out_class_means_far_beyond_its_own_and_refuses_such_pro
     contributions["p9"] = proto_payload(rows, np.zeros(C))
     with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
         result = peers[0].aggregate(1, contributions)
-    assert result.meta["excluded"] == ["p9"] and "class means up to 3e+38" in caplog.text
+    assert result.meta["excluded"] == ["p9"] and "class means: values up to 3e+38" in caplog.text
     assert peers[1].absorb(1, {"p0": result})["absorbed"] == 1.0
     forged = Payload("prototypes", {**result.tensors, "protos": np.full((C, E), 8e36, np.float32)},
                      result.meta)
@@ -499,6 +499,22 @@ def test_fedmd_and_feddf_consensus_logits_take_the_rule():
                              payloads["p4"].meta)
     result = make("feddf", "p0", public_batch=8, public_batches=1).aggregate(1, payloads)
     assert result.meta["excluded"] == ["p4"] and np.isfinite(result.tensors["teacher"]).all()
+    # Its weights of 3e38 went into the group mean, and every peer refused the whole
+    # result each round (a review); left out by the scale bound now.
+    honest_p4 = peers[4].share(1)
+    huge = {k: (v * np.float32(1e30) if k.startswith("w/") and v.dtype.kind == "f" else v)
+            for k, v in honest_p4.tensors.items()}
+    payloads["p4"] = Payload(honest_p4.kind, huge, honest_p4.meta)
+    result = make("feddf", "p0", public_batch=8, public_batches=1).aggregate(1, payloads)
+    assert result.meta["excluded"] == ["p4"]
+    assert peers[1].absorb(1, {"p0": result})["absorbed"] == 1.0
+    # A result whose groups are no list, or whose idx are floats equal in value, is refused
+    # (a TypeError, and an IndexError after the group weights were loaded, before).
+    before = {k: v.clone() for k, v in peers[2].model.state_dict().items()}
+    for meta, tensors in (({**result.meta, "groups": {"g": 1}}, result.tensors),
+                          (result.meta, {**result.tensors, "idx": result.tensors["idx"].astype(np.float64)})):
+        assert peers[2].absorb(1, {"p0": Payload(result.kind, tensors, meta)}) == {"absorbed": 0.0}
+    assert all(torch.equal(v, before[k]) for k, v in peers[2].model.state_dict().items())
 
 
 # ------------------------------------------------------------------ teachers: mdhfl and fedh2l
