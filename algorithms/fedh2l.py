@@ -120,8 +120,8 @@ def mimicry_loss(
 
 def teacher_problem(idx: Any, probs: Any, acc: Any, seeds: int, num_classes: int,
                     verified: bool) -> str | None:
-    """Why a teacher's posteriors cannot be learned from, or None: ``idx`` distinct
-    integer indices into its ``seeds`` public samples, at least one; ``probs`` a row of
+    """Why a teacher's posteriors cannot be learned from, or None: ``idx`` integer
+    indices into its ``seeds`` public samples, at least one; ``probs`` a row of
     probabilities for each; ``acc`` (unless ``verified``: then measured here) in [0, 1].
     A float index, integer probabilities or an accuracy of "abc" raised in absorb; NaN
     probabilities or accuracy made the model NaN (an attack review)."""

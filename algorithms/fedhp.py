@@ -442,6 +442,7 @@ class FedHP(FedProto):
         rel = self.release(round)
         codes = None
         if rel is not None:
+            self.note_own_scale(*rel)  # (the decrypted prototypes are bounded by it too)
             values = torch.cat([rel[0].reshape(-1), rel[1]]).double().cpu().numpy()
             try:
                 codes = self.scheme.packer.quantize(values)

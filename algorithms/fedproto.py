@@ -146,10 +146,15 @@ class FedProto(Algorithm):
         if rel is None:
             return None
         rows, weights = rel
-        self._own_scale = float((rows.abs() / weights.abs().clamp(min=1.0)[:, None]).max())
+        self.note_own_scale(rows, weights)
         return Payload(kind="prototypes", tensors={
             "rows": rows.float().cpu().numpy(), "weights": weights.float().cpu().numpy()},
             meta={"round": round})
+
+    def note_own_scale(self, rows: torch.Tensor, weights: torch.Tensor) -> None:
+        """Keep the largest |class mean| of this peer's own release: what members' class
+        means and the global prototypes are bounded by (payload.beyond_scale)."""
+        self._own_scale = float((rows.abs() / weights.abs().clamp(min=1.0)[:, None]).max())
 
     def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
         k, d = self.ctx.num_classes, self.proto_dim

@@ -131,6 +131,7 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
                    and not math.isnan(r["global_acc"])]  # (max() after a NaN returned NaN)
     seen = max((int(r.get("live_peers", 1)) for r in records), default=None)
     short = bool(summary.get("cohort_shortfall"))
+    timed = _timed(records)
     diverged = next((r["round"] for r in records if isinstance(r.get("train_loss"), float)
                      and not math.isfinite(r["train_loss"])), None)
     return {
@@ -142,10 +143,9 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
         "test_acc": last.get("test_acc", math.nan),
         "global_acc": last.get("global_acc", math.nan),
         "best_global_acc": max(global_accs, default=math.nan),
-        "wall_s": running_time_s(_timed(records)),
-        "mean_round_s": (sum(r["round_time_s"] for r in _timed(records))
-                         / sum(int(r.get("span", 1)) for r in _timed(records)))
-        if _timed(records) else math.nan,
+        "wall_s": running_time_s(timed),
+        "mean_round_s": (sum(r["round_time_s"] for r in timed)
+                         / sum(int(r.get("span", 1)) for r in timed)) if timed else math.nan,
         "sent_mb": life_bytes(records, "sent") / 1e6,
         "recv_mb": life_bytes(records, "received") / 1e6,
         "restarts": max((r.get("incarnation", 0) for r in records), default=0),
