@@ -130,7 +130,7 @@ class FedDF(Algorithm):
         tensors, meta = pack_if_many(tensors, {"num_samples": len(self.ctx.train)})  # <= 64 frames
         return Payload(kind="model+logits", tensors=tensors, meta=meta)
 
-    def _problem(self, c: Payload, idx: np.ndarray) -> str | None:
+    def _problem(self, c: Payload, idx: np.ndarray, own_top: float | None = None) -> str | None:
         got_idx, logits = c.tensors.get("idx"), c.tensors.get("logits")
         if got_idx is None or logits is None:
             return "idx or logits missing"
@@ -151,7 +151,7 @@ class FedDF(Algorithm):
             return f"{bad[0]}: non-finite values"
         # (weights of 3e38 went into the group mean, and every peer refused the round's
         # whole result, every round: a review)
-        own = top_abs(module_to_arrays(self.model))
+        own = own_top if own_top is not None else top_abs(module_to_arrays(self.model))
         why = next((w for k, v in weights.items() if (w := beyond_scale(k, top_abs(v), own))), None)
         if why is not None:
             return why
@@ -164,10 +164,11 @@ class FedDF(Algorithm):
     def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
         idx = self.round_indices(round)
         good = {}
+        own_top = top_abs(module_to_arrays(self.model))  # (once: what weights are bounded by)
         for peer, c in sorted(contributions.items()):
             arrays, why = unpack_if_packed(c.tensors, c.meta)
             c = Payload(kind=c.kind, tensors=arrays, meta=c.meta)
-            why = why or self._problem(c, idx)
+            why = why or self._problem(c, idx, own_top)
             if why is None:
                 good[peer] = c
             else:
@@ -240,7 +241,8 @@ class FedDF(Algorithm):
             # weights were loaded: a review)
             why = "teacher on other public samples than this round's"
         if why is None and (teacher is None or teacher.shape != (len(expected), self.ctx.num_classes)
-                            or teacher.dtype.kind != "f" or not np.isfinite(teacher).all()):
+                            or teacher.dtype.kind != "f" or not np.isfinite(teacher).all()
+                            or top_abs(teacher) > MAX_LOGIT):  # (3e38 at t < 1: a NaN loss)
             why = "teacher logits missing, ill-shaped or non-finite"
         return arrays, why
 

@@ -303,6 +303,8 @@ class FedProto(Algorithm):
         if self.protos is not None:
             state.update(protos=self.protos.cpu(), present=self.present.cpu(),
                          protos_round=self.protos_round)
+        if self._own_scale is not None:  # (a resumed peer that releases no more keeps its bound)
+            state["own_scale"] = self._own_scale
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -311,3 +313,5 @@ class FedProto(Algorithm):
             self.protos = state["protos"].to(self.ctx.device)
             self.present = state["present"].to(self.ctx.device)
             self.protos_round = int(state["protos_round"])
+        if isinstance(state.get("own_scale"), float):
+            self._own_scale = state["own_scale"]

@@ -6,6 +6,7 @@ round procedures, the protocol-level simulator) imports no deep-learning stack.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +44,8 @@ def beyond_scale(what: str, top: float, own: float | None, limit: float = SCALE_
     peer's own largest ``own`` (+1); None when they fit or ``own`` is unknown. A sanity
     bound (docs/robust.md): one member's weights of 3e38 were finite, went into an
     equal-weight mean, and every peer trained to NaN at the next step."""
-    if own is None or top <= limit * (own + 1.0):
-        return None
+    if own is None or not math.isfinite(own) or top <= limit * (own + 1.0):
+        return None  # (a peer whose own model is NaN must still take a healthy result)
     return f"{what}: values up to {top:.3g}, over {limit:g} x this peer's own ({own:.3g})"
 
 

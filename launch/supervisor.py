@@ -360,6 +360,7 @@ class Supervisor:
                 # Failures are reported even with progress off, on stderr.
                 self._say(f"hfl-launch: {pid} exited with status {code}; last lines of {log_path}:\n"
                           f"{_tail(log_path, 15)}")
+                self._read_metrics(pp)  # (a row written just before it exited counts)
                 if not pp.went_on:
                     # It never got going (bad data path, bad architecture, a share
                     # that does not fit a message, a damaged checkpoint on resume: it

@@ -174,6 +174,9 @@ def test_weights_far_beyond_this_peers_own_scale_are_left_out_of_the_mean():
         {"w": np.full(3, 3e38, np.float32)}, own)
     assert mismatch({"w": np.full(3, 2e5, np.float32)}, own) is None
     assert mismatch({"w": np.array([1, np.nan, 1], np.float32)}, own) == "w: non-finite values"
+    # A peer whose own model went NaN must still take a healthy result: an unknown scale
+    # (NaN) bounds nothing (it refused every result, and as aggregator every member).
+    assert mismatch({"w": np.full(3, 0.5, np.float32)}, {"w": np.full(3, np.nan, np.float32)}) is None
 
 
 def test_counts_near_the_float_limit_cannot_zero_the_mean():
@@ -428,6 +431,9 @@ def test_fedproto_leaves_out_class_means_far_beyond_its_own_and_refuses_such_pro
     forged = Payload("prototypes", {**result.tensors, "protos": np.full((C, E), 8e36, np.float32)},
                      result.meta)
     assert peers[2].absorb(1, {"p0": forged}) == {"absorbed": 0.0}
+    restored = make("fedproto", "p2")
+    restored.load_state_dict(peers[2].state_dict())  # the bound survives a restart
+    assert restored._own_scale == peers[2]._own_scale is not None
     assert "protos: values up to 8e+36, over 1e+06 x" in caplog.text
 
 
@@ -515,6 +521,9 @@ def test_fedmd_and_feddf_consensus_logits_take_the_rule():
                           (result.meta, {**result.tensors, "idx": result.tensors["idx"].astype(np.float64)})):
         assert peers[2].absorb(1, {"p0": Payload(result.kind, tensors, meta)}) == {"absorbed": 0.0}
     assert all(torch.equal(v, before[k]) for k, v in peers[2].model.state_dict().items())
+    # An aggregator's teacher of 3e38: with a temperature below 1 a NaN loss (a review).
+    hot = {**result.tensors, "teacher": np.full_like(result.tensors["teacher"], 3e38)}
+    assert peers[2].absorb(1, {"p0": Payload(result.kind, hot, result.meta)}) == {"absorbed": 0.0}
 
 
 # ------------------------------------------------------------------ teachers: mdhfl and fedh2l
