@@ -93,7 +93,8 @@ def weighted_mean(contributions: dict[str, Payload], weighted: bool) -> dict[str
     return out
 
 
-def mismatch(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> str | None:
+def mismatch(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray],
+             tops: dict[str, float] | None = None) -> str | None:
     """Why ``arrays`` cannot stand in for ``reference`` (names, shapes, dtypes, finite
     values of this peer's order: payload.beyond_scale), or None if it can."""
     if set(arrays) != set(reference):
@@ -109,7 +110,7 @@ def mismatch(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]) ->
             top = top_abs(got)  # (NaN and inf too, in the one pass)
             if not math.isfinite(top):
                 return f"{name}: non-finite values"
-            why = beyond_scale(name, top, top_abs(ref))
+            why = beyond_scale(name, top, tops[name] if tops is not None else top_abs(ref))
             if why is not None:
                 return why
     return None
@@ -155,6 +156,8 @@ class FedAvg(Algorithm):
 
     def aggregate(self, round: int, contributions: dict[str, Payload]) -> Payload | None:
         reference = module_to_arrays(self.shared())  # our own shapes, not a peer's
+        tops = {name: top_abs(a) for name, a in reference.items()}  # (once, not per member)
+        own_top = max(tops.values(), default=0.0)
         by_layer = self.aggregation() != "model"
         good, excluded = {}, []
         for peer, c in sorted(contributions.items()):
@@ -162,8 +165,8 @@ class FedAvg(Algorithm):
             arrays, why = unpack_if_packed(c.tensors, c.meta)
             c = Payload(kind=c.kind, tensors=arrays, meta=c.meta)
             if why is None:
-                why = (layerwise.unfit(c.tensors, top_abs(reference)) if by_layer
-                       else mismatch(c.tensors, reference))
+                why = (layerwise.unfit(c.tensors, own_top) if by_layer
+                       else mismatch(c.tensors, reference, tops))
             if why is None and (isinstance(n, bool) or not isinstance(n, (int, float))
                                 or not math.isfinite(n) or n <= 0):
                 why = f"num_samples must be a number > 0, got {n!r}"

@@ -192,8 +192,7 @@ class FedIN(FedProx):
         train = self.ctx.train
         idx = torch.randperm(len(train), generator=self._feat_gen)[: self.cfg.feature_batch]
         s_in, s_out = self.features_of(train.x[idx.sort().values.numpy()])
-        self._own_scale = {S_IN: float(np.abs(s_in).max(initial=0)),
-                           S_OUT: float(np.abs(s_out).max(initial=0))}
+        self._own_scale = {S_IN: top_abs(s_in), S_OUT: top_abs(s_out)}
         self._store_add([(self.ctx.peer_id, round, i) for i in range(len(s_in))], s_in, s_out)
         return Payload(kind=payload.kind, tensors={**payload.tensors, S_IN: s_in, S_OUT: s_out},
                        meta=payload.meta)

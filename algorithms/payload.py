@@ -30,6 +30,7 @@ class Payload:
 #: model of this cohort's: a sanity bound, not a robust rule (docs/robust.md)
 SCALE_LIMIT = 1e6
 
+
 def top_abs(arrays: Any) -> float:
     """The largest |value| of a float array, or of a dict of arrays' float ones (0: none)."""
     if isinstance(arrays, dict):

@@ -39,8 +39,8 @@ def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, what: str = "o
 
     if len(saved) != len(now) or any(kind(a) != kind(b) for a, b in zip(saved, now, strict=False)):
         raise OptimizerChanged(f"{what}: the checkpoint's optimizer is of another kind than "
-                         f"train.optimizer builds ({type(optimizer).__name__}); it cannot change "
-                         "on resume")
+                               f"train.optimizer builds ({type(optimizer).__name__}); it cannot "
+                               "change on resume")
     optimizer.load_state_dict(state)
     for group, settings in zip(optimizer.param_groups, now, strict=True):
         group.update(settings)

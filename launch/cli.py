@@ -115,11 +115,10 @@ def interrupted_at_start(args: argparse.Namespace) -> int:
 def launch_seeds(args: argparse.Namespace) -> int:
     """``--seeds``: one launch per seed under ``<run dir>/seed<S>``, then the seeds' table."""
     import json
-    import math
 
     from hfl.launch.experiment import load_experiment
     from hfl.launch.report import peer_dirs
-    from hfl.launch.results import cohort_row, render_seeds_table, seed_dir, seeds_summary
+    from hfl.launch.results import cohort_row, no_nan, render_seeds_table, seed_dir, seeds_summary
     from hfl.peer.configtools import ConfigError
 
     base_sets = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir is not None else [])
@@ -155,13 +154,11 @@ def launch_seeds(args: argparse.Namespace) -> int:
     table = render_seeds_table(per_seed)
     summary = seeds_summary(per_seed)
     (base / "results.md").write_text(table + "\n")
-    clean = lambda v: None if isinstance(v, float) and math.isnan(v) else v  # noqa: E731  (JSON has no NaN)
-    (base / "results.json").write_text(json.dumps({
+    (base / "results.json").write_text(json.dumps(no_nan({  # (strict JSON: NaN as null)
         "experiment": exp.name, "seeds": args.seeds, "ok": worst == 0,
-        "per_seed": {str(k): {c: clean(v) for c, v in row.items()} for k, row in per_seed.items()},
-        "mean": {k: clean(v) for k, v in summary["mean"].items()},
-        "std": {k: clean(v) for k, v in summary["std"].items()},
-    }, indent=2, default=str))
+        "per_seed": {str(k): row for k, row in per_seed.items()},
+        "mean": summary["mean"], "std": summary["std"],
+    }), indent=2, default=str, allow_nan=False))
     try:
         from hfl.launch.plots import plot_seeds
         from hfl.launch.results import read_metrics
