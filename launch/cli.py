@@ -118,7 +118,8 @@ def launch_seeds(args: argparse.Namespace) -> int:
 
     from hfl.launch.experiment import load_experiment
     from hfl.launch.report import peer_dirs
-    from hfl.launch.results import cohort_row, no_nan, render_seeds_table, seed_dir, seeds_summary
+    from hfl.launch.results import (cohort_row, no_nan, render_seeds_table, seed_dir,
+                                    seeds_counted, seeds_summary)
     from hfl.peer.configtools import ConfigError
 
     base_sets = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir is not None else [])
@@ -157,14 +158,14 @@ def launch_seeds(args: argparse.Namespace) -> int:
     (base / "results.json").write_text(json.dumps(no_nan({  # (strict JSON: NaN as null)
         "experiment": exp.name, "seeds": args.seeds, "ok": worst == 0,
         "per_seed": {str(k): row for k, row in per_seed.items()},
-        "mean": summary["mean"], "std": summary["std"],
+        "mean": summary["mean"], "std": summary["std"], "mean_over": seeds_counted(per_seed),
     }), indent=2, default=str, allow_nan=False))
     try:
         from hfl.launch.plots import plot_seeds
         from hfl.launch.results import read_metrics
 
         plot_seeds(base, {s: {pid: read_metrics(d) for pid, d in peer_dirs(seed_dir(base, s))}
-                          for s in per_seed})
+                          for s in seeds_counted(per_seed)})  # (the table's mean's seeds)
     except Exception as exc:  # a plot must never cost the results
         _out(f"hfl-launch: no seeds plot ({type(exc).__name__}: {exc})", err=True)
     _out(f"\n{exp.name} over {len(per_seed)} seed(s): the peers' mean per seed, then mean ± std "

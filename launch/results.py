@@ -345,11 +345,19 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return m, sd
 
 
+def seeds_counted(per_seed: dict[int, dict[str, Any]]) -> list[int]:
+    """The seeds a mean over seeds is taken over: those whose launch did not fail (a
+    failed seed's row, its peers stopped short, was averaged in like a good one)."""
+    return sorted(s for s, row in per_seed.items() if not row.get("failed"))
+
+
 def seeds_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """``{"mean": {...}, "std": {...}}`` over seeds of every SEED_COLUMNS value."""
+    """``{"mean": {...}, "std": {...}}`` of every SEED_COLUMNS value over the seeds
+    whose launch did not fail (:func:`seeds_counted`)."""
     out: dict[str, dict[str, float]] = {"mean": {}, "std": {}}
+    counted = seeds_counted(per_seed)
     for key, _ in SEED_COLUMNS:
-        m, sd = mean_std([row.get(key, math.nan) for row in per_seed.values()])
+        m, sd = mean_std([per_seed[s].get(key, math.nan) for s in counted])
         out["mean"][key], out["std"][key] = m, sd
     return out
 
@@ -357,19 +365,23 @@ def seeds_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, dict[str, fl
 def render_seeds_table(per_seed: dict[int, dict[str, Any]]) -> str:
     """One row per seed (the peers' means) and a ``mean ± std`` row; only the columns
     some seed reports."""
-    summary = seeds_summary(per_seed)
-    cols = [(k, t) for k, t in SEED_COLUMNS if not math.isnan(summary["mean"][k])]
+    summary, counted = seeds_summary(per_seed), seeds_counted(per_seed)
+    cols = [(k, t) for k, t in SEED_COLUMNS
+            if any(isinstance(v := row.get(k), (int, float)) and not math.isnan(v)
+                   for row in per_seed.values())]
     spec = {"rounds": "{:.1f}", "wall_s": "{:.1f}", "sent_mb": "{:.2f}"}
     header = ["seed", *(t for _, t in cols)]
     body = [[str(seed), *(_fmt(row.get(k, math.nan), spec.get(k, "{:.4f}")) for k, _ in cols)]
             for seed, row in sorted(per_seed.items())]
-    body.append([f"mean ± std ({len(per_seed)})", *(
+    over = (f"{len(counted)}" if len(counted) == len(per_seed)
+            else f"{len(counted)} of {len(per_seed)} seeds")
+    body.append([f"mean ± std ({over})", *(
         f"{_fmt(summary['mean'][k], spec.get(k, '{:.4f}'))} ± {_fmt(summary['std'][k], spec.get(k, '{:.4f}'))}"
         for k, _ in cols)])
     # What a seed's row hides (a review of the results: a failed seed and its short peers
     # were averaged in like a good one, and 4.75 rounds printed as 5)
-    notes = [f"seed {seed}: {row['failed']}" for seed, row in sorted(per_seed.items())
-             if row.get("failed")]
+    notes = [f"seed {seed}: {row['failed']}; left out of the mean" for seed, row
+             in sorted(per_seed.items()) if row.get("failed")]
     notes += [f"seed {seed}: the mean of {len(row['over'])} of its {row['peers']} peers (the "
               "others stopped before its last round)" for seed, row in sorted(per_seed.items())
               if isinstance(row.get("over"), list) and len(row["over"]) < row.get("peers", 0)]

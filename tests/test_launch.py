@@ -162,6 +162,25 @@ def test_results_rows_and_mean_from_metrics_files(tmp_path):
     assert best_mean([tmp_path / p for p in ("p0", "p1", "p2")]) == pytest.approx(0.9)
 
 
+def test_a_failed_seed_is_named_and_left_out_of_the_mean_over_seeds():
+    # A seed whose launch failed (its peers stopped short) was averaged in like a good
+    # one, named only in a note under the mean it had moved.
+    from hfl.launch.results import render_seeds_table, seeds_counted, seeds_summary
+
+    per_seed = {0: {"test_acc": 0.9, "rounds": 5.0}, 1: {"test_acc": 0.1, "rounds": 2.0,
+                "failed": "its launch failed (exit 1; ...)"}, 2: {"test_acc": 0.8, "rounds": 5.0}}
+    assert seeds_counted(per_seed) == [0, 2]
+    summary = seeds_summary(per_seed)
+    assert summary["mean"]["test_acc"] == pytest.approx(0.85)
+    assert summary["std"]["test_acc"] == pytest.approx(math.sqrt(0.005))
+    table = render_seeds_table(per_seed)
+    assert "| mean ± std (2 of 3 seeds) | 0.8500 ± 0.0707 | 5.0 ± 0.0" in table
+    assert [c.strip() for c in table.splitlines()[3].split("|")[1:3]] == ["1", "0.1000"]  # shown
+    assert "seed 1: its launch failed (exit 1; ...); left out of the mean" in table
+    every = render_seeds_table({s: r for s, r in per_seed.items() if s != 1})
+    assert "| mean ± std (2) |" in every  # all counted: the label as before
+
+
 def test_bytes_are_each_lifes_running_total_not_only_what_its_rounds_counted():
     # A round's bytes_received leaves out what arrived between rounds (the next round's
     # early knowledge): four peers that each received the same showed up to 29 % apart.
