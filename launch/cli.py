@@ -186,6 +186,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         RunDirError,
         decide,
         discard,
+        nothing_to_resume,
         ports_in_use,
         refuse_foreign,
         restore,
@@ -237,6 +238,11 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                        gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None,
                        # on SLURM a peer has its task's cores, not a share of this login node's
                        threads=exp.slurm.cpus_per_task if slurm else None)
+        if decision.action == "resume" and (why := nothing_to_resume(run_dir, [
+                (p.id, p.config.node.checkpoint, Path(p.config.node.run_dir)) for p in plans])):
+            if not args.dry_run:
+                raise RunDirError(why)
+            decision = Decision("new", f"a launch would be refused: {why}")
         if args.in_process and exp.faults:
             raise ConfigError("faults", "process faults need a process per peer; drop "
                                         "--in-process or the faults")

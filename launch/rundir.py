@@ -214,6 +214,22 @@ def decide(run_dir: Path, experiment: dict[str, Any], *, fresh: bool, resume: bo
                               "(same ports; --fresh starts over)", ports)
 
 
+def nothing_to_resume(run_dir: Path, peers: Iterable[tuple[str, bool, Path]]) -> str | None:
+    """Why a resume of ``run_dir`` would not go on from where it stopped, or None.
+    ``peers``: (id, node.checkpoint, its run folder). A peer that keeps no checkpoint
+    starts again at round 1, its rows beside the last run's: ``--resume`` of a finished
+    run without checkpoints ran it twice into one metrics.jsonl and showed one table
+    of both (restarts 1, twice the bytes)."""
+    unsaved = [pid for pid, checkpoint, folder in peers
+               if not checkpoint and (folder / "metrics.jsonl").exists()]
+    if not unsaved:
+        return None
+    return (f"cannot resume {run_dir}: node.checkpoint is off for "
+            f"{', '.join(unsaved[:4])}{', ...' if len(unsaved) > 4 else ''}, so there is no "
+            "checkpoint to go on from (they would run again from round 1 beside the last "
+            "run's rows); --fresh starts over, or use another --run-dir")
+
+
 def restore(run_dir: Path, decision: Decision) -> None:
     """A --fresh launch refused before it started: the old run comes back as it was."""
     if decision.aside is not None and decision.aside.exists():

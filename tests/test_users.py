@@ -815,6 +815,31 @@ def small_fedavg_experiment(tmp_path, name: str, peers: int, max_batches: int) -
     return exp, path
 
 
+def test_resume_of_a_run_without_checkpoints_is_refused_and_its_rows_stay_as_they_were(
+        tmp_path, capsys):
+    # --resume of a finished run with node.checkpoint off ran it again from round 1 into
+    # the same metrics.jsonl, and showed one table of both runs (restarts 1, twice the
+    # bytes). There is nothing to go on from: refused, naming the setting and --fresh.
+    from hfl.launch.cli import main
+
+    _, path = small_fedavg_experiment(tmp_path, "nockpt", peers=2, max_batches=1)
+    off = ["--in-process", "--quiet", "--set", "defaults.node.checkpoint=false"]
+    assert main([str(path), *off]) == 0, capsys.readouterr()
+    rows = (tmp_path / "run" / "p0" / "metrics.jsonl").read_bytes()
+    assert len(rows.splitlines()) == 2
+    capsys.readouterr()
+    for flags in (["--resume"], ["--resume", "--set", "defaults.cohort.rounds=3"]):
+        assert main([str(path), *off, *flags]) == 2
+        err = capsys.readouterr().err
+        assert "cannot resume" in err and "node.checkpoint is off for p0, p1" in err, err
+        assert "--fresh starts over" in err
+    assert main([str(path), *off, "--resume", "--dry-run"]) == 0
+    assert "a launch would be refused: cannot resume" in capsys.readouterr().out
+    assert (tmp_path / "run" / "p0" / "metrics.jsonl").read_bytes() == rows
+    assert main([str(path), *off, "--fresh"]) == 0  # starting over is one flag away
+    assert len((tmp_path / "run" / "p0" / "metrics.jsonl").read_bytes().splitlines()) == 2
+
+
 def test_resume_refuses_another_model_and_leaves_the_run_record_as_it_was(tmp_path, capsys):
     # Issue 18: --resume with another architecture rewrote launch.json and the peer
     # configs (nothing left to run), or failed with four raw "size mismatch" tracebacks.
