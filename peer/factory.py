@@ -390,8 +390,8 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
             cfg.model.arch, data.train.input_shape, num_classes, cfg.model.embedding_dim,
             **model_options(cfg),
         )
-    except ValueError as exc:
-        raise ConfigError("model", str(exc)) from exc
+    except ValueError as exc:  # named by the option its message names, where one is
+        raise ConfigError(_option_path(str(exc), cfg.model.options), str(exc)) from exc
     except (RuntimeError, MemoryError) as exc:  # (an allocation the machine cannot make)
         raise ConfigError("model", f"cannot build {cfg.model.arch} for input "
                           f"{tuple(data.train.input_shape)} and {num_classes} classes: "
@@ -426,3 +426,12 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
                           f"{', every peer aggregating' if everywhere else ''}) sends to every "
                           "member each round, which greets them all anyway; allowed: greet")
     return algorithm, num_classes
+
+
+def _option_path(message: str, options: dict) -> str:
+    """``model.options.<name>`` for a model's "<arch> option <name> must ..." about an
+    option the config sets, else ``model`` (an input shape, the classes)."""
+    import re
+
+    found = re.search(r"\boption (\w+) must\b", message)
+    return f"model.options.{found[1]}" if found and found[1] in options else "model"

@@ -322,6 +322,7 @@ def test_a_normal_launch_checks_options_before_starting_any_peer(tmp_path, capsy
     (["peers=1"], "peers: got 1 peer running fedavg, a method that shares with peers"),
     (["devices=0,gpu"], "devices: got '0,gpu'; allowed: auto"),
     (["defaults.cohort.rounds=1:30"], "defaults.cohort.rounds: got '1:30' (str); expected int"),
+    (["defaults.model.options.hidden=abc"], "model.options.hidden: mlp option hidden must be"),
 ])
 def test_a_bad_experiment_value_is_one_line_naming_the_field(tmp_path, capsys, sets, needle):
     from hfl.launch.cli import main
