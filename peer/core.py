@@ -133,6 +133,14 @@ def signing_context(cohort: Any) -> str:
     return f"{cohort.name}#{run}" if run else cohort.name
 
 
+#: What a mismatch of a hello's field usually means, where its name does not say.
+MISMATCH_HINTS = {
+    "num_parameters": " (one model for the whole cohort, of another size here: a model of "
+                      "the same arch differs in size when the input shape, model.options or "
+                      "the number of classes differ; hfl-launch --dry-run names each peer's)",
+}
+
+
 class PeerCore:
     """One peer's protocol state and rules (see the module docstring)."""
 
@@ -788,7 +796,8 @@ class PeerCore:
             reason = f"{field_name} differs" + (f": ours is {clip(repr(ours))}"
                                                 if self.allowed_peers is not None else "")
             return [Dropped(ErrorCode.COHORT_MISMATCH, f"hello from {msg.sender}: {field_name} "
-                            f"differs: theirs {clip(repr(theirs))}, ours {ours!r}"),
+                            f"differs: theirs {clip(repr(theirs))}, ours {ours!r}"
+                            f"{MISMATCH_HINTS.get(field_name, '')}"),
                     Reply(msg.address, Error(**self.envelope(), code=ErrorCode.COHORT_MISMATCH,
                                              reason=reason, ref_type="hello"), msg.sender)]
         mem = self.membership

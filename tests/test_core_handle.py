@@ -71,6 +71,12 @@ def test_a_hello_that_disagrees_is_refused_naming_the_field_and_only_then_our_va
     authenticated = bare(allowed_peers=frozenset({"p0", "p1", "p2", "p9"}))
     out = authenticated.handle("p9", hello(rounds=7), 1.0)
     assert out[1].msg.reason == "rounds differs: ours is 5"
+    # A model of another size: the log says what usually makes it (another input shape);
+    # the reply still names only the field.
+    out = core.handle("p9", hello(shared={"num_parameters": 99}), 1.0)
+    assert "num_parameters differs: theirs 99, ours 100 (one model for the whole cohort" in \
+        out[0].reason and "input shape" in out[0].reason
+    assert out[1].msg.reason == "num_parameters differs"
 
 
 def test_peers_of_two_runs_of_one_cohort_refuse_each_other_and_sign_differently():
