@@ -656,13 +656,48 @@ class RoundProcedures:
         where it raised. A payload that passed the codec and the method's own checks must
         never stop this peer (a member could stop every peer it sends to): the error is
         a drop (``method_error``, logged with the exception) and the round goes on
-        without that call's result, the local model kept (PROTOCOL.md, Validation)."""
+        without that call's result, the local model kept (PROTOCOL.md, Validation).
+        An aggregate that raised is tried on each member's contribution beside this
+        peer's own: the members whose pair raises too are left out by name, and the
+        others aggregated (one member's payload cost every member the round)."""
         try:
             return (yield call)
         except Exception as err:  # noqa: BLE001 -- a drop, named; cancellations pass
-            yield Dropped("method_error", f"round {r}: {what} the members' payloads raised "
-                          f"{type(err).__name__}: {err}; the round goes on without it")
-            return None
+            error = err
+        if isinstance(call, Aggregate):
+            raising = yield from self.raising_members(call)
+            kept = {p: c for p, c in call.contributions.items() if p not in raising}
+            if raising and any(p != self.core.id for p in kept):
+                for peer, err in raising.items():
+                    yield Dropped("method_error", f"round {r}: {what} {peer}'s payload raised "
+                                  f"{type(err).__name__}: {err}; left out")
+                try:
+                    result = yield Aggregate(call.round, kept)
+                except Exception as err:  # noqa: BLE001 -- as the first
+                    error = err
+                else:
+                    if result is None:
+                        return None
+                    excluded = sorted({*result.meta.get("excluded", ()), *raising})
+                    return Payload(kind=result.kind, tensors=result.tensors,
+                                   meta={**result.meta, "excluded": excluded})
+        yield Dropped("method_error", f"round {r}: {what} the members' payloads raised "
+                      f"{type(error).__name__}: {error}; the round goes on without it")
+        return None
+
+    def raising_members(self, call: Aggregate) -> Generator[Instruction, Any, dict]:
+        """The members whose contribution, aggregated beside this peer's own (if any),
+        makes the method raise: {member: the exception}."""
+        own = {p: c for p, c in call.contributions.items() if p == self.core.id}
+        raising = {}
+        for peer, c in call.contributions.items():
+            if peer == self.core.id:
+                continue
+            try:
+                yield Aggregate(call.round, dict(sorted({**own, peer: c}.items())))
+            except Exception as err:  # noqa: BLE001 -- this member's
+                raising[peer] = err
+        return raising
 
     def short_of_quorum(self, r: int, count: int, quorum: int, info: dict,
                         outcome: str) -> Procedure:

@@ -519,3 +519,54 @@ def test_a_method_that_raises_on_the_members_payloads_is_a_drop_and_the_peer_goe
     assert s.done and s.value == {}
     assert [i.code for i in s.seen[mark:] if isinstance(i, Dropped)] == ["method_error"]
     assert not [m for m in s.sent(mark) if m[1] in ("aggregate", "commit")]
+
+
+def test_an_aggregate_that_raises_leaves_out_the_member_whose_payload_makes_it_raise():
+    # One member's payload that made the aggregate raise cost every member the round.
+    # Each member's contribution is tried beside the aggregator's own: the one whose
+    # pair raises is left out by name, and the others are aggregated and published.
+    core, procs, clock, r = serving()
+    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
+    s.until(Wait)
+    contribution(core, "p1", r, 2.0)
+    contribution(core, "p2", r, 3.0)
+    s.answer(True)
+    first = s.until(Aggregate)
+    assert sorted(first.contributions) == ["p0", "p1", "p2"]
+    mark = len(s.seen)
+    boom = ValueError("cannot reshape array of size 3 into shape (2,2)")
+    tried = []
+    s.ins = s._step(s.gen.throw, boom)
+    while isinstance(s.ins, Aggregate) and len(s.ins.contributions) == 2:  # the pairs
+        tried.append(sorted(s.ins.contributions))
+        s.ins = (s._step(s.gen.throw, boom) if "p2" in s.ins.contributions
+                 else s.answer(weights(1.5)))
+    assert tried == [["p0", "p1"], ["p0", "p2"]]
+    again = s.until(Aggregate)
+    assert isinstance(again, Aggregate) and sorted(again.contributions) == ["p0", "p1"]
+    s.answer(weights(1.5))
+    drops = [i for i in s.seen[mark:] if isinstance(i, Dropped)]
+    assert [d.code for d in drops] == ["method_error"]
+    assert "p2's payload raised ValueError" in drops[0].reason and "p1" not in drops[0].reason
+    s.until(Wait)  # published: the result names p2 among the excluded
+    published = [i.msg for i in s.seen[mark:] if isinstance(i, Broadcast)
+                 and i.msg.TYPE == "aggregate"]
+    assert published and published[0].meta["excluded"] == ["p2"]
+    assert list(published[0].contributors) == ["p0", "p1"]
+    # Every pair raising (this peer's own payload, or the method): the round's drop as
+    # before, nobody named.
+    core, procs, clock, r = serving()
+    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
+    s.until(Wait)
+    contribution(core, "p1", r, 2.0)
+    s.answer(True)
+    s.until(Aggregate)
+    mark = len(s.seen)
+    s.ins = s._step(s.gen.throw, boom)
+    assert sorted(s.ins.contributions) == ["p0", "p1"]
+    s.ins = s._step(s.gen.throw, boom)
+    s.until()
+    assert s.done and s.value == {}
+    drops = [i for i in s.seen[mark:] if isinstance(i, Dropped)]
+    assert [d.code for d in drops] == ["method_error"]
+    assert "the members' payloads raised" in drops[0].reason
