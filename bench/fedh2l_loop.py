@@ -1,6 +1,7 @@
 """FedH2L's protocol as one plain loop in one process, beside the same run through hfl.
 
     python bench/fedh2l_loop.py [--rounds 10000] [--seeds 0 1 2] [--set KEY=VALUE ...] [--loop-only]
+                                [--threads 1] [--two-loops] [--profile]
 
 The experiment (``examples/rotated_mnist.yaml`` by default, ``--experiment``) is
 expanded into its peers' configs exactly as ``hfl-launch`` does, and each peer's
@@ -153,6 +154,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads of the loop (default: every core)")
     ap.add_argument("--loop-only", action="store_true")
+    ap.add_argument("--two-loops", action="store_true",
+                    help="also run two loops at once, each in a process of its own (1 torch "
+                         "thread each): what the method's CPU costs when two processes share "
+                         "the machine, with no runtime at all (a floor for the 4 processes)")
     ap.add_argument("--profile", action="store_true",
                     help="profile each peer's event loop thread (hfl-peer --profile) and split "
                          "the runtime's CPU per peer-round by kind of cost")
@@ -174,11 +179,26 @@ def main() -> None:
                           f"fedh2l_loop_s{seed}", profile=args.profile)
             if fed is None:
                 sys.exit(f"hfl-launch failed for seed {seed}: see {OUT_DIR / 'logs'}")
-        rows.append({"seed": seed, "loop": loop, "hfl": fed})
+        two = two_loops(sets) if args.two_loops else None
+        rows.append({"seed": seed, "loop": loop, "hfl": fed, "two_loops": two})
         _print_row(rows[-1])
     write_json(out_path("fedh2l_loop", args.out),
                {"experiment": str(args.experiment), "sets": args.sets, "threads": args.threads,
                 "rows": rows})
+
+
+def two_loops(sets: list[str]) -> list[dict]:
+    """Two loops at once, each a process of this script (``--loop-only --threads 1``)."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [Path(tmp) / f"loop{i}.json" for i in range(2)]
+        procs = [subprocess.Popen([sys.executable, __file__, "--loop-only", "--threads", "1",
+                                   "--out", str(out), *[a for s in sets for a in ("--set", s)]],
+                                  stdout=subprocess.DEVNULL) for out in outs]
+        if any(p.wait() != 0 for p in procs):
+            sys.exit("a loop of --two-loops failed")
+        return [json.loads(out.read_text())["rows"][0]["loop"] for out in outs]
 
 
 def _print_row(row: dict) -> None:
@@ -186,6 +206,11 @@ def _print_row(row: dict) -> None:
     print(f"  loop ({loop['rounds']} rounds): rounds {loop['rounds_s']:.1f} s, "
           f"command {loop['total_s']:.1f} s, ACC/BWT/FWT "
           + "/".join(f"{loop[k]:.4f}" for k in SELECTED))
+    if row.get("two_loops"):
+        cpu = [1e3 * x["cpu_per_peer_round_s"] for x in row["two_loops"]]
+        print(f"  two loops at once (1 thread each): CPU per peer-round {cpu[0]:.2f} and "
+              f"{cpu[1]:.2f} ms, {statistics.fmean(cpu) / 1e3 / row['loop']['cpu_per_peer_round_s']:.2f}x "
+              "the loop alone")
     if fed is not None:
         print(f"  hfl  ({fed['rounds']} rounds): rounds {fed['rounds_s']:.1f} s, "
               f"command {fed['total_s']:.1f} s, ACC/BWT/FWT "
