@@ -59,7 +59,6 @@ Deviation: with a secure sum the global prototypes lag one more round
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,9 +130,16 @@ class FedHPConfig(WeightedRobustOptions):
         if self.dp_sgd and self.noise_multiplier == 0:
             raise ValueError("dp_sgd needs noise_multiplier > 0: without noise the prototype "
                              "releases themselves are not private")
-        if self.noise_split > self.min_contributors:
-            raise ValueError(f"noise_split ({self.noise_split}) must be <= min_contributors "
-                             f"({self.min_contributors}): a sum of fewer would carry too little noise")
+        if self.secure_sum == "paillier" and self.noise_split > self.min_contributors - 1:
+            # The peer that decrypts a sum (the next round's aggregator) knows its own
+            # release in it: what it learns of the others is a sum of min_contributors - 1
+            # releases, which must carry the full noise (an attack review: noise_split =
+            # min_contributors = 3 left it 2/3 of the variance, epsilon 39.8 reported 30.1).
+            raise ValueError(f"noise_split ({self.noise_split}) must be <= min_contributors - 1 "
+                             f"({self.min_contributors - 1}) under paillier: the peer that "
+                             "decrypts a sum subtracts its own release, and the others' must "
+                             "still carry the full noise (min_contributors 1 would decrypt a "
+                             "single peer's release)")
         if self.epsilon_max is not None and self.noise_multiplier == 0:
             raise ValueError("epsilon_max needs noise_multiplier > 0 (without noise epsilon is infinite)")
         if self.secure_sum == "paillier" and not self.key_dir:
@@ -214,10 +220,14 @@ class _Plain:
     def product(self, parts: list[np.ndarray]) -> np.ndarray:
         return np.sum(np.stack(parts), axis=0, dtype=np.int64)
 
-    def share(self, guard, key, ct: np.ndarray, **policy) -> np.ndarray:
+    def share(self, guard, key, ct: np.ndarray, **policy) -> tuple[np.ndarray, None]:
         guard.check(**policy)
         guard.released[policy["ct_round"]] = policy["ct_digest"]
-        return np.array(ct)
+        return np.array(ct), None
+
+    def share_problem(self, peer: str, party: int, ct: np.ndarray, share: np.ndarray,
+                      proof: Any, round: int, digest: str) -> str | None:
+        return None  # (no key: the "share" is the sum itself)
 
     def combine(self, shares: dict[int, np.ndarray], count: int) -> np.ndarray:
         first = shares[min(shares)]
@@ -274,10 +284,25 @@ class _Paillier:
         cts = [self.decode(p) for p in parts]
         return to_bytes([self.pub.add(col) for col in zip(*cts, strict=True)], self.pub.ct_bytes)
 
-    def share(self, guard, key, ct: np.ndarray, **policy) -> np.ndarray:
+    def share(self, guard, key, ct: np.ndarray, **policy) -> tuple[np.ndarray, np.ndarray]:
+        """(this peer's decryption shares of ``ct``, their proof of correct decryption)."""
         from hfl.algorithms.threshold_he import to_bytes
 
-        return to_bytes(guard.release(key, self.decode(ct), **policy), self.pub.ct_bytes)
+        shares, proof = guard.release(key, self.decode(ct), **policy)
+        return to_bytes(shares, self.pub.ct_bytes), proof
+
+    def share_problem(self, peer: str, party: int, ct: np.ndarray, share: np.ndarray,
+                      proof: Any, round: int, digest: str) -> str | None:
+        """Why ``share`` is not ``peer``'s (key share ``party``) correct decryption share of
+        the round-``round`` product ``ct`` (its proof fails), or None."""
+        from hfl.algorithms.threshold_he import decryption_context, verify_decryption
+
+        try:
+            cts, ys = self.decode(ct), self.decode(share)
+            context = decryption_context(self.pub, round, peer, digest)
+        except (ValueError, TypeError) as exc:
+            return str(exc)
+        return verify_decryption(self.pub, context, party, cts, ys, proof)
 
     def combine(self, shares: dict[int, np.ndarray], count: int) -> np.ndarray:
         per = {i: self.decode(s) for i, s in shares.items()}
@@ -339,6 +364,16 @@ class FedHP(FedProto):
                 if self.key.public.parties[self.key.index - 1] != ctx.peer_id:
                     raise ValueError(f"{path}: the share is party {self.key.index}'s, "
                                      f"not {ctx.peer_id}'s")
+                from hfl.algorithms.threshold_he import MIN_SECURE_BITS
+
+                if self.key.public.threshold < 2:  # (an attack review: the aggregator
+                    raise ValueError(f"{path}: a key of threshold 1 lets any one key holder "
+                                     "decrypt a single peer's ciphertext; deal keys with "
+                                     "--threshold 2 or more")  # opened one release alone)
+                if self.key.public.bits < MIN_SECURE_BITS:
+                    log.warning("%s: %s is a %d-bit key: such a modulus can be factored, which "
+                                "opens every ciphertext (tests and demos only)", ctx.peer_id,
+                                path, self.key.public.bits)
                 self.scheme = _Paillier(self.key, cfg.frac_bits)
             else:
                 self.scheme = _Plain(cfg.frac_bits)
@@ -459,13 +494,16 @@ class FedHP(FedProto):
                 meta["attest"] = self.key.attest(round, digest(tensors["ct"]))
         dshare = self.decryption_share(round)
         if dshare is not None:
-            tensors["dshare"] = dshare
+            tensors["dshare"], proof = dshare
+            if proof is not None:
+                tensors["dshare_proof"] = proof
             p = self.pending
             meta.update(dshare_round=p["round"], dshare_digest=p["digest"], dshare_summands=p["summands"],
                         party=self.key.index if self.key is not None else 1)
         return Payload(kind="secure_sum", tensors=tensors, meta=meta) if tensors else None
 
-    def decryption_share(self, round: int) -> np.ndarray | None:
+    def decryption_share(self, round: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """(this peer's share of the pending product, its proof), or None."""
         from hfl.algorithms.threshold_he import ShareRefused
 
         p = self.pending
@@ -544,7 +582,8 @@ class FedHP(FedProto):
         return Payload(kind="secure_sum", tensors=tensors, meta=meta) if tensors else None
 
     def combine_shares(self, round: int, contributions: dict[str, Payload], meta: dict):
-        groups: dict[tuple[str, int], dict[int, np.ndarray]] = {}
+        groups: dict[tuple[str, int], dict[int, tuple[str, np.ndarray]]] = {}
+        proofs: dict[int, Any] = {}  # party -> its shares' proof of correct decryption
         for peer, c in sorted(contributions.items()):
             if "dshare" not in c.tensors:
                 continue
@@ -568,36 +607,66 @@ class FedHP(FedProto):
                             self.ctx.peer_id, round, peer, why)
                 meta["excluded"].append(peer)
                 continue
-            groups.setdefault((str(m.get("dshare_digest")), summands), {})[party] = c.tensors["dshare"]
+            groups.setdefault((str(m.get("dshare_digest")), summands), {})[party] = (
+                peer, c.tensors["dshare"])
+            proofs[party] = c.tensors.get("dshare_proof")
         if not groups:
             return None
         if len(groups) > 1:  # honest peers are never shown two products of one round
             log.warning("%s: round %d: decryption shares for %d different round-%d products (the "
-                        "round-%d aggregator showed peers different sums): only the largest group "
-                        "is combined; %s", self.ctx.peer_id, round, len(groups), round - 1, round - 1,
+                        "round-%d aggregator showed peers different sums): only the shares of the "
+                        "product this peer holds are combined (of the largest group without "
+                        "keys); %s", self.ctx.peer_id, round, len(groups), round - 1, round - 1,
                         {d[:12]: sorted(g) for (d, _), g in groups.items()})
-        (ct_digest, summands), shares = max(groups.items(), key=lambda kv: len(kv[1]))
+        held = self.pending["digest"] if self.pending is not None else None
+        (ct_digest, summands), shares = max(  # (the product this peer holds, if shares are of it)
+            groups.items(), key=lambda kv: (kv[0][0] == held, len(kv[1])))
         t = self.scheme.threshold
+        if self.key is not None:  # each share's proof of correct decryption, until t verify
+            p = self.pending
+            if p is None or p["round"] != round - 1 or p["digest"] != ct_digest:
+                log.warning("%s: round %d: cannot check the decryption shares of the round-%d sum "
+                            "(%s): this peer holds no product of that digest; not decrypted",
+                            self.ctx.peer_id, round, round - 1, ct_digest[:12])
+                return None
+            summands = p["summands"]  # (what this peer counted, not what a share claims)
+            verified = {}
+            for party, (peer, share) in sorted(shares.items()):
+                why = self.scheme.share_problem(peer, party, p["ct"], share,
+                                                proofs.get(party), round - 1, ct_digest)
+                if why is not None:  # (a shifted share set every peer's prototypes: a review)
+                    log.warning("%s: round %d: decryption share of %s left out: %s",
+                                self.ctx.peer_id, round, peer, why)
+                    meta["excluded"].append(peer)
+                    continue
+                verified[party] = (peer, share)
+                if len(verified) == t:
+                    break
+            shares = verified
         if len(shares) < t:
             log.warning("%s: round %d: %d decryption share(s) of the round-%d sum, %d needed",
                         self.ctx.peer_id, round, len(shares), round - 1, t)
             return None
-        for subset in itertools.islice(itertools.combinations(sorted(shares), t), 20):
-            try:
-                codes = self.scheme.combine({i: shares[i] for i in subset}, self.num_values)
-                values = self.scheme.packer.dequantize(codes, summands)
-            except ValueError as exc:
-                log.warning("%s: round %d: shares %s do not decrypt: %s", self.ctx.peer_id, round,
-                            list(subset), exc)
-                continue
-            k, d = self.ctx.num_classes, self.proto_dim
-            if not np.isfinite(values).all() or np.abs(values).max() > summands * self.scheme.packer.bound:
-                continue
-            r_sum = torch.from_numpy(values[: k * d].reshape(k, d))
-            w_sum = torch.from_numpy(values[k * d:])
-            protos, present = P.global_prototypes(r_sum, w_sum)
-            return protos.float().numpy(), present.numpy()
-        return None
+        chosen = sorted(shares)[:t]
+        try:
+            codes = self.scheme.combine({i: shares[i][1] for i in chosen}, self.num_values)
+            values = self.scheme.packer.dequantize(codes, summands)
+        except ValueError as exc:
+            log.warning("%s: round %d: shares of %s do not decrypt: %s", self.ctx.peer_id, round,
+                        [shares[i][0] for i in chosen], exc)
+            return None
+        k, d = self.ctx.num_classes, self.proto_dim
+        if not np.isfinite(values).all() or np.abs(values).max() > summands * self.scheme.packer.bound:
+            # Verified shares of a product of signed, proven factors: some factor's
+            # plaintext is absurd (a proof of knowledge is no range proof).
+            log.warning("%s: round %d: the round-%d sum decrypts out of range: some contributor "
+                        "released values beyond the fixed-point range (a valid but absurd "
+                        "release); no prototypes this round", self.ctx.peer_id, round, round - 1)
+            return None
+        r_sum = torch.from_numpy(values[: k * d].reshape(k, d))
+        w_sum = torch.from_numpy(values[k * d:])
+        protos, present = P.global_prototypes(r_sum, w_sum)
+        return protos.float().numpy(), present.numpy()
 
     def check_result(self, round, result):
         why = super().check_result(round, result)

@@ -49,9 +49,24 @@ learns only the sum, and decrypts it with a threshold variant of Paillier
   ciphertext of the expected round that is the product of at least ``m_min``
   distinct contributions, and only once per round.
 
-Deviation from Damgård–Jurik: no zero-knowledge proofs of correct
-*decryption shares* (so no safe primes are needed): a wrong share only makes a
-combination fail, and the aggregator tries other subsets (docs/fedhp.md).
+- **Proof of correct decryption** (:meth:`KeyShare.decryption_shares`,
+  :func:`verify_decryption`), as in Shoup (2000) and Damgård–Jurik (2001, Sec. 5):
+  the primes are safe (``p = 2p' + 1``), so the squares of ``Z_{n^2}^*`` form a
+  cyclic group of order ``n p' q'`` with no small subgroup; the dealer publishes
+  a random square ``v`` and every party's verification key ``v_i = v^{s_i}``.
+  A party proves ``log_{c^2}(c_i^2) = log_v(v_i)`` for its shares of all ``k``
+  ciphertexts of one product at once: the ``k`` statements are folded into one
+  with exponents ``rho_j < 2^128`` hashed from all of them (small-exponent batch
+  verification, Bellare, Garay & Rabin, EUROCRYPT 1998; sound here because the
+  group has no element of order below 2^128), then the Chaum–Pedersen proof of
+  equal discrete logarithms over the integers (``z = r + e s_i``, ``r`` 256 bits
+  wider than any share), made non-interactive with Fiat–Shamir. Shares are
+  combined squared, so a component of order 2 (which the proof cannot see)
+  cancels. Without it a member could shift the decrypted sum by a plaintext of
+  its choice, ``c_i (1 + n)^x``, and every peer absorbed it (an attack review);
+  now such a share is refused and its sender named, and any ``t`` verified
+  shares decrypt.
+
 Key generation is by a trusted dealer (:func:`keygen`, ``python -m
 hfl.peer.he_keys``), who also sees the signing keys: a documented trust
 assumption.
@@ -80,12 +95,15 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 KAPPA_BITS = 128  # statistical hiding of the integer Shamir shares
-SCHEME = "threshold-paillier-v3"
+SCHEME = "threshold-paillier-v4"
 SIGN_KEY_BYTES = 32  # an Ed25519 private key, raw
 SIGNATURE_BYTES = 64
 CHALLENGE_BYTES = 16  # Fiat-Shamir challenge e < 2^128, far below either prime of n
 _ATTEST_PREFIX = b"hfl-fedhp-attest-v2|"
 _PROOF_PREFIX = b"hfl-fedhp-popk-v1|"
+_DECRYPTION_PREFIX = b"hfl-fedhp-decryption-v1|"
+#: Keys below this many bits are for tests: a 512-bit modulus is factored in hours.
+MIN_SECURE_BITS = 2048
 
 
 # ---------------------------------------------------------------------- keys
@@ -97,6 +115,8 @@ class PublicKey:
     threshold: int  # t: shares needed to decrypt
     parties: tuple[str, ...]  # party i (1-based) is parties[i - 1]
     verify_keys: tuple[bytes, ...] = ()  # party i's raw Ed25519 public key is verify_keys[i - 1]
+    v: int = 0  # a random square mod n^2: the base of the share verification keys
+    share_keys: tuple[int, ...] = ()  # party i's v^{s_i} mod n^2 is share_keys[i - 1]
 
     @property
     def n2(self) -> int:
@@ -153,8 +173,9 @@ class PublicKey:
 
     def combine(self, shares: dict[int, int]) -> int:
         """The plaintext from ``t`` or more decryption shares ``{party index: c^{s_i}}``
-        of one ciphertext (the first ``t`` by index are used): their combination
-        is ``c^{Delta^2 d}``."""
+        of one ciphertext (the first ``t`` by index are used): the combination of
+        their squares is ``c^{2 Delta^2 d}`` (squared: a share's component of order 2,
+        which the proof of correct decryption cannot see, cancels)."""
         if len(shares) < self.threshold:
             raise ValueError(f"{len(shares)} decryption share(s); {self.threshold} needed")
         chosen = sorted(shares)[: self.threshold]
@@ -169,16 +190,25 @@ class PublicKey:
                     num *= j
                     den *= j - i
             mu = num // den  # exact: Delta makes every Lagrange coefficient an integer
-            acc = acc * gmpy2.powmod(gmpy2.mpz(shares[i]), mu, n2) % n2
+            acc = acc * gmpy2.powmod(gmpy2.mpz(shares[i]), 2 * mu, n2) % n2
         if (acc - 1) % n != 0:
             raise ValueError("decryption shares do not combine (wrong ciphertext or key)")
         l_value = (acc - 1) // n
-        return int(l_value * gmpy2.invert(gmpy2.mpz(delta) ** 2, n) % n)
+        return int(l_value * gmpy2.invert(2 * gmpy2.mpz(delta) ** 2, n) % n)
+
+    @property
+    def share_bits(self) -> int:
+        """An upper bound on the bits of any party's share ``s_i = f(i)`` (public: it
+        sizes the proof's randomness, which must hide ``e s_i``)."""
+        width = 2 * self.bits + int(self.delta).bit_length() + KAPPA_BITS  # keygen's, bounded
+        return width + self.threshold * len(self.parties).bit_length() + 2
 
     def to_json(self) -> dict:
         return {"scheme": SCHEME, "n": hex(self.n), "threshold": self.threshold,
                 "parties": list(self.parties),
-                "verify_keys": {p: k.hex() for p, k in zip(self.parties, self.verify_keys, strict=True)}}
+                "verify_keys": {p: k.hex() for p, k in zip(self.parties, self.verify_keys, strict=True)},
+                "v": hex(self.v),
+                "share_keys": {p: hex(k) for p, k in zip(self.parties, self.share_keys, strict=True)}}
 
 
 def _unit(n: gmpy2.mpz) -> gmpy2.mpz:
@@ -244,6 +274,21 @@ class KeyShare:
     def decryption_share(self, c: int) -> int:
         return int(gmpy2.powmod(gmpy2.mpz(c), gmpy2.mpz(self.secret), gmpy2.mpz(self.public.n2)))
 
+    def decryption_shares(self, ciphertexts: Sequence[int], context: bytes
+                          ) -> tuple[list[int], np.ndarray]:
+        """(this party's share ``c_j^{s_i}`` of each ciphertext, the proof that each is
+        correct, :func:`decryption_proof_size` bytes, bound to ``context``)."""
+        pub = self.public
+        n2, s = gmpy2.mpz(pub.n2), gmpy2.mpz(self.secret)
+        shares = [int(gmpy2.powmod(gmpy2.mpz(c), s, n2)) for c in ciphertexts]
+        base, folded = _folded(pub, context, self.index, ciphertexts, shares)
+        r = gmpy2.mpz(secrets.randbits(pub.share_bits + 8 * CHALLENGE_BYTES + KAPPA_BITS))
+        a, b = gmpy2.powmod(base, r, n2), gmpy2.powmod(gmpy2.mpz(pub.v), r, n2)
+        e = _decryption_challenge(pub, context, self.index, base, folded, a, b)
+        z = r + e * s
+        return shares, np.frombuffer(e.to_bytes(CHALLENGE_BYTES, "big")
+                                     + int(z).to_bytes(_z_bytes(pub), "big"), dtype=np.uint8).copy()
+
     def attest(self, round: int, ct_digest: str) -> str:
         """The hex Ed25519 signature of (key, round, own id, digest): one for all receivers."""
         msg = attestation_message(round, self.party, ct_digest, self.attested_key)
@@ -290,11 +335,13 @@ def load_key_share(path: str | Path) -> KeyShare:
         scheme = data.get("scheme")
     except (AttributeError, ValueError) as exc:
         raise ValueError(f"{path}: not a key share file: {exc}") from exc
-    if scheme in ("threshold-paillier-v1", "threshold-paillier-v2"):
+    if scheme in ("threshold-paillier-v1", "threshold-paillier-v2", "threshold-paillier-v3"):
         raise ValueError(f"{path}: the key file is from an older dealer ({scheme}: "
                          + ("no Delta factor, " if scheme.endswith("v1") else "")
-                         + "no signing keys); rerun `python -m hfl.peer.he_keys` and give "
-                         "every peer its new file")
+                         + ("no signing keys" if not scheme.endswith("v3") else
+                            "no safe primes and no share verification keys, so a wrong "
+                            "decryption share could not be caught")
+                         + "); rerun `python -m hfl.peer.he_keys` and give every peer its new file")
     try:
         if scheme != SCHEME:
             raise ValueError(f"scheme {scheme!r}, expected {SCHEME!r}")
@@ -302,8 +349,10 @@ def load_key_share(path: str | Path) -> KeyShare:
         index, secret = int(data["index"]), int(data["share"], 16)
         threshold, n, raw_keys, sign_key = (int(data["threshold"]), int(data["n"], 16),
                                             data["verify_keys"], data["sign_key"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: not a key share file: {exc}") from exc
+        v = int(data["v"], 16)
+        share_keys = tuple(int(data["share_keys"][p], 16) for p in parties)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a key share file: {exc!r}") from exc
     if not 1 <= index <= len(parties) or not 1 <= threshold <= len(parties):
         raise ValueError(f"{path}: index/threshold out of range")
     try:
@@ -319,25 +368,59 @@ def load_key_share(path: str | Path) -> KeyShare:
     own = Ed25519PrivateKey.from_private_bytes(sign_key).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     if own != verify_keys[index - 1]:
         raise ValueError(f"{path}: sign_key does not match this party's key in verify_keys")
-    return KeyShare(PublicKey(n, threshold, parties, verify_keys), index, secret, sign_key)
+    if len(data["share_keys"]) != len(parties) or not all(0 < k < n * n for k in (v, *share_keys)):
+        raise ValueError(f"{path}: v and share_keys must be one number in (0, n^2) each, one "
+                         "per party")
+    public = PublicKey(n, threshold, parties, verify_keys, v, share_keys)
+    if pow(v, secret, n * n) != share_keys[index - 1]:
+        raise ValueError(f"{path}: share does not match this party's key in share_keys")
+    return KeyShare(public, index, secret, sign_key)
 
 
-def _prime(bits: int) -> gmpy2.mpz:
+def _small_primes(limit: int) -> list[int]:
+    sieve = np.ones(limit, dtype=bool)
+    sieve[:2] = False
+    for i in range(2, math.isqrt(limit) + 1):
+        if sieve[i]:
+            sieve[i * i::i] = False
+    return [int(p) for p in np.nonzero(sieve)[0] if p > 3]
+
+
+_SIEVE = _small_primes(1 << 15)
+
+
+def _prime(bits: int, block: int = 1 << 14) -> gmpy2.mpz:
+    """A random safe prime ``p = 2 q + 1`` (q prime) of exactly ``bits`` bits. The
+    candidates q = q0 + 6k (q = 5 mod 6: neither q nor 2q + 1 a multiple of 2 or 3)
+    are sieved by the primes below 2^15 for both q and 2q + 1 at once, then tested
+    (a 1024-bit one in about 1-3 s, against 5-40 s stepping through next_prime)."""
     while True:
-        cand = gmpy2.mpz(secrets.randbits(bits) | (1 << (bits - 1)) | (1 << (bits - 2)) | 1)
-        p = gmpy2.next_prime(cand)
-        if p.bit_length() == bits:
-            return p
+        q0 = gmpy2.mpz(secrets.randbits(bits - 1) | (1 << (bits - 2)) | (1 << (bits - 3)))
+        q0 += (5 - q0 % 6) % 6
+        ok = np.ones(block, dtype=bool)  # k: q = q0 + 6k survives the sieve
+        for small in _SIEVE:
+            inv6, r = pow(6, -1, small), int(q0 % small)
+            ok[(-r * inv6) % small::small] = False  # small | q
+            ok[((small - 1) // 2 - r) * inv6 % small::small] = False  # small | 2q + 1
+        for k in np.nonzero(ok)[0]:
+            q = q0 + 6 * int(k)
+            p = 2 * q + 1
+            if p.bit_length() != bits:
+                break
+            if gmpy2.is_prime(q, 40) and gmpy2.is_prime(p, 40):
+                return p
 
 
 def keygen(parties: Sequence[str], threshold: int, bits: int = 2048) -> tuple[PublicKey, list[KeyShare]]:
-    """The trusted dealer: a fresh modulus of ``bits`` bits and one share of
-    ``Delta d`` per party, with an Ed25519 signing key for every party."""
+    """The trusted dealer: a fresh modulus of ``bits`` bits (two safe primes) and one
+    share of ``Delta d`` per party, with an Ed25519 signing key and a share
+    verification key ``v^{s_i}`` for every party."""
     parties = tuple(parties)
     if len(set(parties)) != len(parties) or not parties:
         raise ValueError(f"parties must be distinct and non-empty, got {list(parties)}")
-    if not 1 <= threshold <= len(parties):
-        raise ValueError(f"threshold must be in 1..{len(parties)}, got {threshold}")
+    if not 2 <= threshold <= len(parties):
+        raise ValueError(f"threshold must be in 2..{len(parties)}, got {threshold} (with 1, "
+                         "any one key holder decrypts any single ciphertext)")
     if bits < 64 or bits % 2:
         raise ValueError(f"bits must be an even number >= 64, got {bits}")
     while True:
@@ -348,18 +431,23 @@ def keygen(parties: Sequence[str], threshold: int, bits: int = 2048) -> tuple[Pu
             break
     d = lam * gmpy2.invert(lam, n)  # d = 0 mod lambda, d = 1 mod n
     signers = [Ed25519PrivateKey.generate() for _ in parties]
-    public = PublicKey(int(n), threshold, parties, tuple(
-        k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for k in signers))
-    delta = gmpy2.mpz(public.delta)
+    verify_keys = tuple(k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for k in signers)
+    delta = gmpy2.mpz(math.factorial(len(parties)))
     width = int((n * lam).bit_length()) + int(delta.bit_length()) + KAPPA_BITS
     coeffs = [delta * d] + [gmpy2.mpz(secrets.randbits(width)) for _ in range(threshold - 1)]
-    shares = []
-    for i, signer in enumerate(signers, start=1):
+    secrets_ = []
+    for i in range(1, len(parties) + 1):
         s = gmpy2.mpz(0)
         for a in reversed(coeffs):  # Horner: f(i) over the integers
             s = s * i + a
-        raw = signer.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-        shares.append(KeyShare(public, i, int(s), raw))
+        secrets_.append(s)
+    n2 = n * n
+    v = gmpy2.powmod(_unit(n2), 2, n2)  # a random square: generates the squares' group
+    public = PublicKey(int(n), threshold, parties, verify_keys, int(v),
+                       tuple(int(gmpy2.powmod(v, s, n2)) for s in secrets_))
+    shares = [KeyShare(public, i, int(s), signer.private_bytes(Encoding.Raw, PrivateFormat.Raw,
+                                                               NoEncryption()))
+              for i, (s, signer) in enumerate(zip(secrets_, signers, strict=True), start=1)]
     return public, shares
 
 
@@ -465,6 +553,85 @@ def verify_plaintexts(public: PublicKey, context: bytes, ciphertexts: Sequence[i
         commitments.append((1 + z * n) * gmpy2.powmod(w, n, n2) % n2 * c_inv_e % n2)
     if _challenge(public, context, ciphertexts, commitments) != e:
         return "the proof of plaintext knowledge does not verify (not this sender's, round's or ciphertext's)"
+    return None
+
+
+# ---------------------------------------------------------------------- proofs of correct decryption
+
+
+def decryption_context(public: PublicKey, round: int, sender: str, ct_digest: str) -> bytes:
+    """What a proof of correct decryption is bound to: the key, the round of the
+    product, the sender and the product's digest."""
+    if not isinstance(ct_digest, str):
+        raise TypeError("ct_digest must be a str")
+    return (_DECRYPTION_PREFIX + public.fingerprint.encode() + b"|"
+            + _round_and_sender(round, sender) + b"|" + ct_digest.encode("utf-8", "surrogatepass"))
+
+
+def _z_bytes(public: PublicKey) -> int:
+    return (public.share_bits + 2 * 8 * CHALLENGE_BYTES + KAPPA_BITS + 8) // 8
+
+
+def decryption_proof_size(public: PublicKey) -> int:
+    """Bytes of a proof of correct decryption (any number of ciphertexts): e, then z."""
+    return CHALLENGE_BYTES + _z_bytes(public)
+
+
+def _folded(public: PublicKey, context: bytes, index: int, ciphertexts: Sequence[int],
+            shares: Sequence[int]) -> tuple[gmpy2.mpz, gmpy2.mpz]:
+    """(prod c_j^{2 rho_j}, prod y_j^{2 rho_j}) with rho_j < 2^128 hashed from the key,
+    the context, the party and every ciphertext and share: the k statements as one."""
+    n2, width = gmpy2.mpz(public.n2), public.ct_bytes
+    h = hashlib.sha256(b"rho|%d|" % len(context) + context + b"|%d|" % index)
+    h.update(int(public.share_keys[index - 1]).to_bytes(width, "big"))
+    for c, y in zip(ciphertexts, shares, strict=True):
+        h.update(int(c).to_bytes(width, "big"))
+        h.update(int(y).to_bytes(width, "big"))
+    seed = h.digest()
+    base = folded = gmpy2.mpz(1)
+    for j, (c, y) in enumerate(zip(ciphertexts, shares, strict=True)):
+        rho = 2 * int.from_bytes(hashlib.sha256(seed + j.to_bytes(8, "big")).digest()[:16], "big")
+        base = base * gmpy2.powmod(gmpy2.mpz(c), rho, n2) % n2
+        folded = folded * gmpy2.powmod(gmpy2.mpz(y), rho, n2) % n2
+    return base, folded
+
+
+def _decryption_challenge(public: PublicKey, context: bytes, index: int, base, folded, a, b) -> int:
+    h = hashlib.sha256(b"%d|" % len(context) + context + b"|%d|" % index)
+    width = public.ct_bytes
+    for x in (public.v, public.share_keys[index - 1], base, folded, a, b):
+        h.update(int(x).to_bytes(width, "big"))
+    return int.from_bytes(h.digest()[:CHALLENGE_BYTES], "big")
+
+
+def verify_decryption(public: PublicKey, context: bytes, index: object, ciphertexts: Sequence[int],
+                      shares: Sequence[int], proof: object) -> str | None:
+    """None if ``proof`` shows that ``shares`` are party ``index``'s decryption shares
+    ``c_j^{s_i}`` of ``ciphertexts`` (up to a factor of order 2, which combining
+    squares away), under ``context``; else why not. Never raises: all of it may come
+    off the wire."""
+    size = decryption_proof_size(public)
+    if not isinstance(proof, np.ndarray) or proof.dtype != np.uint8 or proof.shape != (size,):
+        return (f"the proof of correct decryption must be uint8 [{size}], got "
+                f"{getattr(proof, 'dtype', type(proof).__name__)}{list(getattr(proof, 'shape', []))}")
+    if not isinstance(index, int) or isinstance(index, bool) or not 1 <= index <= len(public.parties):
+        return f"party {index!r} holds no key share"
+    if len(public.share_keys) != len(public.parties):
+        return "this key has no share verification keys (an older dealer's)"
+    if len(shares) != len(ciphertexts) or not ciphertexts:
+        return f"{len(shares)} share(s) for {len(ciphertexts)} ciphertext(s)"
+    n2 = gmpy2.mpz(public.n2)
+    if not all(0 < int(y) < n2 and gmpy2.gcd(gmpy2.mpz(y), n2) == 1 for y in (*shares, *ciphertexts)):
+        return "a share or ciphertext is out of range or shares a factor with n"
+    raw = proof.tobytes()
+    e = int.from_bytes(raw[:CHALLENGE_BYTES], "big")
+    z = gmpy2.mpz(int.from_bytes(raw[CHALLENGE_BYTES:], "big"))
+    base, folded = _folded(public, context, index, ciphertexts, shares)
+    v, vi = gmpy2.mpz(public.v), gmpy2.mpz(public.share_keys[index - 1])
+    a = gmpy2.powmod(base, z, n2) * gmpy2.powmod(gmpy2.invert(folded, n2), e, n2) % n2
+    b = gmpy2.powmod(v, z, n2) * gmpy2.powmod(gmpy2.invert(vi, n2), e, n2) % n2
+    if _decryption_challenge(public, context, index, base, folded, a, b) != e:
+        return "the proof of correct decryption does not verify (a wrong share, or another product's)"
     return None
 
 
@@ -578,7 +745,11 @@ class ReleaseGuard:
             raise ShareRefused(f"a share for round {ct_round} was already released")
 
     def release(self, key: KeyShare, ciphertexts: Sequence[int], ct_round: int,
-                expected_round: int, contributors: Sequence[str], ct_digest: str) -> list[int]:
+                expected_round: int, contributors: Sequence[str], ct_digest: str
+                ) -> tuple[list[int], np.ndarray]:
+        """This party's decryption shares of ``ciphertexts`` and their proof of
+        correctness (bound to the key, ``ct_round``, the party and ``ct_digest``)."""
         self.check(ct_round, expected_round, contributors, ct_digest)
         self.released[ct_round] = ct_digest
-        return [key.decryption_share(c) for c in ciphertexts]
+        return key.decryption_shares(
+            ciphertexts, decryption_context(key.public, ct_round, key.party, ct_digest))

@@ -118,8 +118,14 @@ def launch_seeds(args: argparse.Namespace) -> int:
 
     from hfl.launch.experiment import load_experiment
     from hfl.launch.report import peer_dirs
-    from hfl.launch.results import (cohort_row, no_nan, render_seeds_table, seed_dir,
-                                    seeds_counted, seeds_summary)
+    from hfl.launch.results import (
+        cohort_row,
+        no_nan,
+        render_seeds_table,
+        seed_dir,
+        seeds_counted,
+        seeds_summary,
+    )
     from hfl.peer.configtools import ConfigError
 
     base_sets = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir is not None else [])

@@ -3,6 +3,8 @@
     python -m hfl.peer.he_keys --parties p0 p1 p2 p3 p4 --threshold 3 --out keys/
     python -m hfl.peer.he_keys --peers 5 --threshold 3 --out keys/      # ids p0..p4
 
+Safe primes, so a 2048-bit key takes a few seconds.
+
 writes ``keys/<id>.json`` (mode 0600: the public modulus, the threshold, the
 party list with every party's Ed25519 verification key, that party's share of
 the decryption exponent and its signing key, which signs its ciphertexts) and
@@ -29,12 +31,20 @@ def main(argv: list[str] | None = None) -> int:
     who.add_argument("--peers", type=int, help="ids p0..p{N-1}, as hfl-launch names them")
     ap.add_argument("--threshold", type=int, required=True, help="shares needed to decrypt (t)")
     ap.add_argument("--bits", type=int, default=2048, help="modulus size (default 2048)")
+    ap.add_argument("--allow-weak-key", action="store_true",
+                    help="allow --bits below 2048 (tests and demos only: such a modulus can "
+                         "be factored, which opens every ciphertext)")
     ap.add_argument("--out", type=Path, required=True, help="directory for the key files")
     args = ap.parse_args(argv)
     parties = args.parties or [f"p{i}" if args.peers <= 10 else f"p{i:0{len(str(args.peers - 1))}d}"
                                for i in range(args.peers)]
-    from hfl.algorithms.threshold_he import keygen
+    from hfl.algorithms.threshold_he import MIN_SECURE_BITS, keygen
 
+    if args.bits < MIN_SECURE_BITS and not args.allow_weak_key:
+        print(f"error: --bits {args.bits}: a modulus under {MIN_SECURE_BITS} bits can be "
+              "factored, which opens every ciphertext; add --allow-weak-key for tests and demos",
+              file=sys.stderr)
+        return 2
     try:
         public, shares = keygen(parties, args.threshold, args.bits)
     except ValueError as exc:

@@ -224,6 +224,14 @@ def test_config_errors_name_the_field():
         build(cls, {"epsilon_max": 3.0}, "algorithm")
     with pytest.raises(ConfigError, match="needs key_dir"):
         build(cls, {"secure_sum": "paillier"}, "algorithm")
+    # The decrypting peer knows its own release in the sum (an attack review): the
+    # others' must carry the full noise, and a sum of one would be one peer's release.
+    paillier = {"secure_sum": "paillier", "key_dir": "k"}
+    for split, least in [(3, 3), (2, 2), (1, 1)]:
+        with pytest.raises(ConfigError, match=r"noise_split \(\d\) must be <= min_contributors - 1"):
+            build(cls, {**paillier, "noise_split": split, "min_contributors": least}, "algorithm")
+    assert build(cls, {**paillier, "noise_split": 3, "min_contributors": 4}, "algorithm").noise_split == 3
+    assert build(cls, paillier, "algorithm").min_contributors == 2  # the defaults hold
 
 
 # ------------------------------------------------------------------ secure sum
@@ -265,14 +273,70 @@ def test_paillier_secure_sum_equals_the_plaintext_one_and_the_clear_sum(key_dir)
     first = secure[1].aggregate(1, {a.ctx.peer_id: a.share(1) for a in secure})
     for a in secure:
         a.absorb(1, {"p1": first})
-    decrypted = secure[2].aggregate(2, {a.ctx.peer_id: Payload("secure_sum", {"dshare": a.decryption_share(2)},
-                                                               {"round": 2, "dshare_round": 1, "party": a.key.index,
-                                                                "dshare_digest": a.pending["digest"],
-                                                                "dshare_summands": 4})
-                                        for a in secure[:3]})
+    decrypted = secure[2].aggregate(2, {a.ctx.peer_id: share_payload(a, 2) for a in secure[:3]})
     assert decrypted.meta["protos_round"] == 1
     np.testing.assert_allclose(decrypted.tensors["protos"], in_clear.tensors["protos"], atol=1e-4)
     assert np.array_equal(decrypted.tensors["present"], in_clear.tensors["present"])
+
+
+def share_payload(a, round: int, tweak=None) -> Payload:
+    """Peer ``a``'s decryption share of its pending product as share() sends it, the
+    share passed through ``tweak`` first (an attacker's edit)."""
+    d, proof = a.decryption_share(round)
+    return Payload("secure_sum", {"dshare": d if tweak is None else tweak(d), "dshare_proof": proof},
+                   {"round": round, "dshare_round": round - 1, "party": a.key.index,
+                    "dshare_digest": a.pending["digest"], "dshare_summands": a.pending["summands"]})
+
+
+def test_a_shifted_decryption_share_is_left_out_by_its_proof_and_the_sum_stays_true(
+        tmp_path, caplog):
+    """An attack review: p1 multiplied its share by (1 + n)^x, which still combines but
+    shifts the decrypted sum by a plaintext of its choosing; every peer absorbed the
+    poisoned prototypes and nobody was named. And with 7 key holders (t = 4) one junk
+    share from p0 stopped every decryption: only the first 20 subsets were tried, and
+    each held p0. Now each share's proof of correct decryption is checked: the bad
+    one is left out and named, and any t verified shares decrypt the true sum."""
+    keys = write_keys(tmp_path, 7, threshold=4)
+    clear = [make("fedhp", f"p{i}", proto_dim=4) for i in range(7)]
+    secure = [make("fedhp", f"p{i}", proto_dim=4, secure_sum="paillier", key_dir=keys)
+              for i in range(7)]
+    in_clear = clear[0].aggregate(1, {a.ctx.peer_id: a.share(1) for a in clear})
+    first = secure[1].aggregate(1, {a.ctx.peer_id: a.share(1) for a in secure})
+    for a in secure:
+        a.absorb(1, {"p1": first})
+    pub = secure[0].key.public
+    n2 = pub.n2
+
+    def shifted(d):
+        y = he.from_bytes(d, pub)
+        return he.to_bytes([y[0] * pow(1 + pub.n, 10**9, n2) % n2, *y[1:]], pub.ct_bytes)
+
+    def junk(d):
+        return he.to_bytes([pub.encrypt(5) for _ in range(len(d))], pub.ct_bytes)
+
+    tweaks = {"p0": junk, "p1": shifted}
+    shares = {a.ctx.peer_id: share_payload(a, 2, tweaks.get(a.ctx.peer_id)) for a in secure}
+    with caplog.at_level(logging.WARNING, logger="hfl"):
+        out = secure[2].aggregate(2, shares)
+    assert sorted(out.meta["excluded"]) == ["p0", "p1"] and out.meta["protos_round"] == 1
+    for p in ("p0", "p1"):
+        assert f"decryption share of {p} left out: the proof of correct decryption" in caplog.text
+    np.testing.assert_allclose(out.tensors["protos"], in_clear.tensors["protos"], atol=1e-4)
+    # A share with no proof, or another peer's proof, is left out the same way.
+    stripped = Payload("secure_sum", {"dshare": shares["p3"].tensors["dshare"]}, shares["p3"].meta)
+    mixed = Payload("secure_sum", {**shares["p4"].tensors,
+                                   "dshare_proof": shares["p5"].tensors["dshare_proof"]},
+                    shares["p4"].meta)
+    meta = {"excluded": []}
+    assert secure[2].combine_shares(2, {"p3": stripped, "p4": mixed}, meta) is None
+    assert meta["excluded"] == ["p3", "p4"]
+    # An aggregator that holds no such product (it missed the round's result) cannot
+    # check the shares: it decrypts nothing that round, and says so.
+    secure[6].pending = None
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hfl"):
+        assert secure[6].combine_shares(2, shares, {"excluded": []}) is None
+    assert "this peer holds no product of that digest; not decrypted" in caplog.text
 
 
 def test_a_decryption_share_of_the_wrong_shape_is_left_out_and_the_others_decrypt(key_dir, caplog):
@@ -284,10 +348,7 @@ def test_a_decryption_share_of_the_wrong_shape_is_left_out_and_the_others_decryp
         a.absorb(1, {"p1": first})
 
     def share(a, pad: bool):
-        d = a.decryption_share(2)
-        return Payload("secure_sum", {"dshare": np.concatenate([d, d[:1]]) if pad else d},
-                       {"round": 2, "dshare_round": 1, "party": a.key.index,
-                        "dshare_digest": a.pending["digest"], "dshare_summands": 4})
+        return share_payload(a, 2, (lambda d: np.concatenate([d, d[:1]])) if pad else None)
 
     with caplog.at_level(logging.WARNING, logger="hfl"):
         out = secure[2].aggregate(2, {a.ctx.peer_id: share(a, a.ctx.peer_id == "p0") for a in secure})
@@ -564,7 +625,11 @@ def test_a_member_whose_proof_is_for_another_round_is_left_out_by_every_peer_and
     assert len({a.pending["digest"] for a in honest}) == 1
     shares = {a.ctx.peer_id: a.share(3) for a in algs}
     with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
-        decrypted = algs[3].aggregate(3, shares)
+        decrypted = algs[4].aggregate(3, shares)
+        # p3 holds another product (with its own factor): it cannot check the shares of
+        # the honest one against it, so as an aggregator it decrypts nothing, and says so
+        assert "protos_round" not in algs[3].aggregate(3, shares).meta
+    assert "p3: round 3: 1 decryption share(s) of the round-2 sum, 3 needed" in caplog.text
     assert decrypted.meta["protos_round"] == 2
     clear = sum(decrypt_directly(key_dir5, payloads[p].tensors["ct"], 1, agg.num_values)
                 for p in ("p0", "p1", "p2", "p4"))
@@ -671,7 +736,8 @@ def test_nearest_prototype_inference_option():
 
 
 def test_checkpoint_round_trip(key_dir, tmp_path):
-    cfg = dict(proto_dim=4, secure_sum="paillier", key_dir=key_dir, noise_multiplier=0.5, noise_split=2)
+    cfg = dict(proto_dim=4, secure_sum="paillier", key_dir=key_dir, noise_multiplier=0.5,
+               noise_split=2, min_contributors=3)
     algs = [make("fedhp", f"p{i}", **cfg) for i in range(4)]
     run_rounds(algs, 2)
     torch.save(algs[0].state_dict(), tmp_path / "ck.pt")
@@ -720,11 +786,12 @@ def test_example_through_hfl_launch_paillier_secure_sum_survives_n_minus_t_dead_
     killed in round 2; every later round still decrypts the previous sum."""
     keys = tmp_path / "keys"
     subprocess.run([sys.executable, "-m", "hfl.peer.he_keys", "--peers", "5", "--threshold", "3",
-                    "--bits", "512", "--out", str(keys)], check=True, capture_output=True)
+                    "--bits", "512", "--allow-weak-key", "--out", str(keys)],
+                   check=True, capture_output=True)
     launch_example(tmp_path, [
         "defaults.cohort.rounds=4", "defaults.train.max_batches=3",
         "defaults.algorithm.secure_sum=paillier", f"defaults.algorithm.key_dir={keys}",
-        "defaults.algorithm.noise_multiplier=1.0", "defaults.algorithm.noise_split=3",
+        "defaults.algorithm.noise_multiplier=1.0", "defaults.algorithm.noise_split=2",
         "defaults.algorithm.min_contributors=3", "defaults.timing.round_timeout_s=20",
         "defaults.algorithm.dp_sgd=true", "faults=[{peer: p3, at_round: 2}, {peer: p4, at_round: 2}]",
         # Crash faults only: with f = 1 (the default with signing keys) a commit needs 4 of

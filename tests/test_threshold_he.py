@@ -75,8 +75,10 @@ def test_release_guard_m_min_once_per_round_and_round_tag(keys):
         guard.release(shares[0], [c], 3, 4, ["p0", "p1", "p2"], "d")
     with pytest.raises(he.ShareRefused, match="repeat"):
         guard.release(shares[0], [c], 4, 4, ["p0", "p1", "p1"], "d")
-    out = guard.release(shares[0], [c], 4, 4, ["p0", "p1", "p2"], "d")
+    out, proof = guard.release(shares[0], [c], 4, 4, ["p0", "p1", "p2"], "d")
     assert out == [shares[0].decryption_share(c)]
+    assert he.verify_decryption(pub, he.decryption_context(pub, 4, "p0", "d"), 1, [c], out,
+                                proof) is None  # proven for the round, the party and the digest
     with pytest.raises(he.ShareRefused, match="already released"):
         guard.release(shares[0], [pub.encrypt(8)], 4, 4, ["p0", "p1", "p2"], "other")
 
@@ -137,7 +139,8 @@ def test_wire_form_round_trip_and_range_checks(keys):
 def test_dealer_command_writes_one_loadable_share_per_peer(tmp_path):
     from hfl.peer.he_keys import main
 
-    assert main(["--peers", "4", "--threshold", "2", "--bits", "256", "--out", str(tmp_path)]) == 0
+    weak = ["--bits", "256", "--allow-weak-key"]
+    assert main(["--peers", "4", "--threshold", "2", *weak, "--out", str(tmp_path)]) == 0
     public = json.loads((tmp_path / "public.json").read_text())
     assert public["parties"] == ["p0", "p1", "p2", "p3"] and public["threshold"] == 2
     loaded = [he.load_key_share(tmp_path / f"p{i}.json") for i in range(4)]
@@ -149,7 +152,11 @@ def test_dealer_command_writes_one_loadable_share_per_peer(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a key share file"):
         he.load_key_share(tmp_path / "bad.json")
-    assert main(["--peers", "3", "--threshold", "4", "--bits", "256", "--out", str(tmp_path)]) == 2
+    assert main(["--peers", "3", "--threshold", "4", *weak, "--out", str(tmp_path)]) == 2
+    # a modulus that can be factored, or one share to decrypt: refused (an attack review:
+    # with threshold 1 the aggregator decrypted one peer's ciphertext alone)
+    assert main(["--peers", "3", "--threshold", "2", "--bits", "512", "--out", str(tmp_path)]) == 2
+    assert main(["--peers", "3", "--threshold", "1", *weak, "--out", str(tmp_path)]) == 2
 
 
 def test_default_keys_are_2048_bits():
@@ -177,6 +184,7 @@ def _keygen_seeing_primes(monkeypatch, primes=None, seed=None, parties=PARTIES, 
     if seed is not None:
         rng = random.Random(seed)
         monkeypatch.setattr(he, "secrets", SimpleNamespace(randbits=rng.getrandbits,
+                                                           randbelow=rng.randrange,
                                                            token_bytes=rng.randbytes))
     pub, shares = he.keygen(parties, threshold, 256)
     monkeypatch.undo()
@@ -410,6 +418,108 @@ def test_the_cancelling_factor_of_issue_32_cannot_be_proven(keys):
     assert he.verify_plaintexts(pub, ctx, [cancelling], junk) is not None
 
 
+# ---------------------------------------------------------------------- proofs of correct decryption
+
+
+def _product(pub, ms):
+    return [pub.add([pub.encrypt(m), pub.encrypt(0)]) for m in ms]
+
+
+def _verify_decryption_by_hand(pub, context, index, cts, ys, proof) -> bool:
+    """The Chaum-Pedersen check written out from the docs with Python ints: fold the k
+    statements with rho_j from the hash, then a = C^z Y^-e, b = v^z v_i^-e, and the
+    challenge must hash back to e."""
+    n2, width, raw = pub.n2, pub.ct_bytes, proof.tobytes()
+    e, z = int.from_bytes(raw[:16], "big"), int.from_bytes(raw[16:], "big")
+    h = hashlib.sha256(b"rho|%d|" % len(context) + context + b"|%d|" % index)
+    h.update(pub.share_keys[index - 1].to_bytes(width, "big"))
+    for c, y in zip(cts, ys, strict=True):
+        h.update(c.to_bytes(width, "big") + y.to_bytes(width, "big"))
+    seed, big_c, big_y = h.digest(), 1, 1
+    for j, (c, y) in enumerate(zip(cts, ys, strict=True)):
+        rho = 2 * int.from_bytes(hashlib.sha256(seed + j.to_bytes(8, "big")).digest()[:16], "big")
+        big_c, big_y = big_c * pow(c, rho, n2) % n2, big_y * pow(y, rho, n2) % n2
+    a = pow(big_c, z, n2) * pow(pow(big_y, -1, n2), e, n2) % n2
+    b = pow(pub.v, z, n2) * pow(pow(pub.share_keys[index - 1], -1, n2), e, n2) % n2
+    h = hashlib.sha256(b"%d|" % len(context) + context + b"|%d|" % index)
+    for x in (pub.v, pub.share_keys[index - 1], big_c, big_y, a, b):
+        h.update(x.to_bytes(width, "big"))
+    return int.from_bytes(h.digest()[:16], "big") == e
+
+
+def test_the_dealer_uses_safe_primes_and_publishes_each_partys_share_verification_key(monkeypatch):
+    pub, shares, _, (p, q) = _keygen_seeing_primes(monkeypatch)
+    from sympy import isprime
+
+    assert isprime(p) and isprime(q) and isprime((p - 1) // 2) and isprime((q - 1) // 2)
+    assert all(pub.share_keys[s.index - 1] == pow(pub.v, s.secret, pub.n2) for s in shares)
+    assert pow(pub.v, (p - 1) * (q - 1) // 4 * pub.n, pub.n2) == 1  # a square: in the group
+    with pytest.raises(ValueError, match=r"threshold must be in 2\.\.5.*any one key holder"):
+        he.keygen(PARTIES, 1, 256)
+
+
+def test_a_proof_of_correct_decryption_verifies_here_and_by_hand(keys):
+    pub, shares = keys
+    cts = _product(pub, [5, 6, 7])
+    ctx = he.decryption_context(pub, 4, "p1", "digest")
+    ys, proof = shares[1].decryption_shares(cts, ctx)
+    assert ys == [pow(c, shares[1].secret, pub.n2) for c in cts]  # the share itself
+    assert proof.shape == (he.decryption_proof_size(pub),)  # one proof for all k shares
+    assert he.verify_decryption(pub, ctx, 2, cts, ys, proof) is None
+    assert _verify_decryption_by_hand(pub, ctx, 2, cts, ys, proof)
+
+
+def test_a_shifted_or_foreign_decryption_share_is_refused(keys):
+    """The review's attack: a member multiplies its share by (1 + n)^x, which still
+    combines (acc = 1 mod n) but shifts the decrypted sum by x times its Lagrange
+    coefficient. Without proofs every peer absorbed the shifted prototypes."""
+    pub, shares = keys
+    cts = _product(pub, [100, 200])
+    ctx = he.decryption_context(pub, 4, "p1", "digest")
+    ys, proof = shares[1].decryption_shares(cts, ctx)
+    n2 = pub.n2
+    shifted = [ys[0] * pow(1 + pub.n, 12345, n2) % n2, ys[1]]
+    others = {s.index: s.decryption_share(cts[0]) for s in (shares[0], shares[2])}
+    assert pub.combine({**others, 2: shifted[0]}) != 100  # it decrypts, to a lie
+    assert "does not verify" in he.verify_decryption(pub, ctx, 2, cts, shifted, proof)
+    # nor can the attacker, who knows its secret, prove the shifted share: the prover's
+    # steps run on the shifted shares give a proof that does not verify
+    base, folded = he._folded(pub, ctx, 2, cts, shifted)
+    r = 12345678901234567890
+    a, b = pow(int(base), r, n2), pow(pub.v, r, n2)
+    e = he._decryption_challenge(pub, ctx, 2, base, folded, a, b)
+    z = r + e * shares[1].secret
+    forged = np.frombuffer(e.to_bytes(16, "big") + z.to_bytes(he.decryption_proof_size(pub) - 16,
+                                                              "big"), dtype=np.uint8)
+    assert "does not verify" in he.verify_decryption(pub, ctx, 2, cts, shifted, forged)
+    # another party's shares, another round, digest or party index, other ciphertexts
+    for c, i in [(he.decryption_context(pub, 5, "p1", "digest"), 2),
+                 (he.decryption_context(pub, 4, "p1", "other"), 2),
+                 (he.decryption_context(pub, 4, "p2", "digest"), 2), (ctx, 3)]:
+        assert "does not verify" in he.verify_decryption(pub, c, i, cts, ys, proof)
+    assert "does not verify" in he.verify_decryption(pub, ctx, 2, _product(pub, [1, 2]), ys, proof)
+    # A factor of order 2 passes the proof (it squares away) and changes nothing.
+    assert pub.combine({**others, 2: (-ys[0]) % n2}) == 100 == pub.combine({**others, 2: ys[0]})
+
+
+@pytest.mark.parametrize("proof", [None, 5, np.zeros(3, np.uint8), np.zeros(211, np.int64),
+                                   "x", np.full(211, 255, np.uint8), np.zeros(211, np.uint8)])
+def test_hostile_decryption_proofs_and_indices_give_a_reason_and_never_raise(keys, proof):
+    pub, shares = keys
+    cts = _product(pub, [1])
+    ctx = he.decryption_context(pub, 4, "p1", "d")
+    ys, good = shares[1].decryption_shares(cts, ctx)
+    size = he.decryption_proof_size(pub)
+    if isinstance(proof, np.ndarray) and proof.shape == (211,) and size != 211:
+        proof = np.resize(proof, size)
+    reason = he.verify_decryption(pub, ctx, 2, cts, ys, proof)
+    assert isinstance(reason, str) and reason
+    for index in (0, 6, True, "2", None):
+        assert isinstance(he.verify_decryption(pub, ctx, index, cts, ys, good), str)
+    for bad in ([0], [pub.n2], [pub.n]):  # out of range, or sharing a factor with n
+        assert isinstance(he.verify_decryption(pub, ctx, 2, cts, bad, good), str)
+
+
 @pytest.mark.parametrize("proof", [None, 5, "ab", np.zeros(3, np.uint8), np.zeros((2, 152), np.uint8),
                                    np.zeros(144, np.int64), np.zeros(144, np.uint8),
                                    np.full(144, 255, np.uint8), [0] * 144])
@@ -459,6 +569,16 @@ def test_old_and_incomplete_key_files_are_refused(keys, tmp_path):
               | {"scheme": old, "mac_keys": {}})
         with pytest.raises(ValueError, match=r"older dealer.*no signing keys.*python -m hfl\.peer\.he_keys"):
             he.load_key_share(path)
+    write({k: v for k, v in good.items() if k not in ("v", "share_keys")}
+          | {"scheme": "threshold-paillier-v3"})
+    with pytest.raises(ValueError, match=r"older dealer.*no share verification keys.*he_keys"):
+        he.load_key_share(path)
+    for bad in [{k: v for k, v in good.items() if k != "share_keys"},
+                {**good, "share_keys": {**good["share_keys"], "p0": good["share_keys"]["p1"]}},
+                {**good, "v": "0x0"}, {**good, "share_keys": ["x"]}]:
+        write(bad)
+        with pytest.raises(ValueError, match="p0.json.*(share_keys|not a key share file)"):
+            he.load_key_share(path)
     write({k: v for k, v in good.items() if k != "sign_key"})
     with pytest.raises(ValueError, match="p0.json.*not a key share file.*sign_key"):
         he.load_key_share(path)
@@ -488,12 +608,13 @@ def test_dealer_output_directory_is_0700_and_key_files_0600(tmp_path):
     old_umask = os.umask(0o022)
     try:
         fresh = tmp_path / "fresh" / "keys"
-        assert main(["--peers", "3", "--threshold", "2", "--bits", "256", "--out", str(fresh)]) == 0
+        assert main(["--peers", "3", "--threshold", "2", "--bits", "256", "--allow-weak-key",
+                     "--out", str(fresh)]) == 0
         existing = tmp_path / "existing"
         existing.mkdir(mode=0o755)
         (existing / "p0.json").write_text("{}")
         os.chmod(existing / "p0.json", 0o644)
-        assert main(["--parties", "p0", "p1", "--threshold", "2", "--bits", "256",
+        assert main(["--parties", "p0", "p1", "--threshold", "2", "--bits", "256", "--allow-weak-key",
                      "--out", str(existing)]) == 0
     finally:
         os.umask(old_umask)
