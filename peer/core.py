@@ -1592,6 +1592,15 @@ class PeerCore:
             return not (aggregator and m.round == r and self.served_elsewhere(r, p))
         return waits
 
+    def finished_without(self, r: int) -> list[str]:
+        """After the cohort's last round ``r``: the live members whose heartbeat says they
+        finished it, whose round-``r`` knowledge never reached this peer (lost on the
+        way: a finished member lingers and answers an ask for it, still_in_last_round)."""
+        got, members = self.buffer.received(r), self.membership.members
+        return [p for p in self.membership.live_ids()
+                if members[p].round > r and p not in got and p not in self.equivocators
+                and (self.sources is None or p in self.sources) and not self.sits_out(p, r)]
+
     def exchange_plan(self, r: int, fanout: int, key: str) -> tuple[list[str], set[str]]:
         """``cohort.fanout``: (the peers this peer sends its round-r knowledge to, the
         peers whose round-r knowledge it waits for).

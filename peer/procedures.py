@@ -417,6 +417,16 @@ class RoundProcedures:
                     return True
                 everyone, until = True, self.now() + self.straggler_s
                 continue
+            if complete and r == core.last_round and (gone := core.finished_without(r)):
+                # Members that finished the run without their last knowledge reaching us
+                # (lost on the way) are waited for no longer, but they linger and answer
+                # one ask: a peer's last round learned nothing when its only other member's
+                # knowledge was lost on a one-way link (hfl.sim.protocol, every peer
+                # aggregating, 2 peers, seed 3).
+                yield Broadcast(tuple(gone), core.heartbeat(awaiting=r), 0.05)
+                yield Wait(lambda: not core.finished_without(r),
+                           self.now() + max(2 * hb, 0.25))
+                return True
             if complete or self.now() >= end:
                 if not complete:  # whoever still owes us its knowledge is late from now on
                     newly = sorted(set(core.awaited(r)) - core.late)

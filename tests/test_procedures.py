@@ -349,6 +349,44 @@ def test_a_decentralized_peer_sends_its_knowledge_again_to_a_receiver_still_awai
     assert not [i for i in core.handle("p2", ask, 0.2) if isinstance(i, SendTo)]
 
 
+def test_in_the_last_round_a_member_that_finished_without_its_knowledge_arriving_is_asked():
+    # PROTOCOL.md, Rounds: p2 finished the last round (its heartbeat says round 2), but
+    # its knowledge of round 1 was lost on the way. It is waited for no longer; it
+    # lingers and answers an ask, so the peer asks once, briefly, and takes the answer.
+    # It used to end its last round without p2, having learned nothing from it.
+    core, procs, clock = peer(mode="broadcast")
+    core.last_round = 1
+    info: dict = {}
+    s = Stepper(procs.exchange(1, weights(1.0), info))
+    wait = s.until(Wait)
+    contribution(core, "p1", 1, 2.0)
+    core.handle("p2", Heartbeat(sender="p2", incarnation=0, round=2), 0.1)  # finished
+    assert wait.done()  # nobody is awaited any more
+    mark = len(s.seen)
+    s.answer(True)
+    grace = s.until(Wait)
+    assert s.sent(mark) == [(("p2",), "heartbeat")]
+    assert next(i for i in s.seen[mark:] if isinstance(i, Broadcast)).msg.awaiting == 1
+    assert isinstance(grace, Wait) and grace.deadline == max(2 * HB, 0.25)
+    assert not grace.done()
+    contribution(core, "p2", 1, 3.0)  # its answer
+    assert grace.done()
+    s.answer(True)
+    s.until()
+    assert sorted(s.value) == ["p1", "p2"] and info["learned_from"] == 2
+    # Before the last round nothing is asked: a member past r cannot send r again.
+    core, procs, clock = peer(mode="broadcast")
+    core.last_round = 5
+    s = Stepper(procs.exchange(1, weights(1.0), {}))
+    s.until(Wait)
+    contribution(core, "p1", 1, 2.0)
+    core.handle("p2", Heartbeat(sender="p2", incarnation=0, round=2), 0.1)
+    mark = len(s.seen)
+    s.answer(True)
+    s.until()
+    assert s.done and not s.sent(mark) and sorted(s.value) == ["p1"]
+
+
 def test_after_the_last_round_a_decentralized_peer_stays_for_members_still_in_it():
     # PROTOCOL.md, Rounds: a peer that finished the last round stays (aggregate_grace_s at
     # most) while members it sent its knowledge to are still in that round, answers their

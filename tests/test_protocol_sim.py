@@ -513,3 +513,15 @@ def test_a_peer_that_ran_ahead_alone_waits_for_the_cohort(seed):
     # (RoundProcedures.wait_for_the_cohort).
     res = run_seed(seed, mode="broadcast", signed=True, buggify=True)
     assert not res.violations, [str(v) for v in res.violations]
+
+
+@pytest.mark.parametrize(("peers", "mode", "seed"), [
+    (2, "everywhere", 3), (2, "everywhere", 6), (2, "everywhere", 95), (3, "everywhere", 73),
+    (3, "everywhere", 205), (3, "broadcast", 161)])
+def test_a_last_round_whose_knowledge_was_lost_asks_the_member_that_finished(peers, mode, seed):
+    # A member's knowledge of the last round lost on the way (here a one-way link): it
+    # finished and was waited for no longer, and the peer's last round learned nothing
+    # (11 of 300 seeds of 2 peers aggregating everywhere, 2 of 3 peers, 1 broadcast).
+    # The peer now asks it once (it lingers and answers: still_in_last_round).
+    res = run_seed(seed, peers=peers, mode=mode)
+    assert not res.violations, [str(v) for v in res.violations]
