@@ -186,7 +186,14 @@ def launch_seeds(args: argparse.Namespace) -> int:
 
 def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     args.started_at = time.time()  # each launch reports how long until its round 1
-    from hfl.launch.experiment import expand, load_experiment, run_id_of
+    from hfl.launch.experiment import (
+        expand,
+        load_experiment,
+        new_run_id,
+        run_id_of,
+        write_plans,
+        write_run_id,
+    )
     from hfl.launch.rundir import (
         Decision,
         RunDirError,
@@ -237,10 +244,15 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                     "(is that run still stopping, or another program on them?); retry shortly, or "
                     "--fresh to start over on new ports"
                 )
+        # Nothing is written until every check passed (below): a dry run, or a launch
+        # refused, rewrote an existing run's recorded configs and allow-list (a review).
+        run = run_id_of(run_dir, create=False)
+        new_id = run == 0 and not args.dry_run
+        if new_id:
+            run = new_run_id()
         # On SLURM, the job's --gpus-per-task gives each task its own CUDA_VISIBLE_DEVICES.
         plans = expand(exp, ports=decision.ports, resume=decision.action == "resume",
-                       # (a dry run rewrites the peers' configs: with the run's own id)
-                       run=run_id_of(run_dir, create=not args.dry_run),
+                       run=run, write=False,
                        gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None,
                        # on SLURM a peer has its task's cores, not a share of this login node's
                        threads=exp.slurm.cpus_per_task if slurm else None)
@@ -273,6 +285,14 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         described = check_plans(plans, deep=args.dry_run, devices_here=not slurm)
+        # A dry run writes the configs (and keys) of a new run only: never into a run
+        # directory that holds anything (a finished run's record, a live run's allow-list).
+        if not args.dry_run or not (run_dir.exists() and any(run_dir.iterdir())):
+            write_plans(exp, plans)
+            if ours := next((p for p in plans if p.cohort_key), None):
+                ours.config.identity()  # the cohort's keys as made (or kept): readable
+        if new_id:
+            write_run_id(run_dir, run)
     except RunDirError as err:
         if decision is not None:
             restore(run_dir, decision)
@@ -448,14 +468,17 @@ def check_plans(plans, deep: bool, devices_here: bool = True) -> dict[str, str]:
             cfg = dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, device="cpu"))
         try:
             if deep:
-                described[p.id] = check_peer(cfg, terms.setdefault(p.id, {}))
+                described[p.id] = check_peer(cfg, terms.setdefault(p.id, {}),
+                                             keys=not p.cohort_key)
             else:
                 terms[p.id] = handshake_terms(cfg)
                 key = repr((cfg.cohort, cfg.algorithm, cfg.model.arch, cfg.model.options,
                             cfg.data.dataset, cfg.data.path))
+                if not p.cohort_key:  # (the cohort's keys: made by write_plans)
+                    cfg.identity()
                 if key not in seen:
                     seen.add(key)
-                    check_options(cfg)
+                    check_options(cfg, keys=False)
         except Exception as err:
             from hfl.peer.configtools import ConfigError
 

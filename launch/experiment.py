@@ -252,6 +252,8 @@ class PeerPlan:
     config: PeerConfig
     config_path: Path
     env: dict[str, str]
+    #: its CURVE keys are the cohort's, made by :func:`write_plans` in ``<run_dir>/keys``
+    cohort_key: bool = False
 
 
 #: What rebuilds a peer's model from its config: a resumed peer's checkpoint holds
@@ -285,17 +287,30 @@ def run_id_of(run_dir: Path, create: bool = True) -> int:
         pass
     if not create:
         return 0
-    import secrets
-
-    run = secrets.randbelow(2**62) + 1
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{run}\n")
+    run = new_run_id()
+    write_run_id(run_dir, run)
     return run
 
 
+def new_run_id() -> int:
+    import secrets
+
+    return secrets.randbelow(2**62) + 1
+
+
+def write_run_id(run_dir: Path, run: int) -> None:
+    path = Path(run_dir) / "run_id"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{run}\n")
+
+
 def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int] | None = None,
-           resume: bool = False, threads: int | None = None, run: int = 0) -> list[PeerPlan]:
-    """Per-peer configs, validated, written under ``<run_dir>/peers/``. ``threads`` per
+           resume: bool = False, threads: int | None = None, run: int = 0,
+           write: bool = True) -> list[PeerPlan]:
+    """Per-peer configs, validated, written under ``<run_dir>/peers/`` (with the cohort's
+    keys) unless ``write`` is False: then nothing is written, and :func:`write_plans`
+    writes them once the launch's checks passed (a dry run, or a launch refused, rewrote
+    an existing run's recorded configs and allow-list: a review). ``threads`` per
     peer: default ``threads_per_peer``, else this machine's cores / peers. ``run``: the
     run's id (:func:`run_id_of`), set as every peer's ``cohort.run`` unless the
     experiment sets one (0: none; the simulator and the benchmarks run without).
@@ -309,12 +324,6 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
     ports = ports or free_ports(len(ids), exp.host)
     addresses = [f"tcp://{exp.host}:{p}" for p in ports]
     threads = threads or exp.threads_per_peer or max(1, (os.cpu_count() or 1) // len(ids))
-    try:
-        (run_dir / "peers").mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError("run_dir", f"cannot create {run_dir / 'peers'} ({exc.strerror or exc})"
-                          ) from None
-    keys = None
     plans = []
     for i, pid in enumerate(ids):
         data = deep_merge(exp.defaults, exp.peer_overrides.get(pid, {}))
@@ -326,12 +335,11 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
             else ([f"{ids[1]}@{addresses[1]}"] if len(ids) > 1 else []),
         )
         security = data.setdefault("security", {})
-        if security.get("mode", "curve") == "curve" and not security.get("key_file"):
-            if keys is None:  # the whole cohort's keys, made once (kept on resume)
-                from hfl.peer.security import cohort_keys
+        cohort_key = security.get("mode", "curve") == "curve" and not security.get("key_file")
+        if cohort_key:  # the whole cohort's keys (write_plans makes them; kept on resume)
+            from hfl.peer.security import cohort_key_files
 
-                keys = cohort_keys(run_dir / "keys", ids)
-            security.update(keys[pid])
+            security.update(cohort_key_files(run_dir / "keys", pid))
         node.setdefault("min_peers", len(ids))
         node.setdefault("threads", threads)
         data_sec = data.setdefault("data", {})
@@ -362,15 +370,33 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
                 err = err.with_prefix("defaults" if origin == "defaults"
                                       else f"peer_overrides.{pid}")
             raise err.with_source(f"peer {pid}") from None
-        plans.append(PeerPlan(pid, i, cfg, run_dir / "peers" / f"{pid}.yaml", env))
+        plans.append(PeerPlan(pid, i, cfg, run_dir / "peers" / f"{pid}.yaml", env, cohort_key))
     if resume:
         _refuse_model_changes(plans)
+    if write:
+        write_plans(exp, plans)
+    return plans
+
+
+def write_plans(exp: ExperimentConfig, plans: list[PeerPlan]) -> None:
+    """What :func:`expand` planned, on disk: ``<run_dir>/peers/<id>.yaml`` for each
+    peer and, where a peer's CURVE keys are the cohort's, ``<run_dir>/keys`` (key pairs
+    kept where they exist, the allow-list naming exactly this cohort)."""
+    run_dir = exp.resolved_run_dir
+    try:
+        (run_dir / "peers").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("run_dir", f"cannot create {run_dir / 'peers'} ({exc.strerror or exc})"
+                          ) from None
+    if any(p.cohort_key for p in plans):
+        from hfl.peer.security import cohort_keys
+
+        cohort_keys(run_dir / "keys", exp.peer_ids())
     for plan in plans:
         # libyaml's dumper when PyYAML has it: the same text, 3.6x faster (a thousand
         # peers' configs are written before any starts)
         plan.config_path.write_text(yaml.dump(to_dict(plan.config), sort_keys=False,
                                               Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper)))
-    return plans
 
 
 def _origin(path: str, over: dict[str, Any], defaults: dict[str, Any]) -> str | None:

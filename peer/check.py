@@ -27,12 +27,14 @@ log = logging.getLogger("hfl.peer")
 SCALE_LIMIT = 1.5
 
 
-def check_options(cfg: PeerConfig) -> None:
-    """Algorithm options, architecture name and data files; imports the algorithm
-    class (and so torch) but loads no data."""
+def check_options(cfg: PeerConfig, keys: bool = True) -> None:
+    """Algorithm options, architecture name and data files, and (``keys``) the CURVE
+    identity; imports the algorithm class (and so torch) but loads no data. A launcher
+    that makes the cohort's keys itself once the checks passed says ``keys=False``."""
     from hfl.algorithms.registry import get_algorithm
 
-    cfg.identity()  # CURVE keys, allow-list and bootstrap ids (ConfigError naming the field)
+    if keys:
+        cfg.identity()  # CURVE keys, allow-list and bootstrap ids (ConfigError naming the field)
     try:
         alg_cls = get_algorithm(cfg.cohort.algorithm)
     except (ValueError, ImportError) as exc:
@@ -83,10 +85,10 @@ def _data_files(cfg: PeerConfig) -> list[tuple[str, str, str]]:
     return out
 
 
-def check_peer(cfg: PeerConfig, terms: dict | None = None) -> str:
+def check_peer(cfg: PeerConfig, terms: dict | None = None, keys: bool = True) -> str:
     """Build this peer as ``hfl-peer`` would, without the network; a one-line description.
     ``terms``, if given, receives its :func:`handshake_terms` as built."""
-    check_options(cfg)
+    check_options(cfg, keys)
     from hfl.models import count_parameters
     from hfl.peer.factory import build_algorithm, load_peer_data
 

@@ -552,6 +552,14 @@ def split_bootstrap(entry: str) -> tuple[str | None, str]:
 ALLOW_LIST_NAME = "allow_list"
 
 
+def cohort_key_files(directory: str | Path, peer_id: str) -> dict[str, str]:
+    """A peer's ``security`` config section for the cohort's keys in ``directory`` (as
+    :func:`cohort_keys` makes them), without touching the folder."""
+    directory = Path(directory)
+    return {"mode": "curve", "key_file": str(directory / f"{peer_id}.key_secret"),
+            "allow_list": str(directory / ALLOW_LIST_NAME)}
+
+
 def cohort_keys(directory: str | Path, peer_ids: list[str]) -> dict[str, dict[str, str]]:
     """Make (or reuse) each peer's key pair and the allow-list in ``directory``.
 
@@ -567,10 +575,5 @@ def cohort_keys(directory: str | Path, peer_ids: list[str]) -> dict[str, dict[st
             create_key_pair(directory, pid)
         allowed[pid], secret = load_secret_key(directory / f"{pid}.key_secret", pid)
         signs[pid] = bytes.fromhex(sign_key_hex(secret))
-    allow_list = directory / ALLOW_LIST_NAME
-    write_allow_list(allow_list, allowed, signs)
-    return {
-        pid: {"mode": "curve", "key_file": str(directory / f"{pid}.key_secret"),
-              "allow_list": str(allow_list)}
-        for pid in peer_ids
-    }
+    write_allow_list(directory / ALLOW_LIST_NAME, allowed, signs)
+    return {pid: cohort_key_files(directory, pid) for pid in peer_ids}

@@ -841,6 +841,38 @@ def test_resume_of_a_run_without_checkpoints_is_refused_and_its_rows_stay_as_the
     assert len((tmp_path / "run" / "p0" / "metrics.jsonl").read_bytes().splitlines()) == 2
 
 
+def test_a_dry_run_or_a_refused_launch_leaves_an_existing_runs_files_as_they_were(
+        tmp_path, capsys):
+    # A review: `--dry-run --set defaults.train.lr=0.5` on a finished run rewrote its
+    # recorded peer configs (hfl-eval then reported the run DIFFERENT), `--set peers=6`
+    # added keys and rewrote the allow-list (a live run's peers admitted the new ids),
+    # and a --resume refused for a bad option rewrote the configs all the same.
+    from hfl.launch.cli import main
+
+    _, path = small_fedavg_experiment(tmp_path, "kept", peers=2, max_batches=1)
+    assert main([str(path), "--in-process", "--quiet"]) == 0, capsys.readouterr()
+    run = tmp_path / "run"
+
+    def files():
+        return {f: f.read_bytes() for f in sorted(run.rglob("*"))
+                if f.is_file() and f.parent.name in ("peers", "keys") or f.name == "run_id"}
+
+    before = files()
+    assert (run / "keys" / "allow_list") in before and (run / "peers" / "p0.yaml") in before
+    for sets in (["--set", "defaults.train.lr=0.5", "--dry-run"], ["--set", "peers=6", "--dry-run"],
+                 ["--resume", "--set", "defaults.train.lr=0.5", "--dry-run"],
+                 ["--resume", "--set", "defaults.train.lr=0.5", "--set",
+                  "defaults.algorithm.bogus=1"]):
+        main([str(path), "--in-process", "--quiet", *sets])
+        capsys.readouterr()
+        assert files() == before, sets
+    # A dry run of a new run still writes its configs and keys (the README's promise).
+    fresh = tmp_path / "fresh"
+    assert main([str(path), "--dry-run", "--set", f"run_dir={fresh}"]) == 0
+    assert (fresh / "peers" / "p1.yaml").exists() and (fresh / "keys" / "allow_list").exists()
+    assert not (fresh / "run_id").exists()  # (no run yet: its id comes with the launch)
+
+
 def test_resume_refuses_another_model_and_leaves_the_run_record_as_it_was(tmp_path, capsys):
     # Issue 18: --resume with another architecture rewrote launch.json and the peer
     # configs (nothing left to run), or failed with four raw "size mismatch" tracebacks.
