@@ -793,7 +793,8 @@ class PeerCore:
             field_name, theirs, ours = problem
             # The reply names the field; our value only goes to an authenticated member
             # (on a plaintext link anyone could fish for what a hello must say).
-            reason = f"{field_name} differs" + (f": ours is {clip(repr(ours))}"
+            # (named: the refused peer relays it, where "ours" read as its own value)
+            reason = f"{field_name} differs" + (f": {self.id} has {clip(repr(ours))}"
                                                 if self.allowed_peers is not None else "")
             return [Dropped(ErrorCode.COHORT_MISMATCH, f"hello from {msg.sender}: {field_name} "
                             f"differs: theirs {clip(repr(theirs))}, ours {ours!r}"

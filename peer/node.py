@@ -41,7 +41,7 @@ from hfl.peer.outbox import Outbox
 from hfl.peer.procedures import ALONE, JOINED, RoundProcedures
 from hfl.peer.security import split_bootstrap
 from hfl.peer.seeds import SeedStore
-from hfl.peer.status import nobody_joined
+from hfl.peer.status import Repeats, nobody_joined
 from hfl.peer.transport import Transport, advertised_address
 from hfl.protocol import (
     PROTOCOL_VERSION,
@@ -127,6 +127,7 @@ class Node:
         self.limits = limits or Limits()
         self.rng = random.Random(f"{seed}:{peer_id}:{incarnation}")
         self.dropped: Counter[str] = Counter()
+        self._repeats = Repeats()  # the same drop or refusal: one log line a minute
         # Failure detection (peer/membership.py): full heartbeats, or SWIM from SWIM_FROM
         # peers on (auto).
         choice = getattr(timing, "membership", "auto")
@@ -331,7 +332,9 @@ class Node:
     def _drop(self, code: str, reason: str) -> None:
         self.dropped[code] += 1
         reason = clip(reason, 400)
-        log.warning("%s: dropped message: %s", self.id, reason)
+        now, more = self._repeats.note(reason)
+        if now:
+            log.warning("%s: dropped message: %s%s", self.id, reason, Repeats.suffix(more))
         self._observe("dropped", self, code=str(code), reason=reason)
 
     def _handle(self, identity: str, frames: list) -> None:
@@ -367,7 +370,9 @@ class Node:
                 self._spawn(self.transport.forget(ins.address, ins.peer_id), "forget")
             elif isinstance(ins, do.Refused):
                 self.dropped["refused"] += 1
-                log.error("%s: %s", self.id, clip(ins.reason, 400))
+                now, more = self._repeats.note(ins.reason)
+                if now:
+                    log.error("%s: %s%s", self.id, clip(ins.reason, 400), Repeats.suffix(more))
             elif isinstance(ins, do.NamedEquivocator):
                 log.error("%s: %s signed two different contributions for round %s (proof from %s: "
                           "digests %s and %s): it sent different knowledge to different peers; its "

@@ -192,6 +192,36 @@ TYPED_EVENTS = frozenset({"started", "member", "dropped", "crash", "took", "publ
                           "sent"})
 
 
+class Repeats:
+    """One log line per distinct text per ``window_s``: repeats meanwhile are counted
+    and said with the next line. A refused hello was logged every half second, about
+    480 lines in two minutes on each side, where the docs promise once a minute."""
+
+    def __init__(self, window_s: float = 60.0, clock=time.monotonic, most: int = 10_000):
+        self.window_s, self.clock, self.most = window_s, clock, most
+        self._seen: dict[str, list] = {}  # text -> [logged at, repeats since]
+
+    def note(self, text: str) -> tuple[bool, int]:
+        """(log it now, how many repeats since it was last logged)."""
+        now = self.clock()
+        entry = self._seen.get(text)
+        if entry is not None and now - entry[0] < self.window_s:
+            entry[1] += 1
+            return False, 0
+        if entry is None and len(self._seen) >= self.most:  # (bounded: old texts go, and
+            self._seen = {t: e for t, e in self._seen.items()  # all of them in a flood of
+                          if now - e[0] < self.window_s}  # texts all different)
+            if len(self._seen) >= self.most:
+                self._seen.clear()
+        more = entry[1] if entry is not None else 0
+        self._seen[text] = [now, 0]
+        return True, more
+
+    @staticmethod
+    def suffix(more: int) -> str:
+        return f" ({more} more like it since the last such line)" if more else ""
+
+
 class EventLog:
     """The typed notes of one peer, one JSON line each, appended to events.jsonl.
 

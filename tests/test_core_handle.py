@@ -70,7 +70,7 @@ def test_a_hello_that_disagrees_is_refused_naming_the_field_and_only_then_our_va
     assert "p9" not in core.membership.members  # not admitted
     authenticated = bare(allowed_peers=frozenset({"p0", "p1", "p2", "p9"}))
     out = authenticated.handle("p9", hello(rounds=7), 1.0)
-    assert out[1].msg.reason == "rounds differs: ours is 5"
+    assert out[1].msg.reason == "rounds differs: p0 has 5"
     # A model of another size: the log says what usually makes it (another input shape);
     # the reply still names only the field.
     out = core.handle("p9", hello(shared={"num_parameters": 99}), 1.0)

@@ -109,3 +109,24 @@ def test_each_round_notes_what_the_peer_sent_by_type_as_its_transport_counted_it
     # each round, the two members other than its aggregator sent it their knowledge
     last = [next(r for r in reversed(recs) if r["kind"] == "sent") for recs in got.values()]
     assert sum(r["types"]["knowledge"][0] for r in last) == 4 * 2
+
+
+def test_the_same_drop_or_refusal_is_logged_once_a_minute_with_its_repeats_counted():
+    # A refused hello was logged at every greeting, twice a second on each side (a
+    # docs review: 15 + 14 lines in 8 s), where docs/networking.md promises once a
+    # minute. One line per distinct text per window; the repeats come with the next.
+    from hfl.peer.status import Repeats
+
+    t = [0.0]
+    r = Repeats(window_s=60.0, clock=lambda: t[0], most=3)
+    assert r.note("p1 refused our hello: run differs") == (True, 0)
+    for t[0] in (0.5, 1.0, 30.0):
+        assert r.note("p1 refused our hello: run differs") == (False, 0)
+    assert r.note("another reason") == (True, 0)  # another text has its own line
+    t[0] = 61.0
+    assert r.note("p1 refused our hello: run differs") == (True, 3)
+    assert Repeats.suffix(3) == " (3 more like it since the last such line)"
+    assert Repeats.suffix(0) == ""
+    for i in range(10):  # bounded: texts past `most` push out the ones whose window ended
+        r.note(f"flood {i}")
+    assert len(r._seen) <= 3
