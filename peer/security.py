@@ -272,6 +272,16 @@ def _parse_allow_list(text: str, source: str) -> tuple[dict[str, bytes], dict[st
         allowed[peer] = key.encode()
     if not allowed:
         raise SecurityError(f"{source}: no peers listed")
+    if signs and len(signs) < len(allowed):
+        # Some lines with a signing key, some without: a line copied short (the hints
+        # once showed two fields). It turned signing off for the whole cohort, with a
+        # warning only: commits uncertified, one aggregator's word (a docs review).
+        short = sorted(set(allowed) - set(signs))
+        raise SecurityError(
+            f"{source}: no signing key for {', '.join(short[:8])}{', ...' if len(short) > 8 else ''}"
+            f" where the other lines have one: every line needs all three fields ('<peer id> "
+            "<public key> <signing key>', as 'hfl-keys show <its .key>' prints it); without "
+            "them nothing in the cohort would be signed")
     return allowed, signs
 
 
@@ -292,7 +302,7 @@ def load_identity(peer_id: str, key_file: str | Path, allow_list: str | Path) ->
     except FileNotFoundError as exc:
         raise SecurityError(
             f"cannot read {allow_list}: {exc.strerror}; it lists every member as '<peer id> "
-            "<public key>': collect the line each party's 'hfl-keys new' printed (or "
+            "<public key> <signing key>': collect the line each party's 'hfl-keys new' printed (or "
             "'hfl-keys show <its .key file>' prints) into this one file, or make the whole "
             f"cohort's keys on one trusted box with: hfl-keys cohort {peer_id} <other ids> "
             f"--dir {shlex.quote(str(Path(allow_list).parent))}", "allow_list") from None
@@ -324,14 +334,8 @@ def signing_of(peer_id: str, identity: CurveIdentity | None):
                     "'hfl-keys show <each .key>' prints the lines with them", peer_id,
                     identity.allow_list_path)
         return None
-    unsigned = sorted(set(identity.allowed) - set(identity.sign_keys))
-    if unsigned:
-        log.warning("%s: %s lists no signing key for %s: nothing is signed or checked in this "
-                    "cohort (commits are not certified; an elected aggregator alone decides what "
-                    "is committed); 'hfl-keys show <its .key>' prints the line with it",
-                    peer_id, identity.allow_list_path, ", ".join(unsigned))
-        return None
-    return identity.signer(), dict(identity.sign_keys)
+    return identity.signer(), dict(identity.sign_keys)  # (every line has one: a mixed
+    #                                                       list is refused when read)
 
 
 def reread_allow_list(identity: CurveIdentity) -> tuple[dict[str, bytes], dict[str, bytes]]:
@@ -457,8 +461,9 @@ def dial_refusal(event: int, value: int, curve: bool, our_id: str,
         if value == 400 and our_public_key:
             return "key_refused", (
                 f"our public key {our_public_key} is not on its allow-list (ZAP status 400): "
-                f"its allow-list needs the line '{our_id} {our_public_key}' (hfl-keys show on "
-                "this side prints it); check that both sides use the same peer ids"), True
+                f"its allow-list needs this peer's line, '{our_id} {our_public_key} <signing "
+                "key>' (hfl-keys show on this side prints it whole); check that both sides use "
+                "the same peer ids"), True
         return "auth_refused", f"its authenticator refused us (ZAP status {value})", True
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == _MECHANISM_MISMATCH:
         if curve:

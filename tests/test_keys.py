@@ -102,3 +102,25 @@ def test_a_missing_allow_list_says_how_one_is_made(tmp_path, capsys):
     err = check(tmp_path, capsys, f"{{key_file: {secret}, allow_list: {tmp_path}/keys/allow_list}}")
     assert "security.allow_list" in err and "No such file or directory" in err
     assert "hfl-keys show" in err and f"hfl-keys cohort p0 <other ids> --dir {tmp_path}/keys" in err
+
+
+def test_an_allow_list_line_without_its_signing_key_beside_lines_with_one_is_refused(
+        tmp_path, capsys):
+    # A docs review: a line copied from a hint that showed two fields passed --check, and
+    # at run time turned signing off for the whole cohort with a warning only (commits
+    # uncertified: one aggregator's word). A mixed list is refused, naming the peer; an
+    # older list with no signing keys at all still loads (said at start, as before).
+    from hfl.peer.security import load_identity
+
+    assert hfl_keys(["cohort", "p0", "p1", "p2", "--dir", str(tmp_path / "keys")]) == 0
+    allow = tmp_path / "keys" / "allow_list"
+    lines = allow.read_text().splitlines()
+    short = [" ".join(ln.split()[:2]) if ln.startswith("p2 ") else ln for ln in lines]
+    allow.write_text("\n".join(short) + "\n")
+    capsys.readouterr()
+    err = check(tmp_path, capsys, f"{{key_file: {tmp_path}/keys/p0.key_secret, allow_list: {allow}}}")
+    assert "security.allow_list" in err and "no signing key for p2 where the other lines have one" in err
+    assert "'<peer id> <public key> <signing key>'" in err
+    none = [" ".join(ln.split()[:2]) if not ln.startswith("#") else ln for ln in lines]
+    allow.write_text("\n".join(none) + "\n")
+    assert load_identity("p0", tmp_path / "keys" / "p0.key_secret", allow).sign_keys == {}
