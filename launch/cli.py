@@ -201,6 +201,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         discard,
         nothing_to_resume,
         ports_in_use,
+        rounds_already_run,
         refuse_foreign,
         restore,
         set_state,
@@ -257,7 +258,9 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                        # on SLURM a peer has its task's cores, not a share of this login node's
                        threads=exp.slurm.cpus_per_task if slurm else None)
         if decision.action == "resume" and (why := nothing_to_resume(run_dir, [
-                (p.id, p.config.node.checkpoint, Path(p.config.node.run_dir)) for p in plans])):
+                (p.id, p.config.node.checkpoint, Path(p.config.node.run_dir)) for p in plans])
+                or rounds_already_run(run_dir, plans[0].config.cohort.rounds,
+                                      [(p.id, Path(p.config.node.run_dir)) for p in plans])):
             if not args.dry_run:
                 raise RunDirError(why)
             decision = Decision("new", f"a launch would be refused: {why}")

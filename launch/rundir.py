@@ -230,6 +230,23 @@ def nothing_to_resume(run_dir: Path, peers: Iterable[tuple[str, bool, Path]]) ->
             "run's rows); --fresh starts over, or use another --run-dir")
 
 
+def rounds_already_run(run_dir: Path, rounds: int, peers: Iterable[tuple[str, Path]]) -> str | None:
+    """Why a resume of ``run_dir`` with ``rounds`` in all would run nothing, or None:
+    its peers' metrics show rounds up to ``rounds`` done already. A review: ``--resume
+    --set defaults.cohort.rounds=10`` on a finished 20-round run showed "round 20/10",
+    ran nothing, and recorded 10 rounds, so the plain command was refused after."""
+    from hfl.launch.results import read_metrics
+
+    done = {pid: max((int(r["round"]) for r in read_metrics(folder)), default=0)
+            for pid, folder in peers}
+    most = max(done.values(), default=0)
+    if most < rounds or rounds <= 0:
+        return None
+    return (f"cannot resume {run_dir} with cohort.rounds {rounds}: its peers ran round {most} "
+            f"already; more rounds continue it (e.g. --set defaults.cohort.rounds={most + 10}), "
+            "--fresh starts over")
+
+
 def restore(run_dir: Path, decision: Decision) -> None:
     """A --fresh launch refused before it started: the old run comes back as it was."""
     if decision.aside is not None and decision.aside.exists():

@@ -873,6 +873,25 @@ def test_a_dry_run_or_a_refused_launch_leaves_an_existing_runs_files_as_they_wer
     assert not (fresh / "run_id").exists()  # (no run yet: its id comes with the launch)
 
 
+def test_a_resume_with_no_rounds_left_to_run_is_refused_and_the_record_kept(tmp_path, capsys):
+    # A review: --resume --set defaults.cohort.rounds=10 on a finished 20-round run
+    # showed "round 20/10", ran nothing and recorded 10 rounds, so the plain command
+    # was refused after it ("another experiment (rounds: 10 -> 20)").
+    from hfl.launch.cli import main
+
+    _, path = small_fedavg_experiment(tmp_path, "fewer", peers=2, max_batches=1)
+    assert main([str(path), "--in-process", "--quiet"]) == 0, capsys.readouterr()
+    record = (tmp_path / "run" / "launch.json").read_bytes()
+    capsys.readouterr()
+    for more in ([], ["--set", "defaults.cohort.rounds=1"]):
+        assert main([str(path), "--in-process", "--quiet", "--resume", *more]) == 2
+        err = capsys.readouterr().err
+        assert "its peers ran round 2 already" in err and "defaults.cohort.rounds=12" in err, err
+    assert (tmp_path / "run" / "launch.json").read_bytes() == record
+    assert main([str(path), "--in-process", "--quiet", "--resume",
+                 "--set", "defaults.cohort.rounds=3"]) == 0
+
+
 def test_resume_refuses_another_model_and_leaves_the_run_record_as_it_was(tmp_path, capsys):
     # Issue 18: --resume with another architecture rewrote launch.json and the peer
     # configs (nothing left to run), or failed with four raw "size mismatch" tracebacks.
