@@ -524,9 +524,10 @@ def make_authenticator(context, identity, refusals: RefusalLog | None = None):
                 shown = key[:8].decode(errors="replace")
                 refusals.refused("unknown_key", f"{auth.zap_address} (key {shown}...)",
                                  f"public key {key.decode(errors='replace')} is not on the "
-                                 "allow-list; if it is a member, add the line '<its peer id> "
-                                 f"{key.decode(errors='replace')}' to this peer's allow-list "
-                                 "(hfl-keys show on its side prints it), or, if it is an old "
+                                 "allow-list; if it is a member, add its line, '<its peer id> "
+                                 f"{key.decode(errors='replace')} <signing key>', to this peer's "
+                                 "allow-list (hfl-keys show on its side prints it whole), or, if "
+                                 "it is an old "
                                  "key of a member, that member must use the key listed here")
             return peer is not None
 

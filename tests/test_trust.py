@@ -838,7 +838,7 @@ def test_curve_refuses_a_key_that_is_not_on_the_allow_list_and_logs_it(tmp_path,
     assert any("not on the allow-list" in r.getMessage() for r in caplog.records)
     assert "refused a connection from 127.0.0.1 (key " in caplog.text  # the client's address
     # and what to do if it is a member: the line to add, with the whole (public) key
-    assert f"add the line '<its peer id> {outsider[0].decode()}'" in caplog.text
+    assert f"add its line, '<its peer id> {outsider[0].decode()} <signing key>'" in caplog.text
     assert not any(b"SECRET" in r.getMessage().encode() for r in caplog.records)
 
 
@@ -999,9 +999,9 @@ def test_a_refused_key_is_named_on_the_connecting_side_and_a_fixed_allow_list_le
         cause = asyncio.run(main())
     public = load_secret_key(keys["a"]["key_file"])[0].decode()
     assert cause.startswith("b@tcp://127.0.0.1:") and "refused our connection" in cause
-    assert f"its allow-list needs the line 'a {public}'" in cause
+    assert f"its allow-list needs this peer's line, 'a {public} <signing key>'" in cause
     assert "a: b@tcp://127.0.0.1:" in caplog.text  # logged as it happened, by whom
-    assert f"add the line '<its peer id> {public}'" in caplog.text  # and on b's side
+    assert f"add its line, '<its peer id> {public} <signing key>'" in caplog.text  # b's side
 
 
 @pytest.mark.parametrize("dialler_curve", [True, False], ids=["curve-to-plain", "plain-to-curve"])

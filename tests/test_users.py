@@ -323,6 +323,9 @@ def test_a_normal_launch_checks_options_before_starting_any_peer(tmp_path, capsy
     (["devices=0,gpu"], "devices: got '0,gpu'; allowed: auto"),
     (["defaults.cohort.rounds=1:30"], "defaults.cohort.rounds: got '1:30' (str); expected int"),
     (["defaults.model.options.hidden=abc"], "model.options.hidden: mlp option hidden must be"),
+    # trained, then every peer stopped blaming lost knowledge (a docs review)
+    (["defaults.algorithm.robust=multi_krum", "defaults.algorithm.byzantine=2"],
+     "algorithm.robust: multi_krum: needs n > 2f + 2 = 6 contributions for byzantine f=2, got n="),
 ])
 def test_a_bad_experiment_value_is_one_line_naming_the_field(tmp_path, capsys, sets, needle):
     from hfl.launch.cli import main
