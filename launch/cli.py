@@ -201,9 +201,9 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         discard,
         nothing_to_resume,
         ports_in_use,
-        rounds_already_run,
         refuse_foreign,
         restore,
+        rounds_already_run,
         set_state,
         write_record,
     )
