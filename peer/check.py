@@ -131,11 +131,17 @@ def handshake_terms(cfg: PeerConfig, num_classes: int | None = None,
     and ``handshake`` (the algorithm's dimensions) come from a built peer."""
     from hfl.peer.status import data_split_fingerprint
 
+    d = cfg.data
+    # The fields of the hello's data_split fingerprint, each by name (a review: the
+    # fingerprints alone, "p0 392943829, p1 4170084006", did not say alpha differed).
+    split = {"data.partition": d.partition, "data.num_partitions": d.num_partitions,
+             "data.seed": d.seed, "data.alpha": d.alpha if d.partition == "dirichlet" else None,
+             "data.global_test_fraction": d.global_test_fraction,
+             } if data_split_fingerprint(d) else {}
     terms: dict[str, object] = {
         "cohort.name": cfg.cohort.name, "cohort.algorithm": cfg.cohort.algorithm,
         "cohort.rounds": cfg.cohort.rounds, "security.mode": "curve" if cfg.secured else "none",
-        "data (partition, num_partitions, alpha, seed, test split)":
-            data_split_fingerprint(cfg.data).get("data_split"),
+        **split,
         "cohort.num_classes": num_classes if num_classes is not None else cfg.cohort.num_classes,
         "cohort.communicate_every": cfg.cohort.communicate_every,
         "cohort.overlap": cfg.cohort.overlap,

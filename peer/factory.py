@@ -158,7 +158,10 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
             else:
                 parts = dirichlet_partition(pool.y, cfg.num_partitions, cfg.alpha, cfg.seed)
         except ValueError as exc:  # e.g. too few samples for that many peers
-            raise ConfigError("data.num_partitions", str(exc)) from None
+            # (the library's "lower min_size" names an argument no config sets: a review)
+            why = str(exc).replace("lower min_size, raise alpha or use fewer parts",
+                                   "raise data.alpha or use fewer peers (each needs 10 rows)")
+            raise ConfigError("data.num_partitions", why) from None
         mine = pool.subset(parts[cfg.partition_index])
     mine, global_test = _keep_peer_columns(full, [mine, global_test], cfg)
     split = _split(mine, cfg, cfg.seed * 7919 + cfg.partition_index)

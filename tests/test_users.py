@@ -324,6 +324,8 @@ def test_a_normal_launch_checks_options_before_starting_any_peer(tmp_path, capsy
     (["defaults.cohort.rounds=1:30"], "defaults.cohort.rounds: got '1:30' (str); expected int"),
     (["defaults.model.options.hidden=abc"], "model.options.hidden: mlp option hidden must be"),
     # trained, then every peer stopped blaming lost knowledge (a docs review)
+    (["peers=40", "defaults.data.partition=dirichlet", "defaults.data.alpha=0.05"],
+     "raise data.alpha or use fewer peers (each needs 10 rows)"),  # not "lower min_size"
     (["defaults.algorithm.robust=multi_krum", "defaults.algorithm.byzantine=2"],
      "algorithm.robust: multi_krum: needs n > 2f + 2 = 6 contributions for byzantine f=2, got n="),
 ])
@@ -942,7 +944,8 @@ def test_resume_refuses_another_model_and_leaves_the_run_record_as_it_was(tmp_pa
     ({"cohort": {"num_classes": 12}}, "cohort.num_classes: peers disagree (p0 10, p1 10, p2 12)"),
     ({"cohort": {"rounds": 3}}, "cohort.rounds: peers disagree (p0 2, p1 2, p2 3)"),
     ({"security": {"mode": "none"}}, "security.mode: peers disagree (p0 'curve', p1 'curve', p2 'none')"),
-    ({"data": {"seed": 7}}, "data: peers disagree"),
+    ({"data": {"seed": 7}}, "data.seed: peers disagree (p0 0, p1 0, p2 7)"),  # named: a review
+    ({"data": {"partition": "dirichlet", "alpha": 5.0}}, "data.partition: peers disagree"),
 ])
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "launch"])
 def test_peers_that_would_refuse_each_others_hello_are_refused_before_anything_runs(
