@@ -45,8 +45,14 @@ def load_npz(
     num_classes: int | None = None,
     name: str | None = None,
     scale: float | None = None,
+    classes: Sequence[str] | None = None,
 ) -> ArrayDataset:
     """Load features ``x_key`` and integer labels ``y_key`` from a ``.npz`` file.
+
+    ``classes`` names the labels in order (label k is ``classes[k]``; the number of
+    classes is then its length): peers whose data names its classes (a CSV's text
+    labels, an image folder) refuse one whose data does not, so an NPZ peer in such a
+    cohort names them too.
 
     ``num_classes`` defaults to ``max(y) + 1``; pass it when a peer's file may
     lack the highest classes. ``scale`` divides ``x`` (as float32) by it, e.g.
@@ -90,12 +96,22 @@ def load_npz(
         raise ValueError(f"{p}: array {x_key!r} is complex ({x.dtype}); features must be real")
     y = _labels_from(y_raw, f"{p}: array {y_key!r}")
     _check_labels(y, f"{p}: array {y_key!r}")
+    if classes is not None:
+        classes = _class_list(classes, "classes")
+        if num_classes is not None and num_classes != len(classes):
+            raise ValueError(f"{p}: num_classes {num_classes} but {len(classes)} classes named "
+                             "in data.options.classes: give one of them")
+        if len(y) and int(y.max()) >= len(classes):
+            raise ValueError(f"{p}: array {y_key!r} holds label {int(y.max())}, but "
+                             f"data.options.classes names {len(classes)} ({_shown(classes)})")
+        num_classes = len(classes)
     if scale is not None:
         x = (np.asarray(x, dtype=np.float32) / np.float32(scale)).astype(np.float32)
     _check_finite(x, f"{p}: array {x_key!r}")
     try:
         return ArrayDataset(
-            x=x, y=y, num_classes=_infer_num_classes(y, num_classes), name=name or p.stem
+            x=x, y=y, num_classes=_infer_num_classes(y, num_classes), name=name or p.stem,
+            classes=classes,
         )
     except ValueError as exc:  # (named after the file's stem: name the file)
         raise ValueError(f"{p}: {exc}") from None
@@ -441,10 +457,18 @@ def _csv_labels(
             raise ValueError(f"{p}, line {line_no}, {where}: empty label")
     if classes is not None:
         index = {c: k for k, c in enumerate(classes)}
+        if not all(c in index for c in cells) and all(
+                _is_number(c) and float(c).is_integer() and 0 <= float(c) < len(classes)
+                for c in cells):
+            # numeric labels, named by data.options.classes in label order (where every
+            # label is also a name, names win)
+            y = np.asarray([int(float(c)) for c in cells], dtype=np.int64)
+            return y, len(classes), classes
         for cell, line_no in zip(cells, line_nos, strict=True):
             if cell not in index:
                 raise ValueError(f"{p}, line {line_no}, {where}: label {cell!r} is not one of "
-                                 f"data.options.classes ({_shown(classes)})")
+                                 f"data.options.classes ({_shown(classes)}), nor are the labels "
+                                 f"all numbers in 0..{len(classes) - 1}")
         return np.asarray([index[c] for c in cells], dtype=np.int64), len(classes), classes
     numbers = [_is_number(c) for c in cells]
     if all(numbers):

@@ -453,6 +453,36 @@ def _csv_experiment(tmp_path, tables: dict[str, str], **data) -> Path:
     return path
 
 
+def test_a_peer_with_numeric_labels_names_them_to_join_peers_with_text_labels(tmp_path, capsys):
+    # A data review: an NPZ (or a numeric CSV) peer could not join a peer whose CSV
+    # names its classes: one named them, the other did not, and load_npz had no way to.
+    # data.options.classes now names numeric labels in order (label k is classes[k]).
+    from hfl.data import load_csv, load_npz
+    from hfl.launch.cli import main
+
+    x = np.random.default_rng(0).normal(size=(16, 1)).astype(np.float32)
+    y = np.arange(16) % 3
+    np.savez(tmp_path / "p1.npz", x=x, y=y)
+    ds = load_npz(tmp_path / "p1.npz", classes=["ant", "bee", "cat"])
+    assert ds.classes == ("ant", "bee", "cat") and ds.num_classes == 3
+    with pytest.raises(ValueError, match="holds label 2, but data.options.classes names 2"):
+        load_npz(tmp_path / "p1.npz", classes=["ant", "bee"])
+    (tmp_path / "n.csv").write_text("f,label\n" + "".join(f"{i},{i % 3}\n" for i in range(9)))
+    named = load_csv(tmp_path / "n.csv", "label", classes=["ant", "bee", "cat"])
+    assert named.classes == ("ant", "bee", "cat") and list(named.y[:3]) == [0, 1, 2]
+    rows = "f,label\n" + "".join(f"{i},{['ant', 'bee', 'cat'][i % 3]}\n" for i in range(16))
+    path = _csv_experiment(tmp_path, {"p0": rows}, options={})
+    exp = yaml.safe_load(path.read_text())
+    exp["peers"] = 2
+    exp["peer_overrides"]["p1"] = {"data": {"dataset": "npz", "path": str(tmp_path / "p1.npz"),
+                                            "target": None}}
+    path.write_text(yaml.safe_dump(exp))
+    assert main([str(path), "--dry-run"]) == 2  # named on one side only: refused
+    assert "data.options.classes: peers disagree" in capsys.readouterr().err
+    assert main([str(path), "--dry-run", "--fresh", "--set",
+                 "peer_overrides.p1.data.options.classes=[ant, bee, cat]"]) == 0
+
+
 def test_peers_that_name_their_classes_differently_refuse_each_other(tmp_path, capsys):
     # Each peer sorted the text labels of its own file: p0's {ant, cat} made cat label 1,
     # p1's {ant, bee, cat} made it 2 and bee 1. Nothing said so, and the average mixed
