@@ -607,7 +607,10 @@ class FedHP(FedProto):
                             self.ctx.peer_id, round, peer, why)
                 meta["excluded"].append(peer)
                 continue
-            groups.setdefault((str(m.get("dshare_digest")), summands), {})[party] = (
+            # With keys, by digest alone: the summands are the held product's (a share
+            # filed under other summands went unchecked and unnamed: a crypto review).
+            groups.setdefault((str(m.get("dshare_digest")),
+                               0 if self.key is not None else summands), {})[party] = (
                 peer, c.tensors["dshare"])
             proofs[party] = c.tensors.get("dshare_proof")
         if not groups:
@@ -617,7 +620,7 @@ class FedHP(FedProto):
                         "round-%d aggregator showed peers different sums): only the shares of the "
                         "product this peer holds are combined (of the largest group without "
                         "keys); %s", self.ctx.peer_id, round, len(groups), round - 1, round - 1,
-                        {d[:12]: sorted(g) for (d, _), g in groups.items()})
+                        {f"{d[:12]}/{n}": sorted(g) for (d, n), g in groups.items()})
         held = self.pending["digest"] if self.pending is not None else None
         (ct_digest, summands), shares = max(  # (the product this peer holds, if shares are of it)
             groups.items(), key=lambda kv: (kv[0][0] == held, len(kv[1])))

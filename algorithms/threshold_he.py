@@ -56,9 +56,10 @@ learns only the sum, and decrypts it with a threshold variant of Paillier
   a random square ``v`` and every party's verification key ``v_i = v^{s_i}``.
   A party proves ``log_{c^2}(c_i^2) = log_v(v_i)`` for its shares of all ``k``
   ciphertexts of one product at once: the ``k`` statements are folded into one
-  with exponents ``rho_j < 2^128`` hashed from all of them (small-exponent batch
-  verification, Bellare, Garay & Rabin, EUROCRYPT 1998; sound here because the
-  group has no element of order below 2^128), then the Chaum–Pedersen proof of
+  with exponents ``2 rho_j``, ``rho_j < 2^128`` hashed from all of them
+  (small-exponent batch verification, Bellare, Garay & Rabin, EUROCRYPT 1998;
+  sound here because the group has no element of order below 2^128, which holds
+  from 512-bit moduli on: p', q' > 2^128), then the Chaum–Pedersen proof of
   equal discrete logarithms over the integers (``z = r + e s_i``, ``r`` 256 bits
   wider than any share), made non-interactive with Fiat–Shamir. Shares are
   combined squared, so a component of order 2 (which the proof cannot see)
@@ -368,9 +369,13 @@ def load_key_share(path: str | Path) -> KeyShare:
     own = Ed25519PrivateKey.from_private_bytes(sign_key).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     if own != verify_keys[index - 1]:
         raise ValueError(f"{path}: sign_key does not match this party's key in verify_keys")
-    if len(data["share_keys"]) != len(parties) or not all(0 < k < n * n for k in (v, *share_keys)):
-        raise ValueError(f"{path}: v and share_keys must be one number in (0, n^2) each, one "
-                         "per party")
+    if len(data["share_keys"]) != len(parties) or not all(
+            1 < k < n * n - 1 and math.gcd(k, n) == 1 and gmpy2.jacobi(k % n, n) == 1
+            for k in (v, *share_keys)):
+        # (a square mod n^2 is a square mod n: Jacobi +1; v = 1 made every share
+        # "verify", and a key sharing a factor with n made the verifier raise: a review)
+        raise ValueError(f"{path}: v and share_keys must be one square mod n^2 each, one per "
+                         "party, prime to n and neither 1 nor -1")
     public = PublicKey(n, threshold, parties, verify_keys, v, share_keys)
     if pow(v, secret, n * n) != share_keys[index - 1]:
         raise ValueError(f"{path}: share does not match this party's key in share_keys")
@@ -628,6 +633,8 @@ def verify_decryption(public: PublicKey, context: bytes, index: object, cipherte
     z = gmpy2.mpz(int.from_bytes(raw[CHALLENGE_BYTES:], "big"))
     base, folded = _folded(public, context, index, ciphertexts, shares)
     v, vi = gmpy2.mpz(public.v), gmpy2.mpz(public.share_keys[index - 1])
+    if gmpy2.gcd(vi, n2) != 1 or gmpy2.gcd(v, n2) != 1:
+        return "this key's share verification keys are damaged (not prime to n)"
     a = gmpy2.powmod(base, z, n2) * gmpy2.powmod(gmpy2.invert(folded, n2), e, n2) % n2
     b = gmpy2.powmod(v, z, n2) * gmpy2.powmod(gmpy2.invert(vi, n2), e, n2) % n2
     if _decryption_challenge(public, context, index, base, folded, a, b) != e:

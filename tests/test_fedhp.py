@@ -316,6 +316,8 @@ def test_a_shifted_decryption_share_is_left_out_by_its_proof_and_the_sum_stays_t
 
     tweaks = {"p0": junk, "p1": shifted}
     shares = {a.ctx.peer_id: share_payload(a, 2, tweaks.get(a.ctx.peer_id)) for a in secure}
+    # (junk filed under other summands: grouped apart, it went unchecked and unnamed)
+    shares["p0"].meta["dshare_summands"] += 1
     with caplog.at_level(logging.WARNING, logger="hfl"):
         out = secure[2].aggregate(2, shares)
     assert sorted(out.meta["excluded"]) == ["p0", "p1"] and out.meta["protos_round"] == 1

@@ -575,7 +575,11 @@ def test_old_and_incomplete_key_files_are_refused(keys, tmp_path):
         he.load_key_share(path)
     for bad in [{k: v for k, v in good.items() if k != "share_keys"},
                 {**good, "share_keys": {**good["share_keys"], "p0": good["share_keys"]["p1"]}},
-                {**good, "v": "0x0"}, {**good, "share_keys": ["x"]}]:
+                {**good, "v": "0x0"}, {**good, "share_keys": ["x"]},
+                # degenerate: v = 1 made any share "verify"; a key sharing a factor with n
+                # made the verifier raise (a crypto review)
+                {**good, "v": "0x1", "share_keys": {p: "0x1" for p in good["share_keys"]}},
+                {**good, "share_keys": {**good["share_keys"], "p1": good["n"]}}]:
         write(bad)
         with pytest.raises(ValueError, match="p0.json.*(share_keys|not a key share file)"):
             he.load_key_share(path)
