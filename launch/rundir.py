@@ -73,8 +73,10 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
 def write_record(run_dir: Path, experiment: dict[str, Any], ports: list[int], state: str,
                  **extra: Any) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
+    from hfl.peer.status import process_started
+
     record = {"experiment": experiment, "ports": ports, "state": state, "pid": os.getpid(),
-              "updated": time.time(), **extra}
+              "pid_started": process_started(os.getpid()), "updated": time.time(), **extra}
     tmp = run_dir / (RECORD_NAME + ".tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str))
     os.replace(tmp, run_dir / RECORD_NAME)
@@ -85,7 +87,8 @@ def set_state(run_dir: Path, state: str, **extra: Any) -> None:
     if record is not None:
         write_record(run_dir, record["experiment"], record["ports"], state,
                      **{**{k: v for k, v in record.items()
-                           if k not in ("experiment", "ports", "state", "pid", "updated")}, **extra})
+                           if k not in ("experiment", "ports", "state", "pid", "pid_started",
+                                        "updated")}, **extra})
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -93,16 +96,39 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return config_differences(old, new, ignore=NEUTRAL_KEYS)
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
+def _pid_alive(pid: int, started: int | None = None) -> bool:
+    """Whether the launcher of a record runs: its pid, and where the record has it, the
+    same start time (a record's pid taken by another process after a restart blocked
+    the run directory for good, and the advice was to stop that process: a review)."""
+    from hfl.peer.status import process_alive
+
+    return pid != os.getpid() and process_alive(pid, started)
+
+
+def peers_still_running(run_dir: Path) -> list[str]:
+    """The peer folders of ``run_dir`` whose process still runs (it holds its ``.lock``),
+    as "<peer> (pid N)": an orphan of a launcher killed with SIGKILL went on writing
+    into the folder a ``--fresh`` run had made anew (a review)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        import fcntl
+    except ImportError:
+        return []
+    running = []
+    for lock in sorted(run_dir.glob("*/.lock")) if run_dir.is_dir() else ():
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = lock.read_text(errors="replace").strip()[:12]
+            running.append(f"{lock.parent.name} (pid {pid})" if pid.isdigit() else lock.parent.name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return running
 
 
 def _has_peer_dirs(run_dir: Path) -> bool:
@@ -166,11 +192,17 @@ def decide(run_dir: Path, experiment: dict[str, Any], *, fresh: bool, resume: bo
         raise RunDirError(f"{run_dir} is a file, not a folder: choose another --run-dir")
     refuse_foreign(run_dir, peer_ids)
     record = read_record(run_dir)
-    if record is not None and record.get("state") == "running" and _pid_alive(int(record.get("pid", -1))):
+    if record is not None and record.get("state") == "running" and _pid_alive(
+            int(record.get("pid", -1)), record.get("pid_started")):
         raise RunDirError(
             f"{run_dir} is in use by a running hfl-launch (pid {record['pid']}); "
             "stop it or choose another --run-dir"
         )
+    if orphans := peers_still_running(run_dir):
+        raise RunDirError(
+            f"{run_dir}: peer(s) {', '.join(orphans[:8])} of its run still run, with no "
+            "hfl-launch (it was killed?): they stop within seconds of losing it; if not, "
+            "stop them (kill <pid>), then run this again")
     if fresh:
         aside = None
         if run_dir.exists():

@@ -113,6 +113,9 @@ class Supervisor:
         self._last_line = ""
         self._shown_total = 0
         self._broken = False  # our stdout went away (`| tee log` and Ctrl-C): stop writing to it
+        from hfl.peer.status import process_started
+
+        self._started = process_started(os.getpid()) or ""  # (with the pid: this launcher)
 
     # ----------------------------------------------------------------- processes
 
@@ -125,14 +128,19 @@ class Supervisor:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         pp.log.write(f"----- hfl-launch: start {pp.starts + 1} of {pp.plan.id} at {stamp} -----\n".encode())
         pp.log.flush()
+        # The peer stops when this launcher is gone (peer.cli.watch_launcher): killed
+        # with SIGKILL, it left its peers training for nobody, holding the ports, and
+        # an orphan wrote into the folder a --fresh run had made anew (a review).
+        ours = {"PYTHONUNBUFFERED": "1", "HFL_LAUNCHER_PID": str(os.getpid()),
+                "HFL_LAUNCHER_STARTED": str(self._started)}
         if self.start_method == "forkserver":  # forked from a template that imported torch
             from hfl.launch.zygote import ForkedPeer
 
             with _stops_deferred():  # see there: no peer forked and not recorded
-                pp.proc = ForkedPeer(pp.plan.config_path, {**pp.plan.env, "PYTHONUNBUFFERED": "1"},
+                pp.proc = ForkedPeer(pp.plan.config_path, {**pp.plan.env, **ours},
                                      run_dir / "peer.log", self._preload)
         else:
-            env = {**os.environ, **pp.plan.env, "PYTHONUNBUFFERED": "1"}
+            env = {**os.environ, **pp.plan.env, **ours}
             pp.proc = subprocess.Popen(
                 [sys.executable, "-m", "hfl.peer.cli", "--config", str(pp.plan.config_path),
                  "--no-plot"],  # the launcher plots the whole run

@@ -405,6 +405,10 @@ def run_dir_lock(run_dir: str | Path):
                                      "give this one another node.run_dir") from None
         except OSError as exc:  # a file system without flock (Lustre, some NFS): no lock
             log.debug("%s: no lock (%s)", path, exc)
+        else:  # who holds it: a launcher names the process of a peer still running
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)

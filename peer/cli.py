@@ -261,6 +261,7 @@ async def _main(cfg, profiler=None):
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop, sig)
+    watch = asyncio.ensure_future(watch_launcher(cfg.node.id, lambda: stop(signal.SIGTERM)))
     try:
         return await run_peer(cfg, observer=observer if profiler is not None else None,
                               freeze_heap=True)
@@ -269,6 +270,29 @@ async def _main(cfg, profiler=None):
         logging.getLogger("hfl.peer").info("%s: stopped by %s", cfg.node.id,
                                            signal.Signals(signum).name)
         return _Stopped(signum)
+    finally:
+        watch.cancel()
+
+
+async def watch_launcher(peer_id: str, stop, every_s: float = 1.0) -> None:
+    """A peer started by hfl-launch (``HFL_LAUNCHER_PID``, ``HFL_LAUNCHER_STARTED``) stops,
+    as on SIGTERM, once that launcher is gone: killed with SIGKILL, it left its peers
+    training for nobody and holding their ports, and the next ``--fresh`` in that run
+    directory had an orphan writing the old run's rounds into the new one (a review).
+    ``hfl-launch --resume`` continues the run from the checkpoints."""
+    from hfl.peer.status import process_alive
+
+    pid = os.environ.get("HFL_LAUNCHER_PID", "")
+    if not pid.isdigit():
+        return
+    started = os.environ.get("HFL_LAUNCHER_STARTED", "")
+    started = int(started) if started.isdigit() else None
+    while process_alive(int(pid), started):
+        await asyncio.sleep(every_s)
+    logging.getLogger("hfl.peer").warning(
+        "%s: its hfl-launch (pid %s) is gone: this peer stops (hfl-launch --resume continues "
+        "the run)", peer_id, pid)
+    stop()
 
 
 def entry() -> None:

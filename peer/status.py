@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
 import logging
 import socket
 import sys
@@ -190,6 +191,31 @@ def cpu_by_thread() -> dict[str, float]:
 TYPED_EVENTS = frozenset({"started", "member", "dropped", "crash", "took", "published",
                           "committed", "absorbed", "equivocator", "slow_tick", "join_short",
                           "sent"})
+
+
+def process_started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat), or None
+    where that cannot be read (no such process, not Linux). With the pid it names one
+    process: a pid alone may be another's after the first ended (a container restarts
+    its pids from 1)."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, after the name
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_alive(pid: int, started: int | None = None) -> bool:
+    """Whether ``pid`` runs and, where ``started`` is given and readable, is the process
+    that started then."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        pass
+    now = process_started(pid) if started is not None else None
+    return started is None or now is None or now == started
 
 
 class Repeats:

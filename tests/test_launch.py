@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import yaml
@@ -422,3 +423,92 @@ def test_seeds_get_a_plot_of_each_seed_and_their_mean_and_std(tmp_path):
     written = plots.plot_seeds(tmp_path, runs)
     assert [p.name for p in written] == ["seeds_global_acc.png"]
     assert written[0].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_peer_stops_once_its_launcher_is_gone(monkeypatch):
+    # A review: a launcher killed with SIGKILL left its peers training for nobody,
+    # holding their ports; the next --fresh had an orphan writing into the new run.
+    import asyncio
+    import subprocess
+    import sys
+
+    from hfl.peer.cli import watch_launcher
+    from hfl.peer.status import process_started
+
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        monkeypatch.setenv("HFL_LAUNCHER_PID", str(launcher.pid))
+        monkeypatch.setenv("HFL_LAUNCHER_STARTED", str(process_started(launcher.pid)))
+        stopped = []
+
+        async def main():
+            watch = asyncio.ensure_future(watch_launcher("p0", lambda: stopped.append(1), 0.02))
+            await asyncio.sleep(0.1)
+            assert not watch.done() and not stopped  # the launcher runs: nothing happens
+            launcher.kill()
+            launcher.wait()
+            await asyncio.wait_for(watch, 30)
+
+        asyncio.run(main())
+        assert stopped == [1]
+    finally:
+        launcher.kill()
+        launcher.wait()
+    # Another process under the launcher's pid (a restarted container) is not it.
+    monkeypatch.setenv("HFL_LAUNCHER_PID", str(os.getpid()))
+    monkeypatch.setenv("HFL_LAUNCHER_STARTED", str((process_started(os.getpid()) or 0) + 1))
+    stopped.clear()
+    asyncio.run(asyncio.wait_for(watch_launcher("p0", lambda: stopped.append(1), 0.02), 30))
+    assert stopped == [1]
+
+
+def test_a_run_whose_peers_still_run_without_a_launcher_is_not_reused(tmp_path):
+    import subprocess
+    import sys
+
+    from hfl.launch.rundir import RunDirError, decide
+    from hfl.peer.checkpoint import run_dir_lock
+
+    (tmp_path / "run" / "p0").mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from hfl.peer.checkpoint import run_dir_lock\n"
+         "with run_dir_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)",
+         str(tmp_path / "run" / "p0")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for fresh, resume in ((True, False), (False, True), (False, False)):
+            with pytest.raises(RunDirError, match=rf"p0 \(pid {holder.pid}\) of its run still run"):
+                decide(tmp_path / "run", {}, fresh=fresh, resume=resume, peer_ids=["p0"])
+    finally:
+        holder.kill()
+        holder.wait()
+    with run_dir_lock(tmp_path / "run" / "p0"):  # (released with its process)
+        pass
+
+
+def test_a_record_whose_launcher_pid_now_names_another_process_does_not_block_the_run(tmp_path):
+    # A review: after a restart, the record's pid belonged to an unrelated process and
+    # every launch was refused "in use by a running hfl-launch", advising to stop it.
+    import subprocess
+    import sys
+
+    from hfl.launch.rundir import RunDirError, decide, write_record
+    from hfl.peer.status import process_started
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        run = tmp_path / "run"
+        write_record(run, {}, [], "running")
+        record = json.loads((run / "launch.json").read_text())
+        for started, in_use in ((process_started(other.pid), True),
+                                ((process_started(other.pid) or 0) + 1, False)):
+            (run / "launch.json").write_text(json.dumps(
+                {**record, "pid": other.pid, "pid_started": started}))
+            if in_use:
+                with pytest.raises(RunDirError, match="in use by a running hfl-launch"):
+                    decide(run, {}, fresh=False, resume=True)
+            else:
+                assert decide(run, {}, fresh=False, resume=True).action == "resume"
+    finally:
+        other.kill()
+        other.wait()
