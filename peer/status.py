@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
-import os
 import logging
+import os
 import socket
 import sys
 import time
