@@ -117,8 +117,15 @@ def test_peers_that_refuse_each_other_are_refused_by_the_launcher_and_say_why_al
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "cohort.num_classes: peers disagree (p0 10, p1 12)" in proc.stderr
     assert not (run / "launch.json").exists() and not (run / "p0").exists()
-    # Organisations starting their own peers with these configs: each refusal is named
-    # on the console with its reason, and neither ends as if it had been federated.
+    assert not (run / "peers").exists()  # a refused launch writes nothing (not even configs)
+    # Organisations starting their own peers, p1's config with another num_classes: each
+    # refusal is named on the console with its reason, and neither ends as if it had
+    # been federated. (The configs: a dry run of the agreeing experiment writes them.)
+    assert launch(experiment(tmp_path, rounds=2, timing={"join_timeout_s": 8}),
+                  "--dry-run").returncode == 0
+    p1 = yaml.safe_load((run / "peers" / "p1.yaml").read_text())
+    p1["cohort"]["num_classes"] = 12
+    (run / "peers" / "p1.yaml").write_text(yaml.safe_dump(p1))
     procs = {pid: subprocess.Popen(
         [sys.executable, "-m", "hfl.peer.cli", "--config", str(run / "peers" / f"{pid}.yaml"),
          "--set", "node.min_peers=2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
