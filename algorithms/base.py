@@ -196,6 +196,11 @@ class Algorithm:
             self._selection_set = pooled(parts, ctx.num_classes, ctx.selection.on) if parts else None
         return self._selection_set
 
+    #: ``aggregate`` changes nothing but its result, so it may run again on part of the
+    #: contributions (after one raised, to find the member whose payload makes it raise:
+    #: RoundProcedures.on_members_payloads); a method whose aggregate keeps state says False.
+    aggregate_is_pure = True
+
     def handshake_info(self) -> dict[str, int]:
         """Dimensions peers must agree on (sent in the hello; nothing else)."""
         return {}

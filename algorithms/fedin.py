@@ -98,6 +98,7 @@ Origin = tuple[str, int, int]  # (peer whose private samples produced the row, r
 class FedIN(FedProx):
     name = "fedin"
     Config = FedINConfig
+    aggregate_is_pure = False  # its aggregate fills the feature store and draws from it
 
     def __init__(self, ctx, cfg=None):
         super().__init__(ctx, cfg)

@@ -22,6 +22,7 @@ import argparse
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -84,12 +85,24 @@ def _out(text: str = "", err: bool = False) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    import signal
+
+    # SIGTERM and a hangup stop a launch as Ctrl-C does, in every phase (a review: during
+    # start-up, or with --in-process, they killed the launcher at once and silently; a
+    # --fresh launch left the old run hidden in a dot-folder)
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(sig, _interrupt)
     try:
         if args.seeds is None:
             return launch_once(args, list(args.overrides))
         return launch_seeds(args)
     except KeyboardInterrupt:  # Ctrl-C before the peers ran (the supervisor handles it after)
         return interrupted_at_start(args)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def interrupted_at_start(args: argparse.Namespace) -> int:
@@ -103,8 +116,13 @@ def interrupted_at_start(args: argparse.Namespace) -> int:
         sys.modules["hfl.launch.zygote"].stop_template()
     run_dir = getattr(args, "started_run_dir", None)
     if run_dir is not None:
-        from hfl.launch.rundir import set_state
+        from hfl.launch.rundir import read_record, set_state
 
+        state = (read_record(run_dir) or {}).get("state")
+        if state in ("finished", "failed"):  # after the run: its record and results stand
+            _out(f"\nhfl-launch: interrupted after the run ended ({state}): its results are in "
+                 f"{run_dir}/results.json (hfl-report {run_dir} draws the plots)", err=True)
+            return 130
         set_state(run_dir, "interrupted", failures=["interrupted"])
     _out("\nhfl-launch: interrupted" + (
         f"; the same command continues the run in {run_dir}" if run_dir is not None else
@@ -147,8 +165,11 @@ def launch_seeds(args: argparse.Namespace) -> int:
         _out(f"hfl-launch: seed {seed} ({i + 1} of {len(args.seeds)})")
         sets = [*args.overrides, f"defaults.data.seed={seed}", f"defaults.cohort.seed={seed}",
                 f"defaults.node.seed={seed}", f"run_dir={seed_dir(base, seed)}"]
+        args.nothing_left = False
         rc = launch_once(args, sets)
-        if rc in (2, 130):  # a refused experiment or run directory, or Ctrl-C: stop here
+        if rc == 2 and args.nothing_left and args.resume:
+            rc = 0  # (--seeds ... --resume: a seed that ran every round is done: its row)
+        elif rc in (2, 130):  # a refused experiment or run directory, or Ctrl-C: stop here
             return rc
         worst = max(worst, rc)
         if not args.dry_run and peer_dirs(seed_dir(base, seed)):
@@ -214,6 +235,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.allow_solo:
         overrides.append("defaults.node.allow_solo=true")
     decision = run_dir = None
+    written = False
     try:
         exp = load_experiment(args.experiment, overrides)
         run_dir = exp.resolved_run_dir
@@ -257,10 +279,12 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                        gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None,
                        # on SLURM a peer has its task's cores, not a share of this login node's
                        threads=exp.slurm.cpus_per_task if slurm else None)
-        if decision.action == "resume" and (why := nothing_to_resume(run_dir, [
+        # (on SLURM the same command may only follow a job: slurm.following decides)
+        if decision.action == "resume" and not slurm and (why := nothing_to_resume(run_dir, [
                 (p.id, p.config.node.checkpoint, Path(p.config.node.run_dir)) for p in plans])
                 or rounds_already_run(run_dir, plans[0].config.cohort.rounds,
                                       [(p.id, Path(p.config.node.run_dir)) for p in plans])):
+            args.nothing_left = why.startswith(f"cannot resume {run_dir} with cohort.rounds")
             if not args.dry_run:
                 raise RunDirError(why)
             decision = Decision("new", f"a launch would be refused: {why}")
@@ -290,7 +314,8 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         described = check_plans(plans, deep=args.dry_run, devices_here=not slurm)
         # A dry run writes the configs (and keys) of a new run only: never into a run
         # directory that holds anything (a finished run's record, a live run's allow-list).
-        if not args.dry_run or not (run_dir.exists() and any(run_dir.iterdir())):
+        written = not args.dry_run or not (run_dir.exists() and any(run_dir.iterdir()))
+        if written:
             write_plans(exp, plans)
             if ours := next((p for p in plans if p.cohort_key), None):
                 ours.config.identity()  # the cohort's keys as made (or kept): readable
@@ -324,6 +349,9 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         _out(f"hfl-launch: the batch script --on slurm would submit:\n{batch_script(exp, plans, run_dir)}")
         return 0
     if args.dry_run:
+        if not written:  # (a folder that holds a run)
+            _out(f"hfl-launch: a dry run writes nothing into {run_dir}, which holds a run: the "
+                 "configs below are the ones a launch would write")
         for p in plans:
             env = " ".join(f"{k}={v}" for k, v in p.env.items())
             _out(f"  {described[p.id]}\n      {env} hfl-peer --config {p.config_path}")
@@ -375,16 +403,27 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
             sys.modules["hfl.launch.zygote"].stop_template()
     state = ("interrupted" if "interrupted" in outcome.failures
              else "failed" if outcome.failures else "finished")
-    set_state(run_dir, state, failures=outcome.failures)
+    try:  # (a run directory deleted or made read-only meanwhile: one line, and the table)
+        set_state(run_dir, state, failures=outcome.failures)
+    except OSError as exc:
+        _out(f"hfl-launch: cannot record the run's state in {run_dir}/launch.json: "
+             f"{exc.strerror or exc}", err=True)
     rows = [peer_row(p.id, p.config.model.arch, Path(p.config.run_dir)) for p in plans]
     rows.append(mean_row(rows))
     best = best_mean([Path(p.config.run_dir) for p in plans])
     round_one = round_one_after([Path(p.config.run_dir) for p in plans], args.started_at)
-    table = write_results(run_dir, rows, {
-        "experiment": exp.name, "wall_time_s": outcome.wall_time_s, "ok": outcome.ok,
-        "command_s": time.time() - args.started_at, "round_1_after_s": round_one,
-        "best_mean_test_acc": best, "failures": outcome.failures, "events": outcome.events,
-    })
+    try:
+        table = write_results(run_dir, rows, {
+            "experiment": exp.name, "wall_time_s": outcome.wall_time_s, "ok": outcome.ok,
+            "command_s": time.time() - args.started_at, "round_1_after_s": round_one,
+            "best_mean_test_acc": best, "failures": outcome.failures, "events": outcome.events,
+        })
+    except OSError as exc:
+        from hfl.launch.results import render_table
+
+        _out(f"hfl-launch: cannot write the results into {run_dir}: {exc.strerror or exc}; "
+             "the table as read:", err=True)
+        table = render_table(rows)
     try:
         from hfl.launch.plots import plot_run
 
@@ -460,7 +499,14 @@ def check_plans(plans, deep: bool, devices_here: bool = True) -> dict[str, str]:
     model), as ``hfl-peer --check`` prints it."""
     import dataclasses
 
-    from hfl.peer.check import check_options, check_peer, disagreement, handshake_terms
+    from hfl.peer.check import (
+        check_options,
+        check_peer,
+        disagreement,
+        handshake_terms,
+        robust_fits_the_cohort,
+    )
+    from hfl.peer.configtools import ConfigError
 
     seen: set[str] = set()
     terms: dict[str, dict] = {}
@@ -483,14 +529,17 @@ def check_plans(plans, deep: bool, devices_here: bool = True) -> dict[str, str]:
                     seen.add(key)
                     check_options(cfg, keys=False)
         except Exception as err:
-            from hfl.peer.configtools import ConfigError
-
             if isinstance(err, ConfigError):
                 raise err.with_source(f"peer {p.id}") from None
             # a check that missed a case: named, one line, not a traceback
             raise ConfigError("", f"peer {p.id}: cannot build this peer from its config: "
                                   f"{type(err).__name__}: {str(err)[:300]}") from err
     _refuse_a_sharing_cohort_of_one(plans)
+    for p in plans[:1]:  # (the same algorithm options for every peer: checked above)
+        try:
+            robust_fits_the_cohort(p.config, len(plans))
+        except ConfigError as err:
+            raise err.with_source(f"peer {p.id}") from None
     _resolve_num_classes(plans, terms)
     problem = disagreement(terms)  # what every peer's hello would refuse, at once
     if problem is not None:

@@ -389,9 +389,12 @@ def write_plans(exp: ExperimentConfig, plans: list[PeerPlan]) -> None:
         raise ConfigError("run_dir", f"cannot create {run_dir / 'peers'} ({exc.strerror or exc})"
                           ) from None
     if any(p.cohort_key for p in plans):
-        from hfl.peer.security import cohort_keys
+        from hfl.peer.security import SecurityError, cohort_keys
 
-        cohort_keys(run_dir / "keys", exp.peer_ids())
+        try:
+            cohort_keys(run_dir / "keys", exp.peer_ids())
+        except SecurityError as exc:  # (e.g. a key file others may read: a traceback)
+            raise ConfigError(f"security.{getattr(exc, 'field', 'key_file')}", str(exc)) from None
     for plan in plans:
         # libyaml's dumper when PyYAML has it: the same text, 3.6x faster (a thousand
         # peers' configs are written before any starts)

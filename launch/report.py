@@ -133,7 +133,12 @@ def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
         raise ValueError(f"{run_dir}: {why}: its seeds cannot be averaged (launch each "
                          "experiment in a run directory of its own)")
     runs = [d for _, d in seeds if peer_dirs(d)] or [run_dir]
-    per_run = [cohort_row(d, peer_dirs(d)) for d in runs]
+    from hfl.launch.rundir import read_record
+
+    # As hfl-launch's seeds table: a seed whose launch failed is left out of the mean
+    # (a review: results.md said "1 of 2 seeds" and this report averaged both).
+    counted = [d for d in runs if not seeds or (read_record(d) or {}).get("state") != "failed"]
+    per_run = [cohort_row(d, peer_dirs(d)) for d in counted or runs]
     peers = peer_dirs(runs[0])
     row: dict[str, Any] = {"run": label or str(run_dir), "algorithm": _algorithm(runs[0], peers),
                            "data": _data(runs[0], peers),
@@ -143,7 +148,7 @@ def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
         row[key] = mean_std(values) if seeds else values[0]
     if seeds:
         row["seeds"] = len(runs)
-    from hfl.launch.rundir import read_record
+        row["seeds_counted"] = len(counted)
 
     # how far it got and whether it ended (a running, failed or interrupted run read as
     # a finished one, and runs of 5 and 8 rounds were compared without a word: a review)
@@ -174,7 +179,8 @@ def render(rows: list[dict[str, Any]]) -> str:
     body = [[_cell(r.get(k), spec) for k, _, spec in columns] for r in rows]
     for r, b in zip(rows, body, strict=True):
         if r.get("seeds"):
-            b[0] += f" ({r['seeds']} seeds)"
+            n, counted = r["seeds"], r.get("seeds_counted", r["seeds"])
+            b[0] += f" ({n} seeds)" if counted == n else f" ({counted} of {n} seeds: failed ones left out)"
     return markdown_table(header, body)
 
 

@@ -252,8 +252,9 @@ def nothing_to_resume(run_dir: Path, peers: Iterable[tuple[str, bool, Path]]) ->
     starts again at round 1, its rows beside the last run's: ``--resume`` of a finished
     run without checkpoints ran it twice into one metrics.jsonl and showed one table
     of both (restarts 1, twice the bytes)."""
-    unsaved = [pid for pid, checkpoint, folder in peers
-               if not checkpoint and (folder / "metrics.jsonl").exists()]
+    unsaved = [pid for pid, checkpoint, folder in peers  # (a checkpoint of earlier, kept:
+               if not checkpoint and (folder / "metrics.jsonl").exists()  # it resumes)
+               and not (folder / "checkpoint.pt").exists()]
     if not unsaved:
         return None
     return (f"cannot resume {run_dir}: node.checkpoint is off for "
@@ -271,11 +272,12 @@ def rounds_already_run(run_dir: Path, rounds: int, peers: Iterable[tuple[str, Pa
 
     done = {pid: max((int(r["round"]) for r in read_metrics(folder)), default=0)
             for pid, folder in peers}
-    most = max(done.values(), default=0)
-    if most < rounds or rounds <= 0:
+    # Every peer: one behind (a solo peer, slower, stopped by Ctrl-C) has rounds to run.
+    least = min(done.values(), default=0)
+    if least < rounds or rounds <= 0:
         return None
-    return (f"cannot resume {run_dir} with cohort.rounds {rounds}: its peers ran round {most} "
-            f"already; more rounds continue it (e.g. --set defaults.cohort.rounds={most + 10}), "
+    return (f"cannot resume {run_dir} with cohort.rounds {rounds}: its peers ran round {least} "
+            f"already; more rounds continue it (e.g. --set defaults.cohort.rounds={least + 10}), "
             "--fresh starts over")
 
 

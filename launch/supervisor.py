@@ -93,7 +93,7 @@ class LaunchOutcome:
 
 
 class Supervisor:
-    def __init__(self, exp: ExperimentConfig, plans: list[PeerPlan], out: IO = sys.stdout,
+    def __init__(self, exp: ExperimentConfig, plans: list[PeerPlan], out: IO | None = None,
                  progress: bool = True, start_method: str = "process"):
         self.exp = exp
         self.start_method = start_method  # "process" (one interpreter each) or "forkserver"
@@ -105,8 +105,10 @@ class Supervisor:
         self.peers = {p.id: PeerProc(p) for p in plans}
         self.rounds = plans[0].config.cohort.rounds
         self.faults = [FaultState(f, target=exp.fault_target(f)) for f in exp.faults]
-        self.out = out
-        self.progress = progress
+        # (sys.stdout now, not at import: with stdout closed it is None, and the first
+        # progress line raised, leaving the peers running: a review)
+        self.out = out if out is not None else sys.stdout
+        self.progress = progress and self.out is not None
         self.events: list[dict[str, Any]] = []
         self.failures: list[str] = []
         self._t0 = time.monotonic()
@@ -163,9 +165,11 @@ class Supervisor:
 
     def _stop_all(self, grace_s: float) -> None:
         for pp in self.peers.values():
-            if pp.running:
+            if pp.running or (pp.proc is not None and _alive(pp.proc.pid)):
+                # (a forked peer reads as exited, 255, once its template died: it was not)
                 pp.killed_on_purpose = True  # its exit status is ours, not a failure
                 pp.proc.send_signal(signal.SIGTERM)
+                pp.proc.send_signal(signal.SIGCONT)  # a stopped peer takes SIGTERM only so
         deadline = time.monotonic() + grace_s
         for pp in self.peers.values():
             if pp.proc is None:
@@ -331,6 +335,9 @@ class Supervisor:
                 self._say("hfl-launch: interrupted: stopping the peers")
             finally:
                 self.stop_all()
+        except BaseException:  # a bug here must not leave the peers running for nobody
+            self.stop_all()
+            raise
         finally:
             for pp in self.peers.values():
                 self._read_metrics(pp)
@@ -421,3 +428,13 @@ def _tail(path: Path, n: int) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return "(no log)"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (not a zombie): a forked peer is not our child, and its
+    template's death made it read as exited while it trained on (a review)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

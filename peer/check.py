@@ -39,8 +39,7 @@ def check_options(cfg: PeerConfig, keys: bool = True) -> None:
         alg_cls = get_algorithm(cfg.cohort.algorithm)
     except (ValueError, ImportError) as exc:
         raise ConfigError("cohort.algorithm", str(exc)) from None
-    alg_cfg = build(alg_cls.Config, cfg.algorithm, "algorithm")
-    robust_fits_the_cohort(alg_cfg, cfg.node.min_peers)
+    build(alg_cls.Config, cfg.algorithm, "algorithm")
     from hfl.models import model_names
 
     if cfg.model.arch not in model_names():
@@ -64,13 +63,16 @@ def check_options(cfg: PeerConfig, keys: bool = True) -> None:
     check_data_files(cfg)
 
 
-def robust_fits_the_cohort(alg_cfg, peers: int) -> None:
+def robust_fits_the_cohort(cfg: PeerConfig, peers: int) -> None:
     """A robust rule that cannot combine the whole cohort's contributions (Krum with
-    n <= 2f + 2, a median with 2f >= n) is a ConfigError naming ``algorithm.robust``: it
-    trained, and every peer stopped at the end blaming lost knowledge (a docs review:
-    multi_krum with byzantine 2 on 4 peers)."""
+    n <= 2f + 2, a median with 2f >= n; ``peers``: the launch's cohort) is a ConfigError
+    naming ``algorithm.robust``: it trained, and every peer stopped at the end blaming
+    lost knowledge (a docs review: multi_krum with byzantine 2 on 4 peers)."""
+    from hfl.algorithms.registry import get_algorithm
+
+    alg_cfg = build(get_algorithm(cfg.cohort.algorithm).Config, cfg.algorithm, "algorithm")
     rule = getattr(alg_cfg, "robust", None)
-    if rule in (None, "mean") or peers < 2:  # (a peer alone does not know its cohort)
+    if rule in (None, "mean") or peers < 2:
         return
     from hfl.algorithms.robust import check_rule
 
@@ -78,8 +80,8 @@ def robust_fits_the_cohort(alg_cfg, peers: int) -> None:
         check_rule(rule, peers, getattr(alg_cfg, "byzantine", 1),
                    getattr(alg_cfg, "trim_fraction", 0.2), getattr(alg_cfg, "krum_select", None))
     except ValueError as exc:
-        raise ConfigError("algorithm.robust", f"{exc} (a cohort of {peers} peers, "
-                          "node.min_peers): lower algorithm.byzantine or pick another rule") from None
+        raise ConfigError("algorithm.robust", f"{exc} (a cohort of {peers} peers): lower "
+                          "algorithm.byzantine or pick another rule") from None
 
 
 def check_data_files(cfg: PeerConfig) -> None:

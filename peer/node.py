@@ -187,7 +187,8 @@ class Node:
         self.procedures = RoundProcedures(
             self.core, now=self.clock.now, paused=lambda: self.pauses.total,
             reading_behind=lambda: self._reading_behind, fanout=fanout,
-            plan_key=f"{cohort.name}:{cohort.seed}", overlap=getattr(cohort, "overlap", False))
+            plan_key=f"{cohort.name}:{cohort.seed}", overlap=getattr(cohort, "overlap", False),
+            retry_aggregate=getattr(algorithm, "aggregate_is_pure", True))
         self._started: asyncio.Task | None = None  # a StartCompute's call (cohort.overlap)
         # Every send: encoded once, handed to the transport, counted by type (``sent``).
         self.out = Outbox(peer_id, transport, self.limits, timing.send_timeout_s,

@@ -78,8 +78,12 @@ class RoundProcedures:
     def __init__(self, core: PeerCore, *, now: Callable[[], float],
                  paused: Callable[[], float] = lambda: 0.0,
                  reading_behind: Callable[[], bool] = lambda: False,
-                 fanout: int | None = None, plan_key: str = "", overlap: bool = False) -> None:
+                 fanout: int | None = None, plan_key: str = "", overlap: bool = False,
+                 retry_aggregate: bool = True) -> None:
         self.core = core
+        # The method's aggregate may run again on part of the contributions (it changes
+        # nothing but its result): on_members_payloads then looks for the member at fault.
+        self.retry_aggregate = retry_aggregate
         self.now = now
         self.paused = paused
         self.reading_behind = reading_behind
@@ -674,7 +678,7 @@ class RoundProcedures:
             return (yield call)
         except Exception as err:  # noqa: BLE001 -- a drop, named; cancellations pass
             error = err
-        if isinstance(call, Aggregate):
+        if isinstance(call, Aggregate) and self.retry_aggregate:
             raising = yield from self.raising_members(call)
             kept = {p: c for p, c in call.contributions.items() if p not in raising}
             if raising and any(p != self.core.id for p in kept):

@@ -280,7 +280,8 @@ def _parse_allow_list(text: str, source: str) -> tuple[dict[str, bytes], dict[st
         raise SecurityError(
             f"{source}: no signing key for {', '.join(short[:8])}{', ...' if len(short) > 8 else ''}"
             f" where the other lines have one: every line needs all three fields ('<peer id> "
-            "<public key> <signing key>', as 'hfl-keys show <its .key>' prints it); without "
+            "<public key> <signing key>', as 'hfl-keys show <its .key>' prints it; a key made "
+            "by an older hfl-keys has none: 'hfl-keys new <id> --force' makes it anew); without "
             "them nothing in the cohort would be signed")
     return allowed, signs
 

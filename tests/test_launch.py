@@ -512,3 +512,42 @@ def test_a_record_whose_launcher_pid_now_names_another_process_does_not_block_th
     finally:
         other.kill()
         other.wait()
+
+
+def test_hfl_report_leaves_a_failed_seed_out_of_the_mean_as_the_seeds_table_does(tmp_path):
+    from hfl.launch.report import render, run_row
+    from hfl.launch.rundir import write_record
+
+    for seed, acc, state in ((0, 0.9, "finished"), (1, 0.1, "failed"), (2, 0.8, "finished")):
+        d = tmp_path / "run" / f"seed{seed}"
+        (d / "p0").mkdir(parents=True)
+        (d / "p0" / "metrics.jsonl").write_text(json.dumps(
+            {"round": 1, "time": 1.0, "round_time_s": 1.0, "test_acc": acc, "global_acc": acc}) + "\n")
+        write_record(d, {"name": "x", "defaults": {"data": {"seed": seed}}}, [], state)
+    row = run_row(tmp_path / "run")
+    assert row["seeds"] == 3 and row["seeds_counted"] == 2
+    assert row["test_acc"][0] == pytest.approx(0.85) and row["state"] == "failed"
+    assert "(2 of 3 seeds: failed ones left out)" in render([row])
+
+
+def test_resume_checks_count_every_peer_and_an_existing_checkpoint(tmp_path):
+    # A review of the resume refusals: a solo peer one behind (Ctrl-C) was refused its
+    # rounds because another peer had run them all; a run with checkpoints resumed with
+    # node.checkpoint now off was refused as having none.
+    from hfl.launch.rundir import nothing_to_resume, rounds_already_run
+
+    for pid, last in (("p0", 3), ("p1", 1)):
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "metrics.jsonl").write_text(
+            "".join(json.dumps({"round": r}) + "\n" for r in range(1, last + 1)))
+    peers = [(p, tmp_path / p) for p in ("p0", "p1")]
+    assert rounds_already_run(tmp_path, 3, peers) is None  # p1 has rounds 2 and 3 to run
+    (tmp_path / "p1" / "metrics.jsonl").write_text(
+        "".join(json.dumps({"round": r}) + "\n" for r in (1, 2, 3)))
+    assert "its peers ran round 3 already" in rounds_already_run(tmp_path, 3, peers)
+    assert rounds_already_run(tmp_path, 4, peers) is None
+    off = [(p, False, tmp_path / p) for p in ("p0", "p1")]
+    assert "node.checkpoint is off for p0, p1" in nothing_to_resume(tmp_path, off)
+    for p in ("p0", "p1"):
+        (tmp_path / p / "checkpoint.pt").write_bytes(b"x")
+    assert nothing_to_resume(tmp_path, off) is None  # the checkpoint there resumes

@@ -608,3 +608,15 @@ def test_an_aggregate_that_raises_leaves_out_the_member_whose_payload_makes_it_r
     drops = [i for i in s.seen[mark:] if isinstance(i, Dropped)]
     assert [d.code for d in drops] == ["method_error"]
     assert "the members' payloads raised" in drops[0].reason
+    # A method whose aggregate keeps state (FedIN's feature store) is not run again.
+    core, procs, clock, r = serving()
+    procs.retry_aggregate = False
+    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
+    s.until(Wait)
+    contribution(core, "p1", r, 2.0)
+    s.answer(True)
+    s.until(Aggregate)
+    mark = len(s.seen)
+    s.ins = s._step(s.gen.throw, boom)
+    s.until()
+    assert s.done and not [i for i in s.seen[mark:] if isinstance(i, Aggregate)]

@@ -1125,6 +1125,12 @@ def test_seeds_run_once_per_seed_and_report_mean_and_std(tmp_path, capsys):
     assert f"{statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f}" in row
     with pytest.raises(SystemExit):  # each seed once
         main([str(path), "--seeds", "1", "1"])
+    # --resume of the series with one seed more: the seeds that ran every round are done
+    # (their rows as they are), the new one runs (a review: the series stopped, refused)
+    assert main([str(path), "--in-process", "--quiet", "--seeds", "0", "1", "2", "3",
+                 "--resume"]) == 0, capsys.readouterr()
+    assert json.loads((run / "results.json").read_text())["mean_over"] == [0, 1, 2, 3]
+    capsys.readouterr()
     # Seed 0 again with another lr: seeds 1 and 2 of the old lr stay beside it, and the
     # report averaged the two experiments (a review of the results). Refused, named.
     assert main([str(path), "--in-process", "--quiet", "--seeds", "0", "--fresh",
