@@ -66,7 +66,13 @@ def _write_profile(profiler, path: str, peer_id: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        return _main_checked(parse_args(argv))
+    except KeyboardInterrupt:  # (Ctrl-C while the imports ran: a 50-line traceback)
+        return 130
+
+
+def _main_checked(args: argparse.Namespace) -> int:
     from hfl.peer.config import ConfigError, load_config
 
     overrides = list(args.overrides) + (["node.allow_solo=true"] if args.allow_solo else [])
@@ -168,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{result.last_round}/{cfg.cohort.rounds} (--set node.resume=false starts over); "
               "its results as before:", flush=True)
     _plot(cfg, args.no_plot)
-    _print_summary(cfg, result)
+    try:  # (a terminal closed meanwhile: the run's files are written, its status 0)
+        _print_summary(cfg, result)
+    except OSError:
+        pass
     return 0
 
 
