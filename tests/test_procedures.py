@@ -559,6 +559,21 @@ def test_a_method_that_raises_on_the_members_payloads_is_a_drop_and_the_peer_goe
     assert not [m for m in s.sent(mark) if m[1] in ("aggregate", "commit")]
 
 
+def aggregate_raising_with_p1(error: Exception, retry: bool = True) -> tuple[Stepper, int]:
+    """p0 serving a round with p1's contribution in, its first aggregate raising ``error``:
+    the stepper at the instruction after, and where that began."""
+    core, procs, clock, r = serving()
+    procs.retry_aggregate = retry
+    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
+    s.until(Wait)
+    contribution(core, "p1", r, 2.0)
+    s.answer(True)
+    s.until(Aggregate)
+    mark = len(s.seen)
+    s.ins = s._step(s.gen.throw, error)
+    return s, mark
+
+
 def test_an_aggregate_that_raises_leaves_out_the_member_whose_payload_makes_it_raise():
     # One member's payload that made the aggregate raise cost every member the round.
     # Each member's contribution is tried beside the aggregator's own: the one whose
@@ -593,14 +608,7 @@ def test_an_aggregate_that_raises_leaves_out_the_member_whose_payload_makes_it_r
     assert list(published[0].contributors) == ["p0", "p1"]
     # Every pair raising (this peer's own payload, or the method): the round's drop as
     # before, nobody named.
-    core, procs, clock, r = serving()
-    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
-    s.until(Wait)
-    contribution(core, "p1", r, 2.0)
-    s.answer(True)
-    s.until(Aggregate)
-    mark = len(s.seen)
-    s.ins = s._step(s.gen.throw, boom)
+    s, mark = aggregate_raising_with_p1(boom)
     assert sorted(s.ins.contributions) == ["p0", "p1"]
     s.ins = s._step(s.gen.throw, boom)
     s.until()
@@ -609,14 +617,6 @@ def test_an_aggregate_that_raises_leaves_out_the_member_whose_payload_makes_it_r
     assert [d.code for d in drops] == ["method_error"]
     assert "the members' payloads raised" in drops[0].reason
     # A method whose aggregate keeps state (FedIN's feature store) is not run again.
-    core, procs, clock, r = serving()
-    procs.retry_aggregate = False
-    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
-    s.until(Wait)
-    contribution(core, "p1", r, 2.0)
-    s.answer(True)
-    s.until(Aggregate)
-    mark = len(s.seen)
-    s.ins = s._step(s.gen.throw, boom)
+    s, mark = aggregate_raising_with_p1(boom, retry=False)
     s.until()
     assert s.done and not [i for i in s.seen[mark:] if isinstance(i, Aggregate)]
