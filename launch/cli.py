@@ -87,18 +87,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import signal
 
-    # SIGTERM and a hangup stop a launch as Ctrl-C does, in every phase (a review: during
-    # start-up, or with --in-process, they killed the launcher at once and silently; a
-    # --fresh launch left the old run hidden in a dot-folder)
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(sig, _interrupt)
+    # SIGTERM and a hangup stop a local launch as Ctrl-C does, in every phase (a review:
+    # during start-up, or with --in-process, they killed the launcher at once and
+    # silently; a --fresh launch left the old run hidden in a dot-folder). Not on SLURM,
+    # where a launcher that dies leaves its job running (the same command follows it;
+    # Ctrl-C cancels it), nor where the signal was ignored when we started (nohup).
+    previous = {}
+    if args.on != "slurm" and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+                previous[sig] = signal.signal(sig, _interrupt)
     try:
         if args.seeds is None:
             return launch_once(args, list(args.overrides))
         return launch_seeds(args)
     except KeyboardInterrupt:  # Ctrl-C before the peers ran (the supervisor handles it after)
         return interrupted_at_start(args)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _interrupt(signum, frame) -> None:
@@ -111,7 +118,8 @@ def interrupted_at_start(args: argparse.Namespace) -> int:
     already started stopped, and the run's record not left at ``running``."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a second one must not cut this short
+        signal.signal(sig, signal.SIG_IGN)
     if "hfl.launch.zygote" in sys.modules:
         sys.modules["hfl.launch.zygote"].stop_template()
     run_dir = getattr(args, "started_run_dir", None)
@@ -168,7 +176,12 @@ def launch_seeds(args: argparse.Namespace) -> int:
         args.nothing_left = False
         rc = launch_once(args, sets)
         if rc == 2 and args.nothing_left and args.resume:
-            rc = 0  # (--seeds ... --resume: a seed that ran every round is done: its row)
+            # (--seeds ... --resume: a seed that ran every round is done: its row as it is,
+            # failed if its launch had failed)
+            from hfl.launch.rundir import read_record
+
+            rc = 1 if (read_record(seed_dir(base, seed)) or {}).get("state") == "failed" else 0
+            _out(f"hfl-launch: seed {seed} ran every round already: its results as they are")
         elif rc in (2, 130):  # a refused experiment or run directory, or Ctrl-C: stop here
             return rc
         worst = max(worst, rc)
@@ -324,7 +337,8 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     except RunDirError as err:
         if decision is not None:
             restore(run_dir, decision)
-        _out(f"hfl-launch: {err}", err=True)
+        if not (getattr(args, "nothing_left", False) and args.seeds is not None):
+            _out(f"hfl-launch: {err}", err=True)  # (a seed of a --seeds --resume: said above)
         return 2
     except ConfigError as err:
         if "hfl.launch.zygote" in sys.modules:

@@ -138,14 +138,14 @@ def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
     # As hfl-launch's seeds table: a seed whose launch failed is left out of the mean
     # (a review: results.md said "1 of 2 seeds" and this report averaged both).
     counted = [d for d in runs if not seeds or (read_record(d) or {}).get("state") != "failed"]
-    per_run = [cohort_row(d, peer_dirs(d)) for d in counted or runs]
+    per_run = [cohort_row(d, peer_dirs(d)) for d in counted]  # (none: "-", as hfl-launch)
     peers = peer_dirs(runs[0])
     row: dict[str, Any] = {"run": label or str(run_dir), "algorithm": _algorithm(runs[0], peers),
                            "data": _data(runs[0], peers),
                            "peers": len(peers), "short": sum(r.get("short", 0) for r in per_run)}
     for key in SEED_AVERAGED:
         values = [r.get(key, math.nan) for r in per_run]
-        row[key] = mean_std(values) if seeds else values[0]
+        row[key] = mean_std(values) if seeds else values[0] if values else math.nan
     if seeds:
         row["seeds"] = len(runs)
         row["seeds_counted"] = len(counted)
@@ -156,7 +156,7 @@ def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
                              for run in runs for _, d in peer_dirs(run)), default=0)
     states = {(read_record(run) or {}).get("state") for run in runs} - {None, "finished"}
     row["state"] = ", ".join(sorted(states)) or None
-    row["over"] = min(len(r.get("over", ())) for r in per_run)  # peers the means are over
+    row["over"] = min((len(r.get("over", ())) for r in per_run), default=0)  # peers in the means
     return row
 
 

@@ -198,7 +198,8 @@ def decide(run_dir: Path, experiment: dict[str, Any], *, fresh: bool, resume: bo
             f"{run_dir} is in use by a running hfl-launch (pid {record['pid']}); "
             "stop it or choose another --run-dir"
         )
-    if orphans := peers_still_running(run_dir):
+    # (a SLURM job's peers hold their locks while the same command follows the job)
+    if not (record or {}).get("slurm_job") and (orphans := peers_still_running(run_dir)):
         raise RunDirError(
             f"{run_dir}: peer(s) {', '.join(orphans[:8])} of its run still run, with no "
             "hfl-launch (it was killed?): they stop within seconds of losing it; if not, "

@@ -122,6 +122,9 @@ class ForkedPeer:
                                  daemon=False)
         self._proc.start()
         self.pid = self._proc.pid
+        from hfl.peer.status import process_started
+
+        self.started = process_started(self.pid)  # (with the pid: this peer, not a reuse)
 
     @property
     def returncode(self) -> int | None:
@@ -139,7 +142,7 @@ class ForkedPeer:
     def send_signal(self, sig: int) -> None:
         try:
             os.kill(self.pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):  # (gone; its pid another user's)
             pass
 
     def kill(self) -> None:

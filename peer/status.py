@@ -214,6 +214,12 @@ def process_alive(pid: int, started: int | None = None) -> bool:
         return False
     except (PermissionError, OverflowError, ValueError):
         pass
+    try:  # a zombie (killed, not yet reaped by its parent) is gone too (a review)
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        if stat[stat.rindex(")") + 2:].split()[0] in ("Z", "X"):
+            return False
+    except (OSError, ValueError, IndexError):
+        pass
     now = process_started(pid) if started is not None else None
     return started is None or now is None or now == started
 

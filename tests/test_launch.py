@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 import pytest
 import yaml
@@ -454,6 +455,19 @@ def test_a_peer_stops_once_its_launcher_is_gone(monkeypatch):
     finally:
         launcher.kill()
         launcher.wait()
+    # A launcher killed but not yet reaped by its parent (a zombie) is gone too.
+    from hfl.peer.status import process_alive
+
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    started = process_started(zombie.pid)
+    os.kill(zombie.pid, 9)
+    try:
+        deadline = time.monotonic() + 30
+        while process_alive(zombie.pid, started) and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the kernel has made it a zombie (unreaped: no wait())
+        assert not process_alive(zombie.pid, started)
+    finally:
+        zombie.wait()
     # Another process under the launcher's pid (a restarted container) is not it.
     monkeypatch.setenv("HFL_LAUNCHER_PID", str(os.getpid()))
     monkeypatch.setenv("HFL_LAUNCHER_STARTED", str((process_started(os.getpid()) or 0) + 1))

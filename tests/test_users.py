@@ -83,7 +83,9 @@ def test_fresh_deletes_the_run_and_a_live_launcher_keeps_its_directory(tmp_path)
     try:
         write_record(run, EXP, [7001, 7002], "running")
         record = read_record(run)
-        record["pid"] = child.pid
+        from hfl.peer.status import process_started
+
+        record["pid"], record["pid_started"] = child.pid, process_started(child.pid)
         (run / "launch.json").write_text(json.dumps(record))
         with pytest.raises(RunDirError, match=f"running hfl-launch \\(pid {child.pid}\\)"):
             decide(run, EXP, fresh=True, resume=False)
