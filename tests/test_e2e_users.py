@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -289,7 +290,9 @@ def test_a_stopped_peer_says_goodbye_and_exits_with_its_signals_status(tmp_path,
     assert procs[1].returncode == code, err1
     assert f"stopped by {signal.Signals(sig).name}" in err1 and "hfl-report" in err1
     assert "Traceback" not in err1
-    assert "p1 alive -> left (left)" in err0  # its goodbye, not a silence taken for death
+    # its goodbye, not a silence taken for death (from alive, or suspect where a loaded
+    # machine had delayed its heartbeats a moment before: the full suite beside reviews)
+    assert re.search(r"p1 (alive|suspect) -> left \(left\)", err0), err0[-3000:]
     assert "p1 alive -> dead" not in err0 and procs[0].returncode == 143, err0
     rows = metrics(tmp_path, "p1")
     assert rows and load_checkpoint(tmp_path / "p1")["round"] == rows[-1]["round"]
