@@ -530,6 +530,29 @@ def test_overlap_starts_the_next_local_step_once_the_knowledge_is_out_and_absorb
         "local_update 3", "share 3", "absorb 3", "evaluate"]
 
 
+def at_the_aggregate(*members: str, retry: bool = True) -> Stepper:
+    """p0 serving a round with ``members``' contributions in (2.0, 3.0, ...): the stepper
+    at its first Aggregate."""
+    core, procs, clock, r = serving()
+    procs.retry_aggregate = retry
+    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
+    s.until(Wait)
+    for i, p in enumerate(members):
+        contribution(core, p, r, 2.0 + i)
+    s.answer(True)
+    s.until(Aggregate)
+    return s
+
+
+def aggregate_raising_with_p1(error: Exception, retry: bool = True) -> tuple[Stepper, int]:
+    """:func:`at_the_aggregate` with p1 in, that aggregate raising ``error``: the stepper
+    at the instruction after, and where that began."""
+    s = at_the_aggregate("p1", retry=retry)
+    mark = len(s.seen)
+    s.ins = s._step(s.gen.throw, error)
+    return s, mark
+
+
 def test_a_method_that_raises_on_the_members_payloads_is_a_drop_and_the_peer_goes_on():
     # PROTOCOL.md, Validation (method_error): a payload that passed the codec and the
     # method's checks but makes its absorb or aggregate raise (a member's packed layout
@@ -544,13 +567,7 @@ def test_a_method_that_raises_on_the_members_payloads_is_a_drop_and_the_peer_goe
     assert [d.code for d in drops] == ["method_error"]
     assert "round 2: absorbing" in drops[0].reason and "OverflowError" in drops[0].reason
     # An aggregator whose aggregate raised publishes nothing (its members fail over).
-    core, procs, clock, r = serving()
-    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
-    s.until(Wait)
-    contribution(core, "p1", r, 2.0)
-    contribution(core, "p2", r, 3.0)
-    s.answer(True)
-    s.until(Aggregate)
+    s = at_the_aggregate("p1", "p2")
     mark = len(s.seen)
     s.ins = s._step(s.gen.throw, ValueError("cannot reshape array of size 3 into shape (2,2)"))
     s.until()
@@ -559,33 +576,12 @@ def test_a_method_that_raises_on_the_members_payloads_is_a_drop_and_the_peer_goe
     assert not [m for m in s.sent(mark) if m[1] in ("aggregate", "commit")]
 
 
-def aggregate_raising_with_p1(error: Exception, retry: bool = True) -> tuple[Stepper, int]:
-    """p0 serving a round with p1's contribution in, its first aggregate raising ``error``:
-    the stepper at the instruction after, and where that began."""
-    core, procs, clock, r = serving()
-    procs.retry_aggregate = retry
-    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
-    s.until(Wait)
-    contribution(core, "p1", r, 2.0)
-    s.answer(True)
-    s.until(Aggregate)
-    mark = len(s.seen)
-    s.ins = s._step(s.gen.throw, error)
-    return s, mark
-
-
 def test_an_aggregate_that_raises_leaves_out_the_member_whose_payload_makes_it_raise():
     # One member's payload that made the aggregate raise cost every member the round.
     # Each member's contribution is tried beside the aggregator's own: the one whose
     # pair raises is left out by name, and the others are aggregated and published.
-    core, procs, clock, r = serving()
-    s = Stepper(procs.aggregate_round(r, weights(1.0), {}))
-    s.until(Wait)
-    contribution(core, "p1", r, 2.0)
-    contribution(core, "p2", r, 3.0)
-    s.answer(True)
-    first = s.until(Aggregate)
-    assert sorted(first.contributions) == ["p0", "p1", "p2"]
+    s = at_the_aggregate("p1", "p2")
+    assert sorted(s.ins.contributions) == ["p0", "p1", "p2"]
     mark = len(s.seen)
     boom = ValueError("cannot reshape array of size 3 into shape (2,2)")
     tried = []
