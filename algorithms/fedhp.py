@@ -225,10 +225,6 @@ class _Plain:
         guard.released[policy["ct_round"]] = policy["ct_digest"]
         return np.array(ct), None
 
-    def share_problem(self, peer: str, party: int, ct: np.ndarray, share: np.ndarray,
-                      proof: Any, round: int, digest: str) -> str | None:
-        return None  # (no key: the "share" is the sum itself)
-
     def combine(self, shares: dict[int, np.ndarray], count: int) -> np.ndarray:
         first = shares[min(shares)]
         if first.shape != (count,):
@@ -366,10 +362,6 @@ class FedHP(FedProto):
                                      f"not {ctx.peer_id}'s")
                 from hfl.algorithms.threshold_he import MIN_SECURE_BITS
 
-                if self.key.public.threshold < 2:  # (an attack review: the aggregator
-                    raise ValueError(f"{path}: a key of threshold 1 lets any one key holder "
-                                     "decrypt a single peer's ciphertext; deal keys with "
-                                     "--threshold 2 or more")  # opened one release alone)
                 if self.key.public.bits < MIN_SECURE_BITS:
                     log.warning("%s: %s is a %d-bit key: such a modulus can be factored, which "
                                 "opens every ciphertext (tests and demos only)", ctx.peer_id,

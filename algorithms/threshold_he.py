@@ -354,8 +354,10 @@ def load_key_share(path: str | Path) -> KeyShare:
         share_keys = tuple(int(data["share_keys"][p], 16) for p in parties)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{path}: not a key share file: {exc!r}") from exc
-    if not 1 <= index <= len(parties) or not 1 <= threshold <= len(parties):
-        raise ValueError(f"{path}: index/threshold out of range")
+    if not 1 <= index <= len(parties) or not 2 <= threshold <= len(parties):
+        # (threshold 1: any one key holder decrypts a single peer's ciphertext, as the
+        # aggregator did in an attack review; keygen deals no such key)
+        raise ValueError(f"{path}: index/threshold out of range (threshold 2..{len(parties)})")
     try:
         verify_keys = tuple(bytes.fromhex(raw_keys[p]) for p in parties)
         sign_key = bytes.fromhex(sign_key)

@@ -293,11 +293,14 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                        # on SLURM a peer has its task's cores, not a share of this login node's
                        threads=exp.slurm.cpus_per_task if slurm else None)
         # (on SLURM the same command may only follow a job: slurm.following decides)
-        if decision.action == "resume" and not slurm and (why := nothing_to_resume(run_dir, [
+        unsaved = left = None
+        if decision.action == "resume" and not slurm:
+            unsaved = nothing_to_resume(run_dir, [
                 (p.id, p.config.node.checkpoint, Path(p.config.node.run_dir)) for p in plans])
-                or rounds_already_run(run_dir, plans[0].config.cohort.rounds,
-                                      [(p.id, Path(p.config.node.run_dir)) for p in plans])):
-            args.nothing_left = why.startswith(f"cannot resume {run_dir} with cohort.rounds")
+            left = rounds_already_run(run_dir, plans[0].config.cohort.rounds,
+                                      [(p.id, Path(p.config.node.run_dir)) for p in plans])
+        if why := unsaved or left:
+            args.nothing_left = unsaved is None  # (every round ran: a seed of --seeds is done)
             if not args.dry_run:
                 raise RunDirError(why)
             decision = Decision("new", f"a launch would be refused: {why}")
@@ -549,11 +552,14 @@ def check_plans(plans, deep: bool, devices_here: bool = True) -> dict[str, str]:
             raise ConfigError("", f"peer {p.id}: cannot build this peer from its config: "
                                   f"{type(err).__name__}: {str(err)[:300]}") from err
     _refuse_a_sharing_cohort_of_one(plans)
-    for p in plans[:1]:  # (the same algorithm options for every peer: checked above)
-        try:
-            robust_fits_the_cohort(p.config, len(plans))
-        except ConfigError as err:
-            raise err.with_source(f"peer {p.id}") from None
+    checked: set[str] = set()
+    for p in plans:  # (once per distinct algorithm section: peer overrides may set one)
+        if (key := repr((p.config.cohort.algorithm, p.config.algorithm))) not in checked:
+            checked.add(key)
+            try:
+                robust_fits_the_cohort(p.config, len(plans))
+            except ConfigError as err:
+                raise err.with_source(f"peer {p.id}") from None
     _resolve_num_classes(plans, terms)
     problem = disagreement(terms)  # what every peer's hello would refuse, at once
     if problem is not None:

@@ -131,15 +131,11 @@ def handshake_terms(cfg: PeerConfig, num_classes: int | None = None,
     """What a peer's hello must agree on with every other's (peer.node._incompatibility),
     by config field, plus the security mode; known without data unless ``num_classes``
     and ``handshake`` (the algorithm's dimensions) come from a built peer."""
-    from hfl.peer.status import data_split_fingerprint
+    from hfl.peer.status import data_split_fields
 
-    d = cfg.data
     # The fields of the hello's data_split fingerprint, each by name (a review: the
     # fingerprints alone, "p0 392943829, p1 4170084006", did not say alpha differed).
-    split = {"data.partition": d.partition, "data.num_partitions": d.num_partitions,
-             "data.seed": d.seed, "data.alpha": d.alpha if d.partition == "dirichlet" else None,
-             "data.global_test_fraction": d.global_test_fraction,
-             } if data_split_fingerprint(d) else {}
+    split = {f"data.{k}": v for k, v in data_split_fields(cfg.data).items()}
     terms: dict[str, object] = {
         "cohort.name": cfg.cohort.name, "cohort.algorithm": cfg.cohort.algorithm,
         "cohort.rounds": cfg.cohort.rounds, "security.mode": "curve" if cfg.secured else "none",

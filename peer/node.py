@@ -333,8 +333,8 @@ class Node:
     def _drop(self, code: str, reason: str) -> None:
         self.dropped[code] += 1
         reason = clip(reason, 400)
-        now, more = self._repeats.note(reason)
-        if now:
+        say, more = self._repeats.note(reason)
+        if say:
             log.warning("%s: dropped message: %s%s", self.id, reason, Repeats.suffix(more))
         self._observe("dropped", self, code=str(code), reason=reason)
 
@@ -371,8 +371,8 @@ class Node:
                 self._spawn(self.transport.forget(ins.address, ins.peer_id), "forget")
             elif isinstance(ins, do.Refused):
                 self.dropped["refused"] += 1
-                now, more = self._repeats.note(ins.reason)
-                if now:
+                say, more = self._repeats.note(ins.reason)
+                if say:
                     log.error("%s: %s%s", self.id, clip(ins.reason, 400), Repeats.suffix(more))
             elif isinstance(ins, do.NamedEquivocator):
                 log.error("%s: %s signed two different contributions for round %s (proof from %s: "

@@ -101,14 +101,20 @@ def data_split_fingerprint(data) -> dict[str, int]:
     split alike. Empty when the peer does not partition (its own data)."""
     import zlib
 
+    fields = data_split_fields(data)
+    if not fields:
+        return {}
+    return {"data_split": zlib.crc32(json.dumps(fields, sort_keys=True).encode())}
+
+
+def data_split_fields(data) -> dict[str, object]:
+    """What :func:`data_split_fingerprint` covers, by field (empty where the peer does
+    not partition): a launcher names the one that differs."""
     if data.partition == "none" or data.num_partitions == 1:
         return {}
-    key = json.dumps({
-        "partition": data.partition, "num_partitions": data.num_partitions, "seed": data.seed,
-        "alpha": data.alpha if data.partition == "dirichlet" else None,
-        "global_test_fraction": data.global_test_fraction,
-    }, sort_keys=True)
-    return {"data_split": zlib.crc32(key.encode())}
+    return {"partition": data.partition, "num_partitions": data.num_partitions,
+            "seed": data.seed, "alpha": data.alpha if data.partition == "dirichlet" else None,
+            "global_test_fraction": data.global_test_fraction}
 
 
 def class_names_term(names: tuple[str, ...] | None) -> dict[str, int]:
@@ -193,15 +199,24 @@ TYPED_EVENTS = frozenset({"started", "member", "dropped", "crash", "took", "publ
                           "sent"})
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the process's name (state first), or None."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        return stat[stat.rindex(")") + 2:].split()
+    except (OSError, ValueError):
+        return None
+
+
 def process_started(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat), or None
     where that cannot be read (no such process, not Linux). With the pid it names one
     process: a pid alone may be another's after the first ended (a container restarts
     its pids from 1)."""
+    fields = _stat_fields(pid)
     try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, after the name
-    except (OSError, ValueError, IndexError):
+        return int(fields[19]) if fields else None  # field 22 of the whole line
+    except (ValueError, IndexError):
         return None
 
 
@@ -214,13 +229,13 @@ def process_alive(pid: int, started: int | None = None) -> bool:
         return False
     except (PermissionError, OverflowError, ValueError):
         pass
-    try:  # a zombie (killed, not yet reaped by its parent) is gone too (a review)
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-        if stat[stat.rindex(")") + 2:].split()[0] in ("Z", "X"):
-            return False
-    except (OSError, ValueError, IndexError):
-        pass
-    now = process_started(pid) if started is not None else None
+    fields = _stat_fields(pid)
+    if fields and fields[0] in ("Z", "X"):  # a zombie (killed, not reaped yet) is gone too
+        return False
+    try:
+        now = int(fields[19]) if fields and started is not None else None
+    except (ValueError, IndexError):
+        now = None
     return started is None or now is None or now == started
 
 

@@ -579,9 +579,10 @@ def test_old_and_incomplete_key_files_are_refused(keys, tmp_path):
                 # degenerate: v = 1 made any share "verify"; a key sharing a factor with n
                 # made the verifier raise (a crypto review)
                 {**good, "v": "0x1", "share_keys": {p: "0x1" for p in good["share_keys"]}},
-                {**good, "share_keys": {**good["share_keys"], "p1": good["n"]}}]:
+                {**good, "share_keys": {**good["share_keys"], "p1": good["n"]}},
+                {**good, "threshold": 1}]:  # (one key holder would decrypt one release)
         write(bad)
-        with pytest.raises(ValueError, match="p0.json.*(share_keys|not a key share file)"):
+        with pytest.raises(ValueError, match="p0.json.*(share_keys|not a key share file|threshold)"):
             he.load_key_share(path)
     write({k: v for k, v in good.items() if k != "sign_key"})
     with pytest.raises(ValueError, match="p0.json.*not a key share file.*sign_key"):
