@@ -243,6 +243,10 @@ class PeerCore:
         #: (the peers it went to, knowledge): this peer's latest knowledge, sent again to
         #: one of them that says it is still awaiting it (heartbeat ``awaiting``)
         self.sent_knowledge: tuple[frozenset[str], Knowledge] | None = None
+        #: whether that knowledge went to every live member (a decentralized round with no
+        #: ``cohort.fanout`` plan): then a member that joined after it went out, and asks
+        #: for it, is one it would have gone to (:meth:`asks_again`)
+        self.sent_to_every_member = False
         self._asks_answered: dict[tuple[str, int, int], float] = {}  # (asker, round, epoch) -> when
         # Ticking (:meth:`tick_greetings`, :meth:`tick_sends`, :meth:`link_changed`).
         # ``timing`` is the peer's TimingConfig; ``rng`` the peer's seeded draws.
@@ -878,6 +882,7 @@ class PeerCore:
             sent_to, knowledge = self.sent_knowledge
             if self.asks_again(msg, sent_to, knowledge) and self._answer_ask(msg.sender, knowledge,
                                                                               now):
+                self.sent_knowledge = (sent_to | {msg.sender}, knowledge)  # (lingers for it too)
                 out += [Say(logging.INFO, "%s: round %d: %s has not got our knowledge; "
                             "sending it again", (self.id, msg.awaiting, msg.sender)),
                         SendTo(msg.sender, knowledge, "knowledge again")]
@@ -1310,10 +1315,15 @@ class PeerCore:
     def asks_again(self, msg: Heartbeat, sent_to: frozenset[str], knowledge: Knowledge) -> bool:
         """``msg`` (a heartbeat with ``awaiting``) is from a peer this peer sent
         ``knowledge`` to (its aggregator; in a decentralized round, any of the round's
-        receivers), for that round and epoch, saying it has not arrived: send it again.
-        Anyone else's ask, or one for another round or epoch, changes nothing."""
+        receivers, and where it went to every live member, a live member that joined
+        after it went out), for that round and epoch, saying it has not arrived: send it
+        (again). Anyone else's ask, or one for another round or epoch, changes nothing.
+        A member met after the broadcast waited the whole round_timeout_s for knowledge
+        never sent to it, and a late joiner's last round learned nothing
+        (hfl.sim.protocol, 3 peers, broadcast, seed 502)."""
         finished = knowledge.round == self.last_round == self.round - 1  # (staying: above)
-        return (msg.sender in sent_to and msg.awaiting == knowledge.round
+        joined_since = self.sent_to_every_member and self.membership.is_live(msg.sender)
+        return ((msg.sender in sent_to or joined_since) and msg.awaiting == knowledge.round
                 and (knowledge.round == self.round or finished) and msg.epoch == knowledge.epoch)
 
     #: An ask for our knowledge (heartbeat ``awaiting``) is answered at most once per

@@ -368,13 +368,14 @@ class RoundProcedures:
         deadline; ``ahead`` (cohort.overlap) starts once the knowledge is out."""
         core = self.core
         mem = core.membership
-        targets = mem.live_peers()
+        targets, planned = mem.live_peers(), False
         if self.fanout is not None and self.fanout < len(mem.members):
             scheduled, core.sources = core.exchange_plan(r, self.fanout, self.plan_key)
-            targets = [p for p in scheduled if mem.is_live(p)]
+            targets, planned = [p for p in scheduled if mem.is_live(p)], True
         if send:
             knowledge = core.knowledge(r, payload)
             core.sent_knowledge = (frozenset(targets), knowledge)  # an "awaiting" asks again
+            core.sent_to_every_member = not planned  # (a member met since may ask too)
             yield Broadcast(tuple(targets), knowledge)
         if ahead is not None:
             yield ahead
@@ -516,6 +517,7 @@ class RoundProcedures:
                 return (yield from self.serve(r, payload, info))
             knowledge = core.knowledge(r, payload, core.epoch)
             core.sent_knowledge = (frozenset({aggregator}), knowledge)  # an "awaiting" asks again
+            core.sent_to_every_member = False
             yield Send(aggregator, knowledge, to_member=True)
             # An aggregator still behind round r (restarted, paused, catching up) may lose
             # what it got meanwhile (or never get it: it was not listening yet): once its

@@ -150,6 +150,31 @@ def test_an_aggregator_still_awaiting_our_knowledge_gets_it_again():
     assert not [i for i in out if isinstance(i, SendTo)]
 
 
+def test_a_member_met_after_a_broadcast_to_every_member_gets_the_knowledge_it_asks_for():
+    # PROTOCOL.md, heartbeat `awaiting`: in a decentralized round whose knowledge went to
+    # every live member, a live member met since (p2 here) is one it would have gone to.
+    # It waited the whole round_timeout_s, and a late joiner's last round learned nothing
+    # (hfl.sim.protocol --peers 3 --mode broadcast, seed 502).
+    ask = Heartbeat(sender="p2", incarnation=0, round=3, awaiting=3)
+    sent = Knowledge(sender="p0", incarnation=0, round=3, kind="weights")
+    for to_every_member, answered in ((True, True), (False, False)):
+        # (False: an elected aggregator's round, or a cohort.fanout plan that left p2 out)
+        core = bare(round=3)
+        core.sent_knowledge = (frozenset({"p1"}), sent)
+        core.sent_to_every_member = to_every_member
+        out = core.handle("p2", ask, 1.0)
+        again = [i for i in out if isinstance(i, SendTo)]
+        assert again == ([SendTo("p2", sent, "knowledge again")] if answered else [])
+        # It is then one the knowledge went to (a last round's linger waits for it too).
+        assert core.sent_knowledge[0] == (frozenset({"p1", "p2"}) if answered
+                                          else frozenset({"p1"}))
+    # Not a peer that is no member (it is no receiver of a broadcast).
+    core = bare(round=3)
+    core.sent_knowledge, core.sent_to_every_member = (frozenset({"p1"}), sent), True
+    stranger = dataclasses.replace(ask, sender="p9")
+    assert not [i for i in core.handle("p9", stranger, 1.0) if isinstance(i, SendTo)]
+
+
 def test_awaits_any_and_the_cached_live_members_agree_with_a_scan_after_every_event():
     # awaits_any (an aggregator's wait, asked on every contribution) keeps the peer it
     # found and live_ids a cached tuple: both against recomputation from the view, over
