@@ -219,6 +219,17 @@ def launch_seeds(args: argparse.Namespace) -> int:
 
 
 def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
+    """One launch (:func:`_launch_once`), its run directory locked from before it is
+    read until the run ended (rundir.LaunchLock)."""
+    args.launch_lock = None
+    try:
+        return _launch_once(args, overrides)
+    finally:
+        if args.launch_lock is not None:
+            args.launch_lock.release()
+
+
+def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     args.started_at = time.time()  # each launch reports how long until its round 1
     from hfl.launch.experiment import (
         expand,
@@ -230,6 +241,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     )
     from hfl.launch.rundir import (
         Decision,
+        LaunchLock,
         RunDirError,
         decide,
         discard,
@@ -266,6 +278,7 @@ def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                 decision = Decision("new", f"a launch would be refused: {err}" if not args.fresh
                                     else f"--fresh: would delete {run_dir} and start anew")
         else:
+            args.launch_lock = LaunchLock.take(run_dir)
             decision = decide(run_dir, exp_dict, fresh=args.fresh, resume=args.resume,
                               peer_ids=exp.peer_ids())
         slurm = args.on == "slurm"

@@ -15,6 +15,7 @@ finished                                refused: ``--resume`` or ``--fresh``
 another experiment (a ``--set``, ...)   refused: ``--resume`` or ``--fresh``
 peer directories but no launch.json     refused: ``--resume`` or ``--fresh``
 launched by a live ``hfl-launch``       refused (even with ``--resume``)
+another ``hfl-launch`` starting on it   refused (:class:`LaunchLock`)
 ======================================  ==========================================
 
 ``--fresh`` deletes the directory, but only once the new run is valid and
@@ -295,6 +296,75 @@ def discard(decision: Decision) -> None:
     if decision.aside is not None:
         shutil.rmtree(decision.aside, ignore_errors=True)
         decision.aside = None
+
+
+class LaunchLock:
+    """An exclusive lock on a run directory, held by one ``hfl-launch`` from before it
+    reads the directory until it is done with it: two launches of one folder started
+    within seconds of each other (a command run twice, two terminals) both found no
+    record (it is written once every check passed, torch imported) and both started
+    a new run there. The lock is a hidden file beside the folder
+    (``.<name>.hfl-launch.lock``, holding the pid), so that ``--fresh`` moving the
+    folder aside keeps it; it is deleted on release. On a filesystem without
+    ``flock`` (some network mounts) there is no lock, only the record's check."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd = path, fd
+
+    @staticmethod
+    def path_for(run_dir: Path) -> Path:
+        run_dir = Path(os.path.abspath(run_dir))
+        return run_dir.parent / f".{run_dir.name}.hfl-launch.lock"
+
+    @classmethod
+    def take(cls, run_dir: Path) -> LaunchLock | None:
+        """The lock, or None where the filesystem has none; RunDirError when another
+        launcher holds it."""
+        import fcntl
+
+        path = cls.path_for(run_dir)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return None  # (a folder we cannot make: the launch says so itself)
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:
+                return None  # a folder we may not write beside: the record's check only
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                os.close(fd)
+                raise RunDirError(
+                    f"{run_dir} is in use by another hfl-launch"
+                    f"{f' (pid {holder})' if holder.isdigit() else ''}, starting or running; "
+                    "wait for it, stop it, or choose another --run-dir") from None
+            except OSError:
+                os.close(fd)
+                return None
+            try:  # the file we locked is still the one at the path (a releaser deletes it)
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except OSError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+                return cls(path, fd)
+            os.close(fd)
+
+    def release(self) -> None:
+        """Delete the lock file while holding it, then let go (one that waits on the
+        old file sees it is no longer at the path and takes the new one)."""
+        if self.fd < 0:
+            return
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = -1
 
 
 def ports_in_use(host: str, ports: list[int]) -> list[int]:

@@ -500,6 +500,45 @@ def test_a_run_whose_peers_still_run_without_a_launcher_is_not_reused(tmp_path):
         pass
 
 
+def test_a_second_launch_of_one_folder_is_refused_while_the_first_starts_and_runs(tmp_path, capsys):
+    # A run's record is written only once every check passed (torch imported, seconds
+    # later): two launches of one folder started within those seconds both found none and
+    # both started a new run there. The first holds rundir.LaunchLock from before it
+    # reads the folder; here another process holds it, as a launcher in its start-up.
+    import subprocess
+    import sys
+
+    from hfl.launch.cli import main
+    from hfl.launch.rundir import LaunchLock, write_record
+
+    exp = _written(tmp_path)
+    run = tmp_path / "run"
+    write_record(run, {"name": "old"}, [], "finished")
+    before = (run / "launch.json").read_text()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from hfl.launch.rundir import LaunchLock\n"
+         "lock = LaunchLock.take(sys.argv[1]); print('held', flush=True); time.sleep(120)",
+         str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for flags in (["--fresh"], ["--resume"], []):
+            assert main([exp, "--quiet", *flags]) == 2
+            err = capsys.readouterr().err
+            assert f"in use by another hfl-launch (pid {holder.pid}), starting or running" in err
+            assert (run / "launch.json").read_text() == before  # nothing moved or written
+    finally:
+        holder.kill()
+        holder.wait()
+    # Released with its process; a launcher deletes its lock file when it is done.
+    lock = LaunchLock.take(run)
+    assert lock is not None and lock.path == tmp_path / ".run.hfl-launch.lock"
+    assert lock.path.read_text() == str(os.getpid())
+    lock.release()
+    assert not lock.path.exists()
+    assert main([exp, "--quiet", "--fresh", "--in-process"]) == 0
+    assert not lock.path.exists() and json.loads((run / "launch.json").read_text())["state"] == "finished"
+
+
 def test_a_record_whose_launcher_pid_now_names_another_process_does_not_block_the_run(tmp_path):
     # A review: after a restart, the record's pid belonged to an unrelated process and
     # every launch was refused "in use by a running hfl-launch", advising to stop it.
