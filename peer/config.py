@@ -183,6 +183,13 @@ class CohortConfig:
 SWIM_FROM = 16
 
 
+def uses_swim(membership: str, cohort_size: int) -> bool:
+    """Whether a peer runs SWIM-style failure detection (peer/membership.py): with
+    ``timing.membership`` swim, or auto in a cohort of :data:`SWIM_FROM` peers or more
+    (``node.min_peers``); full heartbeats otherwise."""
+    return membership == "swim" or (membership == "auto" and cohort_size >= SWIM_FROM)
+
+
 @dataclass(frozen=True)
 class TimingConfig:
     heartbeat_interval_s: float = field(default=0.5, metadata={"gt": 0})

@@ -46,7 +46,6 @@ from hfl.peer.instructions import (
     Send,
     SendTo,
     ServeSeeds,
-    StoreSeedChunk,
 )
 from hfl.peer.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, elect
 from hfl.peer.rounds import RoundBuffer
@@ -776,15 +775,19 @@ class PeerCore:
             if drop is not None:
                 return [*out, Dropped(drop.code, drop.reason)]
         elif isinstance(msg, SeedRequest):
-            if chunks := self.seed_chunks_due(msg, now):
-                out.append(ServeSeeds(dataclasses.replace(msg, chunks=chunks)))
+            address = mem.address_of(msg.sender)
+            if address is not None and (due := self.seed_chunks_due(msg, now)):
+                out.append(ServeSeeds(msg.sender, address, self.seeds.chunks_for(
+                    self.id, due, self.id, self.incarnation)))
         elif isinstance(msg, SeedChunk):
-            if msg.owner == msg.sender:
-                out.append(StoreSeedChunk(msg))
-            else:  # (we ask each member for its own set only: seed_requests)
+            if msg.owner != msg.sender:  # (we ask each member for its own set only: seed_requests)
                 return [*out, Dropped("seed_rejected", f"seed chunk from {msg.sender} of "
                                       f"{clip(msg.owner, 40)!r}'s set: only a member's own set "
                                       "is taken from it")]
+            reason = ("this peer keeps no seed sets" if self.seeds is None
+                      else self.seeds.offer(msg))  # (the store checks what it keeps)
+            if reason:
+                return [*out, Dropped("seed_rejected", reason)]
         elif isinstance(msg, Error):
             out.append(Say(logging.WARNING, "%s: %s reports %s: %s",
                            (self.id, msg.sender, clip(msg.code), clip(msg.reason, 300))))

@@ -378,11 +378,9 @@ def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):
                           "runs the paper's order, and with evaluate_every 1 every round does "
                           "(set node.evaluate_every, e.g. 50 as examples/rotated_mnist.yaml does)")
     if cfg.timing.join == "lazy":
-        from hfl.peer.config import SWIM_FROM
+        from hfl.peer.config import SWIM_FROM, uses_swim
 
-        swim = cfg.timing.membership == "swim" or (
-            cfg.timing.membership == "auto" and cfg.node.min_peers >= SWIM_FROM)
-        if not swim:
+        if not uses_swim(cfg.timing.membership, cfg.node.min_peers):
             raise ConfigError("timing.join", f"lazy needs SWIM membership (timing.membership: "
                               f"swim, or auto with node.min_peers >= {SWIM_FROM}): with full "
                               "heartbeats every member greets every other anyway; allowed: greet")

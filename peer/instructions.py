@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hfl.protocol import Message, SeedChunk, SeedRequest
+from hfl.protocol import Message, SeedChunk
 
 
 @dataclass(frozen=True)
@@ -125,16 +125,12 @@ class NamedEquivocator:
 
 @dataclass(frozen=True)
 class ServeSeeds:
-    """Answer a request for chunks of a seed set this peer holds."""
+    """Send ``peer_id`` (at ``address``) the chunks of our seed set it asked for and is
+    due (PeerCore.seed_chunks_due), in the background."""
 
-    msg: SeedRequest
-
-
-@dataclass(frozen=True)
-class StoreSeedChunk:
-    """Offer a chunk of another peer's seed set to the seed store (which checks it)."""
-
-    msg: SeedChunk
+    peer_id: str
+    address: str
+    chunks: list[SeedChunk]
 
 
 @dataclass(frozen=True)
@@ -241,6 +237,6 @@ class Note:
 
 
 Instruction = (Reply | SendTo | Send | Broadcast | Forget | Dropped
-               | Refused | MemberChanged | Say | NamedEquivocator | ServeSeeds | StoreSeedChunk
+               | Refused | MemberChanged | Say | NamedEquivocator | ServeSeeds
                | Wake | Wait | Aggregate | Compute | RoundBegins | RoundDone | EnterRound
                | CrashPoint | Note)

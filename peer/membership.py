@@ -261,6 +261,19 @@ class Membership:
 
     # ------------------------------------------------------------------ events
 
+    @property
+    def remembers(self) -> bool:
+        """Whether the view holds members of our checkpoint (:meth:`remember`)."""
+        return bool(self._remembered)
+
+    def remember(self, members: list[tuple[str, str]], now: float) -> None:
+        """The members of our checkpoint (id, address), heard from by an earlier life of
+        ours: in the view, *remembered* (incarnation -1 until heard from: any life of
+        theirs supersedes it), so they are *vouched* (the rotation order, the quorum) and
+        greeted, but not counted by the join (:meth:`join_counts`) before a handshake."""
+        for peer_id, address in members:
+            self.heard_from(peer_id, -1, now, address=address)
+
     def heard_from(
         self, peer_id: str, incarnation: int, now: float, address: str | None = None,
         round: int | None = None, epoch: int | None = None, answer: bool = True,

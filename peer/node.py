@@ -34,7 +34,7 @@ from typing import Any
 from hfl.algorithms.base import Algorithm, aggregates_everywhere
 from hfl.peer import instructions as do
 from hfl.peer.clock import MonotonicClock, Pauses
-from hfl.peer.config import SWIM_FROM, CohortConfig, FaultConfig, TimingConfig
+from hfl.peer.config import CohortConfig, FaultConfig, TimingConfig, uses_swim
 from hfl.peer.core import PeerCore, clip, hello_terms, signing_context
 from hfl.peer.ledger import RoundLedger
 from hfl.peer.outbox import Outbox
@@ -48,7 +48,6 @@ from hfl.protocol import (
     Limits,
     Message,
     ProtocolError,
-    SeedRequest,
     decode,
 )
 
@@ -130,8 +129,7 @@ class Node:
         self._repeats = Repeats()  # the same drop or refusal: one log line a minute
         # Failure detection (peer/membership.py): full heartbeats, or SWIM from SWIM_FROM
         # peers on (auto).
-        choice = getattr(timing, "membership", "auto")
-        self.swim = choice == "swim" or (choice == "auto" and min_peers >= SWIM_FROM)
+        self.swim = uses_swim(getattr(timing, "membership", "auto"), min_peers)
         self._wakeup = asyncio.Event()
         self._tasks: dict[asyncio.Task, None] = {}  # a dict: cancelled in a fixed order
         # No elected aggregator: every peer aggregates the round's knowledge itself.
@@ -213,9 +211,7 @@ class Node:
         self.core.open_view(advertised_address(self.transport.address, self.advertise),
                             random.Random(f"{self.rng.random()}"))
         self.transport.on_link = self._on_link
-        now = self.clock.now()
-        for peer_id, address in self.known_members:  # from a checkpoint
-            self.membership.heard_from(peer_id, -1, now, address=address)
+        self.membership.remember(self.known_members, self.clock.now())  # (from a checkpoint)
         log.info("%s listening on %s, reachable at %s (incarnation %d)", self.id,
                  self.transport.address, self.membership.self_address, self.incarnation)
         background = [
@@ -382,16 +378,11 @@ class Node:
                           clip(ins.first, 16), clip(ins.second, 16))
                 self._observe("equivocator", self, peer_named=ins.peer, round=ins.round)
             elif isinstance(ins, do.ServeSeeds):
-                self._serve_seeds(ins.msg)
+                self._spawn(self.out.send_all(ins.address, ins.peer_id, ins.chunks), "seeds")
             elif isinstance(ins, do.Note):
                 self._observe(ins.kind, self, **ins.fields)
             elif isinstance(ins, do.CrashPoint):
                 self._maybe_crash(ins.round, *ins.phases)
-            elif isinstance(ins, do.StoreSeedChunk):
-                reason = ("this peer keeps no seed sets" if self.seeds is None
-                          else self.seeds.offer(ins.msg))
-                if reason:
-                    self._drop("seed_rejected", reason)
             else:
                 raise TypeError(f"unknown instruction {ins!r}")
 
@@ -408,14 +399,6 @@ class Node:
             silent = {} if change.silent_s is None else {"silent_s": round(change.silent_s, 3)}
             self._observe("member", self, member=change.peer_id, old=change.old, new=change.new,
                           reason=change.reason, **silent)
-
-    def _serve_seeds(self, msg: SeedRequest) -> None:
-        if self.seeds is None or msg.owner != self.id:  # (our own set only: members take
-            return                                       # no other from us)
-        chunks = self.seeds.chunks_for(msg.owner, msg.chunks, self.id, self.incarnation)
-        address = self.membership.address_of(msg.sender)
-        if chunks and address:
-            self._spawn(self.out.send_all(address, msg.sender, chunks), "seeds")
 
     # ================================================================ ticking
 
@@ -486,12 +469,8 @@ class Node:
         cohort. With ``stop_if_alone``, a first start needs one other peer at least,
         and sets ``stopped_alone`` (no round runs) when none joined in time."""
         mem = self.membership
-        need = self.core.join_need(self.stop_if_alone)
-        outcome = await self._drive(self.procedures.join(
-            need, self.round > 1, bool(self.known_members),
-            lambda greeted: self.seeds is None or self.seeds.has_all(
-                greeted, lambda p: self.membership.members[p].incarnation),
-            self.stop_if_alone))
+        need = self.core.join_need(self.stop_if_alone)  # (for the messages below)
+        outcome = await self._drive(self.procedures.join(self.stop_if_alone))
         if outcome != JOINED:
             causes = sorted({c for c in (self.transport.dial_failure(a) for a in
                                          [a for _, a in self.bootstrap]

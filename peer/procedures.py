@@ -112,27 +112,29 @@ class RoundProcedures:
         """(members greeted and alive, members gone): Membership.join_counts."""
         return self.core.membership.join_counts()[:2]
 
-    def join(self, need: int, resumed: bool, remembered: bool,
-             seeds_ready: Callable[[Collection[str]], bool] = lambda greeted: True,
-             stop_if_alone: bool = False) -> Generator[Instruction, Any, str]:
-        """Wait until ``need`` members (ourselves included) completed a handshake (and,
-        for methods that learn on peers' public samples, ``seeds_ready``: we hold
-        theirs): :data:`JOINED` once they have. When none new arrived for
-        ``timing.join_timeout_s``: :data:`ALONE` with ``stop_if_alone`` on a first start
-        (not ``resumed``) that no member at all joined or left (no round runs), else
-        :data:`SHORT` (the rounds start with whoever came). A cohort still coming together
-        (two hundred peers started one after another on a busy machine take minutes) is
-        waited for as long as peers keep arriving. A ``resumed`` peer that ``remembered``
-        members stops waiting as soon as everyone it remembers is known to be dead."""
-        mem = self.core.membership
+    def join(self, stop_if_alone: bool = False) -> Generator[Instruction, Any, str]:
+        """Wait until the members the join needs (PeerCore.join_need, ourselves
+        included) completed a handshake (and, for methods that learn on peers' public
+        samples, we hold their seed sets, or refused them): :data:`JOINED` once they have.
+        When none new arrived for ``timing.join_timeout_s``: :data:`ALONE` with
+        ``stop_if_alone`` on a first start (not resumed: round 1) that no member at all
+        joined or left (no round runs), else :data:`SHORT` (the rounds start with whoever
+        came). A cohort still coming together (two hundred peers started one after
+        another on a busy machine take minutes) is waited for as long as peers keep
+        arriving. A resumed peer that remembers members from its checkpoint
+        (Membership.remember) stops waiting as soon as everyone it remembers is known
+        to be dead."""
+        core = self.core
+        mem, seeds = core.membership, core.seeds
+        need, resumed, remembered = core.join_need(stop_if_alone), core.round > 1, mem.remembers
         if need <= 1:
             self.core.joining = False
             return JOINED
 
         def joined() -> bool:
             greeted, departed = self.cohort_so_far()
-            if 1 + len(greeted) + departed >= need:
-                return seeds_ready(greeted)
+            if 1 + len(greeted) + departed >= need:  # (and their seed sets are in)
+                return seeds is None or seeds.has_all(greeted, lambda p: mem.members[p].incarnation)
             # Remembering nobody (the whole cohort was stopped and said goodbye, as
             # after Ctrl-C on hfl-launch) is not "everyone is dead": wait for the
             # bootstrap peers, or a resumed cohort would split into solo peers.

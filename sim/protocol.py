@@ -49,7 +49,7 @@ import numpy as np
 
 from hfl.algorithms.payload import Payload
 from hfl.peer import instructions as do
-from hfl.peer.config import SWIM_FROM, TimingConfig
+from hfl.peer.config import SWIM_FROM, TimingConfig, uses_swim
 from hfl.peer.core import PeerCore
 from hfl.peer.procedures import ALONE, SHORT, RoundProcedures
 from hfl.protocol import Message
@@ -302,8 +302,7 @@ class SimPeer:
 
     def life(self) -> Generator:
         core, procs, last = self.core, self.procedures, self.sim.rounds
-        joined = yield from procs.join(self.min_peers, resumed=False, remembered=False,
-                                       stop_if_alone=True)
+        joined = yield from procs.join(stop_if_alone=True)
         if joined == ALONE:
             self.outcome = "alone"  # as hfl-peer with node.stop_if_alone
             return
@@ -431,7 +430,7 @@ class SimPeer:
                     self.lose()
                     return
             elif isinstance(ins, do.EnterRound | do.Forget | do.ServeSeeds
-                            | do.StoreSeedChunk | do.RoundBegins | do.RoundDone):
+                            | do.RoundBegins | do.RoundDone):
                 pass  # no durable record, no links, no seed sets here
             else:
                 raise TypeError(f"unknown instruction {ins!r}")
@@ -479,7 +478,7 @@ class ProtocolSim:
         names = [f"p{i}" for i in range(peers)]
         twins = parse_twins(list(byzantine), names)  # ValueError naming the part
         self.rounds, self.train_s, self.mode = rounds, train_s, mode
-        self.swim = peers >= SWIM_FROM if swim is None else swim
+        self.swim = uses_swim("auto", peers) if swim is None else swim
         # Signed (twins): f = 1 where commits are certified, and a larger quorum
         # (PeerCore.quorum): the planner loses at most n - quorum members for good.
         signed = signed or bool(twins)  # (signing keys for every peer: f = 1, as hfl-peer)

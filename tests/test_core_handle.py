@@ -611,7 +611,10 @@ def test_each_seed_chunk_goes_to_an_asker_once_per_two_heartbeats():
     def served(asker, chunks, now):
         out = core.handle(asker, SeedRequest(sender=asker, incarnation=0, owner="p0",
                                              chunks=chunks), now)
-        return [c for i in out if isinstance(i, ServeSeeds) for c in i.msg.chunks]
+        sends = [i for i in out if isinstance(i, ServeSeeds)]
+        assert all((i.peer_id, i.address) == (asker, f"mem://{asker}") for i in sends)
+        assert all(c.owner == "p0" and c.sender == "p0" for i in sends for c in i.chunks)
+        return [c.chunk for i in sends for c in i.chunks]
 
     assert served("p1", [], 1.0) == [0, 1, 2, 3]  # all of it
     assert served("p1", [], 1.1) == [] and served("p1", [3, 3, 3], 1.5) == []  # flooding
@@ -634,23 +637,33 @@ def test_a_seed_chunk_is_kept_only_from_its_owner():
     # broke the bound). Dropped with the reason.
     import numpy as np
 
-    from hfl.peer.instructions import Dropped, StoreSeedChunk
+    from hfl.peer.instructions import Dropped
+    from hfl.peer.seeds import SeedStore, digest
     from hfl.protocol import SeedChunk
 
     core = bare()
     x, y = np.zeros((1, 4), np.float32), np.zeros(1, np.int64)
 
-    def chunk(owner):
+    def chunk(owner, sums=None):
         return SeedChunk(sender="p1", incarnation=0, owner=owner, chunk=0, num_chunks=1,
-                         start=0, total=1, digest="0" * 64, tensors={"x": x, "y": y})
+                         start=0, total=1, digest=sums or digest(x, y), tensors={"x": x, "y": y})
 
-    assert any(isinstance(i, StoreSeedChunk) for i in core.handle("p1", chunk("p1"), 1.0))
+    # A peer that keeps no seed sets drops every chunk, saying so.
+    drop, = [i for i in core.handle("p1", chunk("p1"), 1.0) if isinstance(i, Dropped)]
+    assert (drop.code, drop.reason) == ("seed_rejected", "this peer keeps no seed sets")
+    core.seeds = SeedStore("p0", None)
+    assert not [i for i in core.handle("p1", chunk("p1"), 1.0) if isinstance(i, Dropped)]
+    assert core.seeds.has_all(["p1"])  # kept: the owner's own set
     for owner in ("p2", "x" * 100_000):
         out = core.handle("p1", chunk(owner), 1.0)
-        assert not any(isinstance(i, StoreSeedChunk) for i in out)
         drop, = [i for i in out if isinstance(i, Dropped)]
         assert drop.code == "seed_rejected" and "only a member's own set" in drop.reason
         assert len(drop.reason) < 200
+        assert set(core.seeds.sets) == {"p1"}
+    # What the store refuses is dropped with its reason (here: a wrong digest).
+    core.seeds = SeedStore("p0", None)
+    drop, = [i for i in core.handle("p1", chunk("p1", "0" * 64), 1.0) if isinstance(i, Dropped)]
+    assert drop.code == "seed_rejected" and "does not match its digest" in drop.reason
 
 
 def test_hello_terms_name_a_cohort_option_the_method_cannot_use():

@@ -131,10 +131,11 @@ def join_ending(members: tuple[str, ...], stop_if_alone: bool, resumed: bool = F
     """How RoundProcedures.join ends for a peer that heard of ``members`` (none greeted)
     and of ``left`` leaving, when the join's timeout passes with nobody new."""
     core, procs, clock = peer(members=members)
+    core.cohort_size, core.round = 4, 2 if resumed else 1
     for p in left:
         core.membership.heard_from(p, 0, 0.0, address=f"mem://{p}")
         core.membership.left(p, 0)
-    step = Stepper(procs.join(4, resumed, remembered=False, stop_if_alone=stop_if_alone))
+    step = Stepper(procs.join(stop_if_alone=stop_if_alone))
     wait = step.until(Wait)
     assert not wait.done()
     clock.t = wait.deadline
@@ -154,7 +155,8 @@ def test_a_join_nobody_came_to_ends_alone_only_with_stop_if_alone_on_a_first_sta
     core, procs, clock = peer(members=("p1", "p2", "p3"))
     for p in ("p1", "p2", "p3"):
         core.membership.welcomed(p)
-    step = Stepper(procs.join(4, False, remembered=False, stop_if_alone=True))
+    core.cohort_size = 4
+    step = Stepper(procs.join(stop_if_alone=True))
     assert step.until(Wait).done() and step.answer(True) is None and step.value == JOINED
 
 
