@@ -1112,10 +1112,12 @@ class PeerCore:
                 return res
         return None
 
-    def unused_results(self, r: int, used_epoch: int | None) -> list[AggregateResult]:
+    def unused_results(self, r: int) -> list[AggregateResult]:
         """Results of round ``r`` held for epochs this peer never reached (to drop at the
-        round's end: it never saw the failures that would have made them current)."""
-        return self.buffer.results_for(r, self.epoch + (used_epoch is not None))
+        round's end: it never saw the failures that would have made them current). Not
+        its own epoch's: a result it accepted, and left the round with when the cohort
+        moved past it, was reported as one of them, naming alive candidates before it."""
+        return self.buffer.results_for(r, self.epoch + 1)
 
     # ================================================================ commit
     #

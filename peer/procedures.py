@@ -594,14 +594,14 @@ class RoundProcedures:
                                    "copy; leaving the round without a result", r, result.sender,
                                    result.epoch)
                     info.update(aggregator=None, abstained=True)
-                    yield from self.discard_unused_results(r, result.epoch)
+                    yield from self.discard_unused_results(r)
                     return {}
                 committed = yield from self.await_commit(r, result)
                 if committed is not None:
                     info.update(aggregator=result.sender, epoch=result.epoch,
                                 contributors=len(result.contributors),
                                 learned_from=len(set(result.contributors) - {core.id}))
-                    yield from self.discard_unused_results(r, result.epoch)
+                    yield from self.discard_unused_results(r)
                     return {result.sender: payload_of(result)}
                 if not core.moved_on(r, result.sender):
                     why = ("is dead" if not mem.is_live(result.sender)
@@ -616,7 +616,7 @@ class RoundProcedures:
                 yield self.say(WARNING, "round %d: the cohort is already in round %d; leaving "
                                "round %d without its result", r, core.past_round(aggregator), r)
                 info.update(aggregator=None, behind=True)
-                yield from self.discard_unused_results(r, None)
+                yield from self.discard_unused_results(r)
                 return {}
             yield self.say(WARNING, "round %d: aggregator %s (epoch %d) %s; failing over",
                            r, aggregator, core.epoch, core.failover_reason(aggregator, r))
@@ -624,7 +624,7 @@ class RoundProcedures:
         yield self.say(ERROR, "round %d: no aggregator could be reached; keeping the local "
                        "model", r)
         info.update(aggregator=None)
-        yield from self.discard_unused_results(r, None)
+        yield from self.discard_unused_results(r)
         return {}
 
     def sit_out(self, r: int, info: dict) -> Procedure:
@@ -725,11 +725,10 @@ class RoundProcedures:
         info.update(below_quorum=True)
         return {}
 
-    def discard_unused_results(self, r: int, used_epoch: int | None
-                               ) -> Generator[Instruction, Any, None]:
+    def discard_unused_results(self, r: int) -> Generator[Instruction, Any, None]:
         """Results of round ``r`` for epochs this peer never reached are dropped, loudly:
         it never saw the failures that would have made them current."""
-        for res in self.core.unused_results(r, used_epoch):
+        for res in self.core.unused_results(r):
             yield Dropped("unjustified_epoch", f"result for round {r} epoch {res.epoch} from "
                           f"{res.sender} not used: the candidates before it were alive in this "
                           "peer's view")
@@ -757,7 +756,7 @@ class RoundProcedures:
         if 1 + len(promised) < quorum:
             # A minority (one side of a partition, a lone restarted peer) never publishes.
             info.update(aggregator=None, contributors=1 + len(promised))
-            yield from self.discard_unused_results(r, core.epoch)
+            yield from self.discard_unused_results(r)
             return (yield from self.short_of_quorum(r, 1 + len(promised), quorum, info, NO_RESULT))
         if decision == "abstain":
             yield self.say(WARNING, "round %d: a contributor accepted a result of an earlier "
@@ -766,7 +765,7 @@ class RoundProcedures:
             yield Broadcast(tuple(mem.live_peers()), AggregateResult(
                 **core.envelope(), round=r, epoch=core.epoch, kind="none"))
             info.update(aggregator=None, abstained=True)
-            yield from self.discard_unused_results(r, core.epoch)
+            yield from self.discard_unused_results(r)
             return {}
         if decision == "repeat":
             yield self.say(INFO, "round %d: publishing %s's result of epoch %d again at epoch %d "
@@ -781,11 +780,11 @@ class RoundProcedures:
             result = yield from self.on_members_payloads(r, Aggregate(r, contributions),
                                                          "aggregating")
             if result is None:
-                yield from self.discard_unused_results(r, core.epoch)
+                yield from self.discard_unused_results(r)
                 return {}
             excluded = set(result.meta.get("excluded", ()))
             used = sorted(p for p in contributions if p not in excluded)  # only what went in
-        yield from self.discard_unused_results(r, core.epoch)
+        yield from self.discard_unused_results(r)
         info.update(contributors=len(used))
         if len(used) < quorum:
             info.update(aggregator=None)

@@ -462,7 +462,7 @@ def test_results_of_epochs_this_peer_never_reached_are_dropped_loudly():
                            contributors=["p0", "p1", "p2"], tensors={"w": np.ones(3, np.float32)})
     enter(core, r)
     core.handle("p2", late, 0.0)
-    s = Stepper(procs.discard_unused_results(r, 0))
+    s = Stepper(procs.discard_unused_results(r))
     s.until()
     assert [(i.code, "epoch 1 from p2" in i.reason) for i in s.seen if isinstance(i, Dropped)] == [
         ("unjustified_epoch", True)]
