@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     # where a launcher that dies leaves its job running (the same command follows it;
     # Ctrl-C cancels it), nor where the signal was ignored when we started (nohup).
     previous = {}
+    args.held_locks = []  # (rundir.LaunchLock: released last, after a Ctrl-C is recorded)
     if args.on != "slurm" and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
             if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the peers ran (the supervisor handles it after)
         return interrupted_at_start(args)
     finally:
+        while args.held_locks:
+            args.held_locks.pop().release()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -165,6 +168,8 @@ def launch_seeds(args: argparse.Namespace) -> int:
 
     try:  # (the seeds' table and plot go in the base folder: never a folder of the user's)
         refuse_foreign(base, exp.peer_ids())
+        if not args.dry_run:  # (the whole folder, for every seed: a --fresh of it deleted
+            hold_lock(args, base)  # a live seeds run; main releases it)
     except RunDirError as err:
         _out(f"hfl-launch: {err}", err=True)
         return 2
@@ -220,13 +225,53 @@ def launch_seeds(args: argparse.Namespace) -> int:
 
 def launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     """One launch (:func:`_launch_once`), its run directory locked from before it is
-    read until the run ended (rundir.LaunchLock)."""
-    args.launch_lock = None
+    read until the run ended (:func:`hold_lock`); after a Ctrl-C, until :func:`main`
+    recorded the interruption."""
+    held, interrupted = len(args.held_locks), False
     try:
         return _launch_once(args, overrides)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        if args.launch_lock is not None:
-            args.launch_lock.release()
+        if not interrupted:
+            while len(args.held_locks) > held:
+                args.held_locks.pop().release()
+
+
+def hold_lock(args: argparse.Namespace, run_dir: Path) -> None:
+    """Lock ``run_dir`` for this launcher (rundir.LaunchLock, released by
+    :func:`launch_once` or :func:`main`); RunDirError if another launcher holds it; a
+    warning where no lock can be taken."""
+    from hfl.launch.rundir import LaunchLock
+
+    lock = LaunchLock.take(run_dir)
+    if isinstance(lock, str):
+        _out(f"hfl-launch: warning: cannot lock {run_dir} ({lock}): a second launch of it "
+             "started meanwhile would not be refused", err=True)
+        return
+    args.held_locks.append(lock)
+
+
+def refuse_over_a_live_job(args: argparse.Namespace, run_dir: Path) -> None:
+    """RunDirError when ``run_dir``'s record names a SLURM job still queued or running
+    and this launch would not follow it: ``--fresh`` deleted the folder the job writes
+    into (and submitted a second job beside it), and a launch on this machine would
+    run the cohort twice (a review)."""
+    from hfl.launch.rundir import RunDirError, read_record
+
+    job = (read_record(run_dir) or {}).get("slurm_job")
+    if not job or not (args.fresh or args.on != "slurm"):
+        return
+    from hfl.launch.slurm import ENDED, job_state
+
+    state = job_state(str(job))
+    if state not in ENDED and state != "UNKNOWN":
+        raise RunDirError(
+            f"{run_dir}: its SLURM job {job} is still {state.lower()}: "
+            + (f"--fresh would delete the folder it writes into; scancel {job} first, or follow "
+               "it with the same command without --fresh" if args.fresh else
+               f"follow it with --on slurm, or scancel {job} first"))
 
 
 def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -241,7 +286,6 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     )
     from hfl.launch.rundir import (
         Decision,
-        LaunchLock,
         RunDirError,
         decide,
         discard,
@@ -278,7 +322,8 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                 decision = Decision("new", f"a launch would be refused: {err}" if not args.fresh
                                     else f"--fresh: would delete {run_dir} and start anew")
         else:
-            args.launch_lock = LaunchLock.take(run_dir)
+            hold_lock(args, run_dir)
+            refuse_over_a_live_job(args, run_dir)
             decision = decide(run_dir, exp_dict, fresh=args.fresh, resume=args.resume,
                               peer_ids=exp.peer_ids())
         slurm = args.on == "slurm"

@@ -305,66 +305,123 @@ class LaunchLock:
     record (it is written once every check passed, torch imported) and both started
     a new run there. The lock is a hidden file beside the folder
     (``.<name>.hfl-launch.lock``, holding the pid), so that ``--fresh`` moving the
-    folder aside keeps it; it is deleted on release. On a filesystem without
-    ``flock`` (some network mounts) there is no lock, only the record's check."""
+    folder aside keeps it, at the folder's real path (a symlink to it names the same
+    lock); it is deleted on release, with any parent folder it had to make. Where
+    nothing may be written beside the folder, the lock is a hidden file inside it.
+    Where neither can be locked (a filesystem without ``flock``), :meth:`take` says
+    why and only the record's check holds."""
 
-    def __init__(self, path: Path, fd: int):
-        self.path, self.fd = path, fd
+    NAME = ".{}.hfl-launch.lock"
 
-    @staticmethod
-    def path_for(run_dir: Path) -> Path:
-        run_dir = Path(os.path.abspath(run_dir))
-        return run_dir.parent / f".{run_dir.name}.hfl-launch.lock"
+    def __init__(self, path: Path, fd: int, made: list[Path]):
+        self.path, self.fd, self.made = path, fd, made
 
     @classmethod
-    def take(cls, run_dir: Path) -> LaunchLock | None:
-        """The lock, or None where the filesystem has none; RunDirError when another
+    def places(cls, run_dir: Path) -> list[Path]:
+        """Where the lock of ``run_dir`` is: beside it, else inside it."""
+        real = Path(os.path.realpath(run_dir))
+        return [real.parent / cls.NAME.format(real.name), real / ".hfl-launch.lock"]
+
+    @classmethod
+    def take(cls, run_dir: Path) -> LaunchLock | str:
+        """The lock; or, where none can be taken, why (a line). RunDirError when another
         launcher holds it."""
+        beside, inside = cls.places(run_dir)
+        why = f"cannot make {beside.parent}"
+        for _ in range(3):  # (a parent another launcher made, and removed meanwhile: again)
+            made = cls._make(beside.parent)
+            if made is None:
+                break  # (a parent we cannot make)
+            try:
+                return cls._lock(beside, run_dir, made)
+            except FileNotFoundError:
+                cls._remove(made)
+            except PermissionError as exc:  # nothing may be written beside: inside, then
+                cls._remove(made)
+                why = f"{exc.strerror}: {beside}"
+                break
+            except OSError as exc:  # (no flock on this filesystem)
+                cls._remove(made)
+                return f"{exc.strerror or exc}: {beside}"
+        if not inside.parent.is_dir():
+            return why
+        try:
+            return cls._lock(inside, run_dir, [])
+        except OSError as exc:
+            return f"{why}; {exc.strerror or exc}: {inside}"
+
+    @staticmethod
+    def _make(folder: Path) -> list[Path] | None:
+        """Make ``folder`` and its missing parents: those it made; None if it could not."""
+        made = []
+        for parent in [*reversed(folder.parents), folder]:
+            if parent.exists():
+                continue
+            try:
+                parent.mkdir()
+            except FileExistsError:
+                continue
+            except OSError:
+                LaunchLock._remove(made)
+                return None
+            made.append(parent)
+        return made
+
+    @classmethod
+    def _lock(cls, path: Path, run_dir: Path, made: list[Path]) -> LaunchLock:
         import fcntl
 
-        path = cls.path_for(run_dir)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return None  # (a folder we cannot make: the launch says so itself)
         while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError:
-                return None  # a folder we may not write beside: the record's check only
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
                 os.close(fd)
+                cls._remove(made)
                 raise RunDirError(
                     f"{run_dir} is in use by another hfl-launch"
                     f"{f' (pid {holder})' if holder.isdigit() else ''}, starting or running; "
                     "wait for it, stop it, or choose another --run-dir") from None
             except OSError:
                 os.close(fd)
-                return None
-            try:  # the file we locked is still the one at the path (a releaser deletes it)
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except OSError:
-                same = False
-            if same:
+                raise
+            if cls._same_file(fd, path):  # (a releaser deletes the file it held: take anew)
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, str(os.getpid()).encode(), 0)
-                return cls(path, fd)
+                return cls(path, fd, made)
             os.close(fd)
 
+    @staticmethod
+    def _same_file(fd: int, path: Path) -> bool:
+        try:
+            return os.fstat(fd).st_ino == os.stat(path).st_ino
+        except OSError:
+            return False
+
+    @staticmethod
+    def _remove(made: list[Path]) -> None:
+        for parent in reversed(made):  # (deepest first; one that holds anything stays)
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+
     def release(self) -> None:
-        """Delete the lock file while holding it, then let go (one that waits on the
-        old file sees it is no longer at the path and takes the new one)."""
+        """Delete the lock file while holding it (only if it is still ours), then let
+        go: one that waits on the old file sees it is no longer at the path and takes a
+        new one. Parent folders this lock made go too, where nothing else is in them (a
+        refused launch leaves no folder)."""
         if self.fd < 0:
             return
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        if self._same_file(self.fd, self.path):
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
         os.close(self.fd)
         self.fd = -1
+        self._remove(self.made)
 
 
 def ports_in_use(host: str, ports: list[int]) -> list[int]:

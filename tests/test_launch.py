@@ -539,6 +539,69 @@ def test_a_second_launch_of_one_folder_is_refused_while_the_first_starts_and_run
     assert not lock.path.exists() and json.loads((run / "launch.json").read_text())["state"] == "finished"
 
 
+def test_the_launch_lock_is_one_per_real_folder_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    # A review of the lock: a symlink to the run folder took a second lock (both launches
+    # started a new run); a refused launch left the parent folders it made for its lock;
+    # release deleted a lock file that was no longer its own (a third launcher got in).
+    from hfl.launch.rundir import LaunchLock, RunDirError
+
+    (tmp_path / "real" / "run").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "run")
+    lock = LaunchLock.take(tmp_path / "real" / "run")
+    for other in (tmp_path / "link", tmp_path / "real" / ".." / "real" / "run"):
+        with pytest.raises(RunDirError, match="in use by another hfl-launch"):
+            LaunchLock.take(other)
+    lock.release()
+    # Parent folders made for the lock go with it (nothing else in them).
+    lock = LaunchLock.take(tmp_path / "new" / "a" / "run")
+    assert lock.path.parent == tmp_path / "new" / "a"
+    lock.release()
+    assert not (tmp_path / "new").exists()
+    # Not someone else's file at the path.
+    lock = LaunchLock.take(tmp_path / "real" / "run")
+    os.unlink(lock.path)  # (gone from under it)
+    second = LaunchLock.take(tmp_path / "real" / "run")
+    lock.release()
+    assert second.path.exists()
+    with pytest.raises(RunDirError):
+        LaunchLock.take(tmp_path / "real" / "run")
+    second.release()
+    # Where nothing may be written beside the folder: inside it; where neither, why.
+    real_lock = LaunchLock._lock
+
+    def no_beside(path, run_dir, made):
+        if path.parent != tmp_path / "real" / "run":
+            raise PermissionError(13, "Permission denied")
+        return real_lock(path, run_dir, made)
+
+    monkeypatch.setattr(LaunchLock, "_lock", staticmethod(no_beside))
+    lock = LaunchLock.take(tmp_path / "real" / "run")
+    assert lock.path == tmp_path / "real" / "run" / ".hfl-launch.lock"
+    with pytest.raises(RunDirError):
+        LaunchLock.take(tmp_path / "link")
+    lock.release()
+    why = LaunchLock.take(tmp_path / "real" / "missing")
+    assert isinstance(why, str) and "Permission denied" in why
+
+
+def test_a_seeds_launch_holds_its_folder_for_every_seed(tmp_path, capsys):
+    # A review: a --fresh launch of the folder of a live --seeds run deleted it (only each
+    # seed's folder was locked, one at a time), and --fresh --seeds overwrote the results
+    # of a folder another launcher held.
+    from hfl.launch.cli import main
+    from hfl.launch.rundir import LaunchLock
+
+    exp = _written(tmp_path)
+    run = tmp_path / "run"
+    lock = LaunchLock.take(run)  # (as a --seeds launcher between two seeds)
+    try:
+        assert main([exp, "--quiet", "--fresh", "--seeds", "0", "1"]) == 2
+        assert "in use by another hfl-launch" in capsys.readouterr().err
+        assert not run.exists()
+    finally:
+        lock.release()
+
+
 def test_a_record_whose_launcher_pid_now_names_another_process_does_not_block_the_run(tmp_path):
     # A review: after a restart, the record's pid belonged to an unrelated process and
     # every launch was refused "in use by a running hfl-launch", advising to stop it.

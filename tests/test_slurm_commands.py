@@ -151,3 +151,26 @@ def test_detach_needs_slurm(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(experiment(tmp_path)), "--detach"])
     assert "--detach: only with --on slurm" in capsys.readouterr().err
+
+
+def test_a_job_still_running_is_not_deleted_by_fresh_nor_run_again_here(fake_slurm, capsys):
+    # A review: with a detached job RUNNING, --fresh deleted the folder it writes into
+    # and submitted a second job beside it (no scancel), and a launch on this machine
+    # would have run the cohort twice. Both are refused while the job is queued or runs.
+    path = str(experiment(fake_slurm))
+    assert main([path, "--on", "slurm", "--detach", "--quiet"]) == 0
+    before = (fake_slurm / "run" / "launch.json").read_text()
+    capsys.readouterr()
+    for state in ("PENDING", "RUNNING"):
+        (fake_slurm / "job_state").write_text(state)
+        for flags in (["--on", "slurm", "--fresh"], ["--fresh"], []):
+            assert main([path, "--quiet", *flags]) == 2, (state, flags)
+            err = capsys.readouterr().err
+            assert f"its SLURM job 4242 is still {state.lower()}" in err
+            assert ("scancel 4242 first" in err and ("without --fresh" in err) == ("--fresh" in flags))
+            assert (fake_slurm / "run" / "launch.json").read_text() == before
+    assert sbatch_calls(fake_slurm) == 1
+    # Once it ended, --fresh starts over (here: submits anew).
+    (fake_slurm / "job_state").write_text("CANCELLED")
+    assert main([path, "--on", "slurm", "--fresh", "--detach", "--quiet"]) == 0
+    assert sbatch_calls(fake_slurm) == 2
