@@ -1,7 +1,7 @@
 """FedH2L's protocol as one plain loop in one process, beside the same run through hfl.
 
     python bench/fedh2l_loop.py [--rounds 10000] [--seeds 0 1 2] [--set KEY=VALUE ...] [--loop-only]
-                                [--threads 1] [--two-loops] [--profile]
+                                [--threads 1] [--two-loops] [--profile] [--repeat N]
 
 The experiment (``examples/rotated_mnist.yaml`` by default, ``--experiment``) is
 expanded into its peers' configs exactly as ``hfl-launch`` does, and each peer's
@@ -25,6 +25,12 @@ including its build, the launch's including process start and the handshake),
 the ratio loop / hfl (> 1: the federated run is faster), and both runs'
 selected ACC / BWT / FWT (they differ only by scheduling: the loop's peers see
 each other's round-r teaching in round r, as hfl's do).
+
+``--repeat N`` runs N pairs per seed, the loop first in odd pairs and hfl first in
+even ones (a machine that drifts over the minutes weighs on both sides alike), and
+ends with the median and range of the pairs' ratios: the loop alone moved by 35 %
+between two runs minutes apart on a quiet machine (docs/runtime.md), so one pair's
+ratio says little.
 """
 
 from __future__ import annotations
@@ -158,6 +164,9 @@ def main() -> None:
                     help="also run two loops at once, each in a process of its own (1 torch "
                          "thread each): what the method's CPU costs when two processes share "
                          "the machine, with no runtime at all (a floor for the 4 processes)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="N loop/hfl pairs per seed, alternating which runs first; prints the "
+                         "median and range of their ratios")
     ap.add_argument("--profile", action="store_true",
                     help="profile each peer's event loop thread (hfl-peer --profile) and split "
                          "the runtime's CPU per peer-round by kind of cost")
@@ -170,21 +179,47 @@ def main() -> None:
                 f"defaults.node.seed={seed}"]
         if args.rounds:
             sets.append(f"defaults.cohort.rounds={args.rounds}")
-        print(f"seed {seed}: single-process loop", flush=True)
-        loop = run_loop(args.experiment, sets, args.threads)
-        fed = None
-        if not args.loop_only:
-            print(f"seed {seed}: hfl-launch", flush=True)
-            fed = run_hfl(args.experiment, sets, OUT_DIR / "fedh2l_loop" / f"s{seed}",
-                          f"fedh2l_loop_s{seed}", profile=args.profile)
-            if fed is None:
-                sys.exit(f"hfl-launch failed for seed {seed}: see {OUT_DIR / 'logs'}")
-        two = two_loops(sets) if args.two_loops else None
-        rows.append({"seed": seed, "loop": loop, "hfl": fed, "two_loops": two})
-        _print_row(rows[-1])
+        for rep in range(args.repeat):
+            tag = f"seed {seed}" + (f", pair {rep + 1} of {args.repeat}" if args.repeat > 1 else "")
+            sides = ["loop", "hfl"] if rep % 2 == 0 or args.loop_only else ["hfl", "loop"]
+            got: dict = {"loop": None, "hfl": None}
+            for side in sides:
+                if side == "loop":
+                    print(f"{tag}: single-process loop", flush=True)
+                    got["loop"] = run_loop(args.experiment, sets, args.threads)
+                elif not args.loop_only:
+                    print(f"{tag}: hfl-launch", flush=True)
+                    got["hfl"] = run_hfl(args.experiment, sets, OUT_DIR / "fedh2l_loop" / f"s{seed}",
+                                         f"fedh2l_loop_s{seed}", profile=args.profile)
+                    if got["hfl"] is None:
+                        sys.exit(f"hfl-launch failed for seed {seed}: see {OUT_DIR / 'logs'}")
+            two = two_loops(sets) if args.two_loops else None
+            rows.append({"seed": seed, "pair": rep + 1, **got, "two_loops": two})
+            _print_row(rows[-1])
+    if args.repeat > 1 and not args.loop_only:
+        _print_spread(rows)
     write_json(out_path("fedh2l_loop", args.out),
                {"experiment": str(args.experiment), "sets": args.sets, "threads": args.threads,
                 "rows": rows})
+
+
+def _print_spread(rows: list[dict]) -> None:
+    """The median and range over the pairs of hfl / loop CPU and loop / hfl wall time."""
+    ratios = {
+        "hfl / loop CPU per peer-round": [r["hfl"]["cpu_per_peer_round_s"]
+                                          / r["loop"]["cpu_per_peer_round_s"] for r in rows],
+        "loop / hfl wall time of the rounds": [r["loop"]["rounds_s"] / r["hfl"]["rounds_s"]
+                                               for r in rows],
+        "the method's CPU in hfl / the loop's": [r["hfl"]["compute_cpu_per_peer_round_s"]
+                                                 / r["loop"]["cpu_per_peer_round_s"] for r in rows],
+    }
+    print(f"\nover {len(rows)} pairs (median, range):")
+    for name, xs in ratios.items():
+        print(f"  {name}: {statistics.median(xs):.2f}x ({min(xs):.2f}x to {max(xs):.2f}x)")
+    runtime = [1e3 * (r["hfl"]["cpu_per_peer_round_s"] - r["hfl"]["compute_cpu_per_peer_round_s"])
+               for r in rows]
+    print(f"  the runtime's CPU per peer-round: {statistics.median(runtime):.2f} ms "
+          f"({min(runtime):.2f} to {max(runtime):.2f})")
 
 
 def two_loops(sets: list[str]) -> list[dict]:
