@@ -1,7 +1,8 @@
 """FedH2L's protocol as one plain loop in one process, beside the same run through hfl.
 
     python bench/fedh2l_loop.py [--rounds 10000] [--seeds 0 1 2] [--set KEY=VALUE ...] [--loop-only]
-                                [--threads 1] [--two-loops] [--profile] [--repeat N]
+                                [--threads 1] [--two-loops | --loops-at-once K] [--profile]
+                                [--repeat N]
 
 The experiment (``examples/rotated_mnist.yaml`` by default, ``--experiment``) is
 expanded into its peers' configs exactly as ``hfl-launch`` does, and each peer's
@@ -160,6 +161,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads of the loop (default: every core)")
     ap.add_argument("--loop-only", action="store_true")
+    ap.add_argument("--loops-at-once", type=int, default=0, metavar="K",
+                    help="also run K loops at once, each in a process of its own (1 torch "
+                         "thread each): with K = 4, the four processes hfl runs, sharing the "
+                         "cores as they do, with no runtime at all")
     ap.add_argument("--two-loops", action="store_true",
                     help="also run two loops at once, each in a process of its own (1 torch "
                          "thread each): what the method's CPU costs when two processes share "
@@ -193,8 +198,9 @@ def main() -> None:
                                          f"fedh2l_loop_s{seed}", profile=args.profile)
                     if got["hfl"] is None:
                         sys.exit(f"hfl-launch failed for seed {seed}: see {OUT_DIR / 'logs'}")
-            two = two_loops(sets) if args.two_loops else None
-            rows.append({"seed": seed, "pair": rep + 1, **got, "two_loops": two})
+            k = args.loops_at_once or (2 if args.two_loops else 0)
+            rows.append({"seed": seed, "pair": rep + 1, **got,
+                         "loops_at_once": loops_at_once(sets, k) if k else None})
             _print_row(rows[-1])
     if args.repeat > 1 and not args.loop_only:
         _print_spread(rows)
@@ -213,6 +219,14 @@ def _print_spread(rows: list[dict]) -> None:
         "the method's CPU in hfl / the loop's": [r["hfl"]["compute_cpu_per_peer_round_s"]
                                                  / r["loop"]["cpu_per_peer_round_s"] for r in rows],
     }
+    if all(r.get("loops_at_once") for r in rows):
+        k = len(rows[0]["loops_at_once"])
+        at_once = [statistics.fmean(x["cpu_per_peer_round_s"] for x in r["loops_at_once"])
+                   for r in rows]
+        ratios[f"{k} loops at once / the loop alone, CPU"] = [
+            a / r["loop"]["cpu_per_peer_round_s"] for a, r in zip(at_once, rows, strict=True)]
+        ratios[f"hfl / {k} loops at once, CPU"] = [
+            r["hfl"]["cpu_per_peer_round_s"] / a for a, r in zip(at_once, rows, strict=True)]
     print(f"\nover {len(rows)} pairs (median, range):")
     for name, xs in ratios.items():
         print(f"  {name}: {statistics.median(xs):.2f}x ({min(xs):.2f}x to {max(xs):.2f}x)")
@@ -222,17 +236,17 @@ def _print_spread(rows: list[dict]) -> None:
           f"({min(runtime):.2f} to {max(runtime):.2f})")
 
 
-def two_loops(sets: list[str]) -> list[dict]:
-    """Two loops at once, each a process of this script (``--loop-only --threads 1``)."""
+def loops_at_once(sets: list[str], k: int) -> list[dict]:
+    """``k`` loops at once, each a process of this script (``--loop-only --threads 1``)."""
     import subprocess
 
     with tempfile.TemporaryDirectory() as tmp:
-        outs = [Path(tmp) / f"loop{i}.json" for i in range(2)]
+        outs = [Path(tmp) / f"loop{i}.json" for i in range(k)]
         procs = [subprocess.Popen([sys.executable, __file__, "--loop-only", "--threads", "1",
                                    "--out", str(out), *[a for s in sets for a in ("--set", s)]],
                                   stdout=subprocess.DEVNULL) for out in outs]
         if any(p.wait() != 0 for p in procs):
-            sys.exit("a loop of --two-loops failed")
+            sys.exit("a loop of --loops-at-once failed")
         return [json.loads(out.read_text())["rows"][0]["loop"] for out in outs]
 
 
@@ -241,11 +255,11 @@ def _print_row(row: dict) -> None:
     print(f"  loop ({loop['rounds']} rounds): rounds {loop['rounds_s']:.1f} s, "
           f"command {loop['total_s']:.1f} s, ACC/BWT/FWT "
           + "/".join(f"{loop[k]:.4f}" for k in SELECTED))
-    if row.get("two_loops"):
-        cpu = [1e3 * x["cpu_per_peer_round_s"] for x in row["two_loops"]]
-        print(f"  two loops at once (1 thread each): CPU per peer-round {cpu[0]:.2f} and "
-              f"{cpu[1]:.2f} ms, {statistics.fmean(cpu) / 1e3 / row['loop']['cpu_per_peer_round_s']:.2f}x "
-              "the loop alone")
+    if row.get("loops_at_once"):
+        cpu = [1e3 * x["cpu_per_peer_round_s"] for x in row["loops_at_once"]]
+        print(f"  {len(cpu)} loops at once (1 thread each): CPU per peer-round "
+              + ", ".join(f"{c:.2f}" for c in cpu) + f" ms, "
+              f"{statistics.fmean(cpu) / 1e3 / row['loop']['cpu_per_peer_round_s']:.2f}x the loop alone")
     if fed is not None:
         print(f"  hfl  ({fed['rounds']} rounds): rounds {fed['rounds_s']:.1f} s, "
               f"command {fed['total_s']:.1f} s, ACC/BWT/FWT "
