@@ -1505,17 +1505,22 @@ class PeerCore:
     def still_in_last_round(self, last: int) -> list[str]:
         """In a decentralized round (broadcast mode, every peer aggregating), after this
         peer finished round ``last`` (the cohort's last): the live members it sent its
-        knowledge of that round to that are still in it, or behind it. Until they finish
-        (their goodbye) or die, the peer stays, for ``aggregate_grace_s`` at most, and
-        answers their asks for that knowledge (heartbeat ``awaiting``): a peer that
-        closed its links at once took with it what was still queued for a slow member,
-        which then aggregated the last round without it, silently."""
+        knowledge of that round to that are still in it, or behind it (where it went to
+        every live member, also those met since: they may ask for it, :meth:`asks_again`).
+        Until they finish (their goodbye) or die, the peer stays, for ``aggregate_grace_s``
+        at most, and answers their asks for that knowledge (heartbeat ``awaiting``): a
+        peer that closed its links at once took with it what was still queued for a slow
+        member, which then aggregated the last round without it, silently; and a late
+        joiner cut off until the others finished learned nothing after the heal
+        (hfl.sim.protocol, 3 peers, broadcast, buggify seed 134)."""
         if self.mode == "aggregator" and not self.everywhere or self.sent_knowledge is None:
             return []
         sent_to, knowledge = self.sent_knowledge
         if knowledge.round != last:
             return []
         mem = self.membership
+        if self.sent_to_every_member:  # (and a member met since: it may ask, asks_again)
+            sent_to = sent_to | set(mem.live_ids())
         return [p for p in sorted(sent_to) if mem.is_live(p) and mem.members[p].round <= last]
 
     def commit_of(self, msg: Ack) -> Commit | None:

@@ -515,6 +515,18 @@ def test_a_peer_that_ran_ahead_alone_waits_for_the_cohort(seed):
     assert not res.violations, [str(v) for v in res.violations]
 
 
+@pytest.mark.parametrize(("peers", "mode", "seed", "buggify"), [
+    (3, "broadcast", 502, False), (3, "broadcast", 134, True), (2, "broadcast", 35, True)])
+def test_a_member_met_after_a_broadcast_gets_the_knowledge_and_is_stayed_for(
+        peers, mode, seed, buggify):
+    # A late joiner (502: its link to p0 dropping everything at first; 134: cut off
+    # until the others finished) asked for a round's knowledge that went out before the
+    # others knew it; they ignored the ask (it was not a receiver), and did not stay
+    # for it after the last round: its last round learned nothing after the heal.
+    res = run_seed(seed, peers=peers, mode=mode, buggify=buggify)
+    assert not res.violations, [str(v) for v in res.violations]
+
+
 @pytest.mark.parametrize(("peers", "mode", "seed"), [
     (2, "everywhere", 3), (2, "everywhere", 6), (2, "everywhere", 95), (3, "everywhere", 73),
     (3, "everywhere", 205), (3, "broadcast", 161)])
