@@ -200,7 +200,8 @@ def main() -> None:
                         sys.exit(f"hfl-launch failed for seed {seed}: see {OUT_DIR / 'logs'}")
             k = args.loops_at_once or (2 if args.two_loops else 0)
             rows.append({"seed": seed, "pair": rep + 1, **got,
-                         "loops_at_once": loops_at_once(sets, k) if k else None})
+                         "loops_at_once": loops_at_once(args.experiment, seed, sets, k)
+                         if k else None})
             _print_row(rows[-1])
     if args.repeat > 1 and not args.loop_only:
         _print_spread(rows)
@@ -236,13 +237,15 @@ def _print_spread(rows: list[dict]) -> None:
           f"({min(runtime):.2f} to {max(runtime):.2f})")
 
 
-def loops_at_once(sets: list[str], k: int) -> list[dict]:
-    """``k`` loops at once, each a process of this script (``--loop-only --threads 1``)."""
+def loops_at_once(experiment: Path, seed: int, sets: list[str], k: int) -> list[dict]:
+    """``k`` loops at once, each a process of this script (``--loop-only --threads 1``)
+    on the same experiment and seed (each ran the default's, seed 0: a review)."""
     import subprocess
 
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / f"loop{i}.json" for i in range(k)]
         procs = [subprocess.Popen([sys.executable, __file__, "--loop-only", "--threads", "1",
+                                   "--experiment", str(experiment), "--seeds", str(seed),
                                    "--out", str(out), *[a for s in sets for a in ("--set", s)]],
                                   stdout=subprocess.DEVNULL) for out in outs]
         if any(p.wait() != 0 for p in procs):

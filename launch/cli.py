@@ -321,6 +321,10 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
             except RunDirError as err:
                 decision = Decision("new", f"a launch would be refused: {err}" if not args.fresh
                                     else f"--fresh: would delete {run_dir} and start anew")
+            try:  # (--fresh too: a job still running refuses it)
+                refuse_over_a_live_job(args, run_dir)
+            except RunDirError as err:
+                decision = Decision("new", f"a launch would be refused: {err}")
         else:
             hold_lock(args, run_dir)
             refuse_over_a_live_job(args, run_dir)

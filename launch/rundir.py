@@ -372,7 +372,14 @@ class LaunchLock:
         import fcntl
 
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd, writable = os.open(path, os.O_RDWR | os.O_CREAT, 0o644), True
+            except PermissionError:
+                if not path.exists():
+                    raise  # (nothing may be written here: the caller looks elsewhere)
+                # Another user's lock file: flock needs no write access, and falling back
+                # inside the folder let both users' launches in (a review).
+                fd, writable = os.open(path, os.O_RDONLY), False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -387,8 +394,9 @@ class LaunchLock:
                 os.close(fd)
                 raise
             if cls._same_file(fd, path):  # (a releaser deletes the file it held: take anew)
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, str(os.getpid()).encode(), 0)
+                if writable:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, str(os.getpid()).encode(), 0)
                 return cls(path, fd, made)
             os.close(fd)
 

@@ -681,6 +681,11 @@ def test_a_seed_chunk_is_kept_only_from_its_owner():
     core.seeds = SeedStore("p0", None)
     drop, = [i for i in core.handle("p1", chunk("p1", "0" * 64), 1.0) if isinstance(i, Dropped)]
     assert drop.code == "seed_rejected" and "does not match its digest" in drop.reason
+    # Samples of no values (x of shape (1, 0)) are dropped, not raised (their digest
+    # raised a TypeError inside handle: a review).
+    x = np.zeros((1, 0), np.float32)
+    drop, = [i for i in core.handle("p1", chunk("p1", "0" * 64), 1.0) if isinstance(i, Dropped)]
+    assert drop.code == "seed_rejected" and "has shapes (1, 0) / (1,)" in drop.reason
 
 
 def test_hello_terms_name_a_cohort_option_the_method_cannot_use():

@@ -582,6 +582,27 @@ def test_the_launch_lock_is_one_per_real_folder_and_leaves_nothing_behind(tmp_pa
     lock.release()
     why = LaunchLock.take(tmp_path / "real" / "missing")
     assert isinstance(why, str) and "Permission denied" in why
+    monkeypatch.setattr(LaunchLock, "_lock", real_lock)
+    # Another user's lock file (ours may not write it): locked read-only, not passed by
+    # for a lock inside the folder, which let both users' launches in (a review).
+    theirs = LaunchLock.take(tmp_path / "real" / "run")
+    real_open = os.open
+
+    def as_another_user(path, flags, *mode):
+        if str(path) == str(theirs.path) and flags & os.O_RDWR:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *mode)
+
+    monkeypatch.setattr(os, "open", as_another_user)
+    with pytest.raises(RunDirError, match="in use by another hfl-launch"):
+        LaunchLock.take(tmp_path / "real" / "run")
+    os.close(theirs.fd)  # (they let go, their file left behind, as after a crash)
+    theirs.fd = -1
+    ours = LaunchLock.take(tmp_path / "real" / "run")  # (read-only: theirs, now free)
+    assert ours.path == theirs.path
+    with pytest.raises(RunDirError):
+        LaunchLock.take(tmp_path / "real" / "run")
+    ours.release()
 
 
 def test_a_seeds_launch_holds_its_folder_for_every_seed(tmp_path, capsys):
