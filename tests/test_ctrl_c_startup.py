@@ -109,3 +109,50 @@ def test_ctrl_c_during_start_up_is_one_line_and_leaves_nothing_running(tmp_path,
         assert json.loads(record.read_text())["state"] == "interrupted"
     assert moment != "peers" or record.exists()
     assert wait_gone(kids + started) == []
+
+
+def test_a_sigkilled_launcher_leaves_nothing_running_and_the_same_command_resumes(tmp_path):
+    # `kill -9` of hfl-launch (an OOM killer, a closed terminal's SIGKILL): its peers
+    # watch it and stop (peer/cli.watch_launcher), the template exits with it, nothing
+    # holds the run's ports or locks, and the same command with --resume goes on from
+    # the peers' checkpoints. Before the watch, the peers trained on for nobody and a
+    # later --fresh had an orphan writing the old run's rounds into the new one.
+    run = tmp_path / "run"
+    exp = {"name": "killed", "peers": 2, "run_dir": str(run),
+           "defaults": {"cohort": {"algorithm": "fedavg", "rounds": 5000},
+                        "data": {"dataset": "digits", "partition": "iid"},
+                        "model": {"arch": "mlp", "options": {"hidden": [16]}}}}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    proc = subprocess.Popen([sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=as_a_terminal_job)
+    deadline = time.monotonic() + 90
+
+    def rounds(pid: str) -> int:
+        try:
+            return len((run / pid / "metrics.jsonl").read_text().splitlines())
+        except OSError:
+            return 0
+
+    while not all(rounds(p) >= 2 for p in ("p0", "p1")):  # both peers past round 1
+        assert proc.poll() is None and time.monotonic() < deadline, "the run never started"
+        time.sleep(0.05)
+    peers = [int((run / p / ".lock").read_text()) for p in ("p0", "p1")]  # (the pid inside)
+    template = [k for k in children(proc.pid) if b"forkserver" in _cmdline(k)]
+    assert template and all(alive(p) for p in peers)
+    proc.kill()
+    proc.wait()
+    assert wait_gone(peers + template, timeout_s=60) == []
+    done = max(rounds("p0"), rounds("p1"))
+    assert done < 5000
+    # The same command, resumed for a few more rounds than were run: it starts (nothing
+    # holds the folder, its ports or its lock) and goes on from the checkpoints.
+    resumed = subprocess.run(
+        [sys.executable, "-m", "hfl.launch.cli", str(path), "--quiet", "--resume",
+         "--set", f"defaults.cohort.rounds={done + 3}"], capture_output=True, text=True,
+        timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert json.loads((run / "launch.json").read_text())["state"] == "finished"
+    last = [json.loads(x)["round"] for x in (run / "p0" / "metrics.jsonl").read_text().splitlines()]
+    assert last[-1] == done + 3 and len(set(last)) == len(last)  # no round written twice
