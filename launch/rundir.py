@@ -311,7 +311,7 @@ class LaunchLock:
     Where neither can be locked (a filesystem without ``flock``), :meth:`take` says
     why and only the record's check holds."""
 
-    NAME = ".{}.hfl-launch.lock"
+    BESIDE, INSIDE = ".{}.hfl-launch.lock", ".hfl-launch.lock"  # (file names)
 
     def __init__(self, path: Path, fd: int, made: list[Path]):
         self.path, self.fd, self.made = path, fd, made
@@ -320,7 +320,7 @@ class LaunchLock:
     def places(cls, run_dir: Path) -> list[Path]:
         """Where the lock of ``run_dir`` is: beside it, else inside it."""
         real = Path(os.path.realpath(run_dir))
-        return [real.parent / cls.NAME.format(real.name), real / ".hfl-launch.lock"]
+        return [real.parent / cls.BESIDE.format(real.name), real / cls.INSIDE]
 
     @classmethod
     def take(cls, run_dir: Path) -> LaunchLock | str:

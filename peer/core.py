@@ -1519,9 +1519,9 @@ class PeerCore:
         if knowledge.round != last:
             return []
         mem = self.membership
-        if self.sent_to_every_member:  # (and a member met since: it may ask, asks_again)
-            sent_to = sent_to | set(mem.live_ids())
-        return [p for p in sorted(sent_to) if mem.is_live(p) and mem.members[p].round <= last]
+        # (to every live member: also those met since, who may ask, asks_again)
+        receivers = mem.live_ids() if self.sent_to_every_member else sorted(sent_to)
+        return [p for p in receivers if mem.is_live(p) and mem.members[p].round <= last]
 
     def commit_of(self, msg: Ack) -> Commit | None:
         """The commit to send again when ``msg`` acks the result this peer committed last

@@ -128,7 +128,7 @@ class RoundProcedures:
         mem, seeds = core.membership, core.seeds
         need, resumed, remembered = core.join_need(stop_if_alone), core.round > 1, mem.remembers
         if need <= 1:
-            self.core.joining = False
+            core.joining = False
             return JOINED
 
         def joined() -> bool:

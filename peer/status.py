@@ -213,9 +213,13 @@ def process_started(pid: int) -> int | None:
     where that cannot be read (no such process, not Linux). With the pid it names one
     process: a pid alone may be another's after the first ended (a container restarts
     its pids from 1)."""
-    fields = _stat_fields(pid)
+    return _start_time(_stat_fields(pid))
+
+
+def _start_time(fields: list[str] | None) -> int | None:
+    """The start time among :func:`_stat_fields` (field 22 of the whole line), or None."""
     try:
-        return int(fields[19]) if fields else None  # field 22 of the whole line
+        return int(fields[19]) if fields else None
     except (ValueError, IndexError):
         return None
 
@@ -232,10 +236,7 @@ def process_alive(pid: int, started: int | None = None) -> bool:
     fields = _stat_fields(pid)
     if fields and fields[0] in ("Z", "X"):  # a zombie (killed, not reaped yet) is gone too
         return False
-    try:
-        now = int(fields[19]) if fields and started is not None else None
-    except (ValueError, IndexError):
-        now = None
+    now = _start_time(fields) if started is not None else None
     return started is None or now is None or now == started
 
 
