@@ -354,9 +354,20 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                        gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None,
                        # on SLURM a peer has its task's cores, not a share of this login node's
                        threads=exp.slurm.cpus_per_task if slurm else None)
-        # (on SLURM the same command may only follow a job: slurm.following decides)
-        unsaved = left = None
-        if decision.action == "resume" and not slurm:
+        unsaved = left = earlier_job = follow = None
+        if slurm and decision.action == "resume":
+            # A job a detached (or disconnected) launch submitted and nobody collected is
+            # followed (slurm.following); once collected, a resume submits a new job, and
+            # is checked as a local one is: a resume of a finished run followed its ended
+            # job again and showed the old table, even with more rounds asked for.
+            from hfl.launch.rundir import read_record
+            from hfl.launch.slurm import following
+
+            record = read_record(run_dir) or {}
+            if record.get("state") not in ("finished", "failed"):
+                earlier_job = record.get("slurm_job")
+                follow = following(earlier_job, plans)
+        if decision.action == "resume" and not follow:
             unsaved = nothing_to_resume(run_dir, [
                 (p.id, p.config.node.checkpoint, Path(p.config.node.run_dir)) for p in plans])
             left = rounds_already_run(run_dir, plans[0].config.cohort.rounds,
@@ -442,18 +453,12 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     if not slurm and (busy := busy_machine_warning(len(plans), _load_average(), os.cpu_count())):
         _out(f"hfl-launch: {busy}", err=True)
     ports = [int(p.config.node.listen.rsplit(":", 1)[1]) for p in plans]
-    earlier_job = None  # a job a detached (or disconnected) launch of this run submitted
-    if slurm and decision.action == "resume":
-        from hfl.launch.rundir import read_record
-
-        earlier_job = (read_record(run_dir) or {}).get("slurm_job")
     write_record(run_dir, exp_dict, ports, "running", **({"slurm_job": earlier_job} if earlier_job else {}))
     args.started_run_dir = run_dir  # from here on, a Ctrl-C marks it interrupted
     if slurm:
         from hfl.launch import slurm as on_slurm
 
         try:
-            follow = on_slurm.following(earlier_job, plans)
             outcome = on_slurm.run(exp, plans, run_dir, _out, progress=not args.quiet,
                                    on_submit=lambda job: set_state(run_dir, "running", slurm_job=job),
                                    job=earlier_job if follow else None, detach=args.detach)

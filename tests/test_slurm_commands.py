@@ -62,15 +62,15 @@ def record(tmp_path: Path) -> dict:
     return json.loads((tmp_path / "run" / "launch.json").read_text())
 
 
-def peers_ended(tmp_path: Path, status: int) -> None:
-    """What the job's tasks leave behind: each peer's metrics and exit status."""
+def peers_ended(tmp_path: Path, status: int, rounds=(1, 2)) -> None:
+    """What the job's tasks leave behind: each peer's metrics (``rounds``) and exit status."""
     for pid in ("p0", "p1"):
         d = tmp_path / "run" / pid
         d.mkdir(parents=True, exist_ok=True)
         (d / "metrics.jsonl").write_text("".join(json.dumps(
             {"peer": pid, "round": r, "time": 1000.0 + r, "round_time_s": 0.5, "test_acc": 0.5,
              "global_acc": 0.5, "bytes_sent": 100, "bytes_received": 100, "incarnation": 0})
-            + "\n" for r in (1, 2)))
+            + "\n" for r in rounds))
         (d / "exit_status").write_text(f"{status}\n")
 
 
@@ -140,7 +140,7 @@ def test_detach_submits_and_returns_and_the_same_command_follows_the_job(fake_sl
 def test_a_detached_job_that_was_cancelled_is_resubmitted_to_continue(fake_slurm, capsys):
     path = str(experiment(fake_slurm))
     assert main([path, "--on", "slurm", "--detach", "--quiet"]) == 0
-    peers_ended(fake_slurm, 143)  # stopped by scancel's SIGTERM after a checkpoint
+    peers_ended(fake_slurm, 143, rounds=(1,))  # stopped by scancel's SIGTERM after round 1
     (fake_slurm / "job_state").write_text("CANCELLED")
     assert main([path, "--on", "slurm", "--detach", "--quiet"]) == 0
     assert sbatch_calls(fake_slurm) == 2
@@ -177,3 +177,35 @@ def test_a_job_still_running_is_not_deleted_by_fresh_nor_run_again_here(fake_slu
     (fake_slurm / "job_state").write_text("CANCELLED")
     assert main([path, "--on", "slurm", "--fresh", "--detach", "--quiet"]) == 0
     assert sbatch_calls(fake_slurm) == 2
+
+
+def test_resume_of_a_finished_job_is_refused_and_submits_nothing(fake_slurm, capsys):
+    # Left from stop 54: --on slurm --resume of a run whose every round ran submitted a
+    # job whose peers had nothing to do (a local --resume is refused, naming the rounds).
+    path = str(experiment(fake_slurm))
+    assert main([path, "--on", "slurm", "--detach", "--quiet"]) == 0
+    peers_ended(fake_slurm, 0)
+    (fake_slurm / "job_state").write_text("COMPLETED")
+    assert main([path, "--on", "slurm", "--quiet"]) == 0  # followed: results collected
+    assert record(fake_slurm)["state"] == "finished"
+    capsys.readouterr()
+    assert main([path, "--on", "slurm", "--resume", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "ran round 2 already" in err and "defaults.cohort.rounds=12" in err
+    assert sbatch_calls(fake_slurm) == 1
+    assert record(fake_slurm)["state"] == "finished"
+    # More rounds continue it: submitted as a new job.
+    assert main([path, "--on", "slurm", "--resume", "--detach", "--quiet",
+                 "--set", "defaults.cohort.rounds=3"]) == 0
+    assert sbatch_calls(fake_slurm) == 2
+
+
+def test_resume_of_a_job_nobody_collected_follows_it(fake_slurm, capsys):
+    # (All its rounds ran, but the launch that submitted it never collected them.)
+    path = str(experiment(fake_slurm))
+    assert main([path, "--on", "slurm", "--detach", "--quiet"]) == 0
+    peers_ended(fake_slurm, 0)
+    (fake_slurm / "job_state").write_text("COMPLETED")
+    assert main([path, "--on", "slurm", "--resume", "--quiet"]) == 0
+    assert "following SLURM job 4242" in capsys.readouterr().out
+    assert sbatch_calls(fake_slurm) == 1 and record(fake_slurm)["state"] == "finished"
