@@ -296,7 +296,13 @@ class PeerCore:
         (Where every member sends to every other each round, greeting them all costs
         nothing more, and the node refuses the option.)"""
         return (self.swim and getattr(self.timing, "join", "greet") == "lazy"
-                and self.mode == "aggregator" and not self.everywhere)
+                and self.elected)
+
+    @property
+    def elected(self) -> bool:
+        """An aggregator elected per round serves the cohort (not broadcast, not every
+        peer aggregating for itself)."""
+        return self.mode == "aggregator" and not self.everywhere
 
     def envelope(self) -> dict[str, Any]:
         return {"sender": self.id, "incarnation": self.incarnation}
@@ -1048,6 +1054,17 @@ class PeerCore:
         return elect(mem.rotation_order(), lambda p: mem.is_live(p) and not self.sits_out(p, r),
                      self.turn(r), self.epoch)
 
+    def reelected(self, r: int, aggregator: str, version: int) -> bool:
+        """The rotation order changed since ``aggregator`` was elected for (r, epoch)
+        (``version``: :meth:`Membership.order_version` then) and now names another
+        candidate there: a member first heard from during the round entered it. Two
+        peers that elected with and without it named each other and waited for each
+        other twice round_timeout_s + aggregate_grace_s, each seeing the other "serving"
+        (hfl.sim.protocol, 4 peers, buggify, seed 118: 13 s for round 6)."""
+        mem = self.membership
+        return (mem.order_version() != version
+                and self.candidate(mem.rotation_order(), r, self.epoch) != aggregator)
+
     def sits_out(self, peer_id: str, r: int) -> bool:
         """``peer_id``'s current life said it sits round ``r`` out (restarted into a round
         an earlier life entered: :attr:`sit_out_through`): it will not serve there, so
@@ -1325,8 +1342,11 @@ class PeerCore:
         (again). Anyone else's ask, or one for another round or epoch, changes nothing.
         A member met after the broadcast waited the whole round_timeout_s for knowledge
         never sent to it, and a late joiner's last round learned nothing
-        (hfl.sim.protocol, 3 peers, broadcast, seed 502)."""
-        finished = knowledge.round == self.last_round == self.round - 1  # (staying: above)
+        (hfl.sim.protocol, 3 peers, broadcast, seed 502). In a decentralized round, and
+        after the last round, the knowledge of the round just past is sent too, while
+        this peer still holds it (until it shares the next): see finished_without."""
+        finished = (knowledge.round == self.last_round == self.round - 1  # (staying: above)
+                    or not self.elected and knowledge.round == self.previous_exchange(self.round))
         joined_since = self.sent_to_every_member and self.membership.is_live(msg.sender)
         return ((msg.sender in sent_to or joined_since) and msg.awaiting == knowledge.round
                 and (knowledge.round == self.round or finished) and msg.epoch == knowledge.epoch)
@@ -1342,9 +1362,15 @@ class PeerCore:
     def _answer_ask(self, asker: str, knowledge: Knowledge, now: float) -> bool:
         """Whether this ask for ``knowledge`` from ``asker`` is answered (and note that it
         is): not when an ask of the same knowledge was answered within
-        :attr:`ASK_EVERY_INTERVALS` heartbeat intervals."""
+        :attr:`ASK_EVERY_INTERVALS` heartbeat intervals, nor ever again for a round this
+        peer has left, but after the last round."""
         key = (asker, knowledge.round, knowledge.epoch)
         last = self._asks_answered.get(key)
+        if last is not None and knowledge.round < self.round != self.last_round + 1:
+            # A round just past (a decentralized round's asks_again): one answer per asker,
+            # who asks once; else a member asking every 10 ms got a model's upload from
+            # each honest peer every two heartbeats while they trained (a review: 5 in 5 s)
+            return False
         interval = self.timing.heartbeat_interval_s if self.timing is not None else 0.0
         if last is not None and now - last < self.ASK_EVERY_INTERVALS * interval:
             return False
@@ -1513,7 +1539,7 @@ class PeerCore:
         member, which then aggregated the last round without it, silently; and a late
         joiner cut off until the others finished learned nothing after the heal
         (hfl.sim.protocol, 3 peers, broadcast, buggify seed 134)."""
-        if self.mode == "aggregator" and not self.everywhere or self.sent_knowledge is None:
+        if self.elected or self.sent_knowledge is None:
             return []
         sent_to, knowledge = self.sent_knowledge
         if knowledge.round != last:
@@ -1592,7 +1618,7 @@ class PeerCore:
         previous = self.previous_exchange(r)
         members = self.membership.members
         got = self.buffer.received(r)
-        aggregator = self.mode == "aggregator" and not self.everywhere
+        aggregator = self.elected
         late = () if late_too else self.late
 
         def waits(p: str) -> bool:
@@ -1614,12 +1640,21 @@ class PeerCore:
         return waits
 
     def finished_without(self, r: int) -> list[str]:
-        """After the cohort's last round ``r``: the live members whose heartbeat says they
-        finished it, whose round-``r`` knowledge never reached this peer (lost on the
-        way: a finished member lingers and answers an ask for it, still_in_last_round)."""
+        """The live members whose heartbeat says they are past round ``r`` (finished the
+        run, after the last round), whose round-``r`` knowledge never reached this peer:
+        lost on the way. A finished member lingers and answers an ask for it
+        (still_in_last_round); in a decentralized round, a member answers for the round
+        just past until it shares its next knowledge (asks_again): there, only members
+        in the rounds up to the next exchange whose next knowledge has not come are
+        asked (one that skipped r, restarted or caught up past it, never held it: asked
+        and waited for, each cost a round two heartbeats; hfl-sim, MDH-FL, fan-out 2,
+        seed 1)."""
         got, members = self.buffer.received(r), self.membership.members
+        last, nxt = r == self.last_round, self.next_exchange(r + 1)
+        shared_next = {} if last else self.buffer.received(nxt)
         return [p for p in self.membership.live_ids()
-                if members[p].round > r and p not in got and p not in self.equivocators
+                if (members[p].round > r if last else r < members[p].round <= nxt)
+                and p not in got and p not in shared_next and p not in self.equivocators
                 and (self.sources is None or p in self.sources) and not self.sits_out(p, r)]
 
     def exchange_plan(self, r: int, fanout: int, key: str) -> tuple[list[str], set[str]]:

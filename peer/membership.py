@@ -1003,6 +1003,11 @@ class Membership:
         """Members that said goodbye (O(N): asked only while a quorum is out of reach)."""
         return sum(1 for m in self.members.values() if m.status == LEFT)
 
+    def order_version(self) -> int:
+        """A number that changes whenever :meth:`rotation_order` does (in O(1))."""
+        self._order_current()
+        return self._order_changes
+
     def order_size(self) -> int:
         """len(:meth:`rotation_order`) without copying it (every quorum asks)."""
         self._order_current()

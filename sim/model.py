@@ -205,7 +205,9 @@ class Checker:
     3. *justified*: no result is taken from an epoch the receiver could not
        justify: every candidate of the epochs it skipped was dead in its view;
     4. *liveness*: after the last fault healed, every running peer learns from
-       others within ``bound_s`` (or finishes);
+       others within ``bound_s`` (or finishes; or, given when each peer left, every
+       other peer had left before it could hear this one again, ``heard_again_s``
+       after the heal: the protocol-level simulator);
     5. *learning*: every peer that exits 0 learned from others in most rounds;
     6. *metrics*: no metrics row is lost or doubled across restarts (every
        checkpointed round has exactly one row, and no other row is left);
@@ -221,6 +223,9 @@ class Checker:
     mode: str
     everywhere: bool
     bound_s: float
+    #: how soon the others hear a peer back from a fault (a heartbeat interval): one
+    #: that left before the last fault healed plus this never met it again
+    heard_again_s: float = 0.0
     #: Byzantine twins (peer -> kind): left out of the honest peers' invariants, and
     #: an equivocating one must be named by every honest peer (9. *named*)
     twins: dict[str, str] = field(default_factory=dict)
@@ -284,12 +289,14 @@ class Checker:
                 self.fail("exit", f"{peer}: {outcomes.get(peer)} (simulated t={end_t:.1f}s)")
         return self.violations
 
-    def check_protocol(self, outcomes: dict[str, str], calm_at: float) -> list[Violation]:
+    def check_protocol(self, outcomes: dict[str, str], calm_at: float,
+                       left_at: dict[str, float] | None = None) -> list[Violation]:
         """The invariants of the protocol alone: *agreement*, *liveness* and *named*
         (*quorum* and *justified* are checked as events come); the protocol-level
         simulator has no files, restarts or exit codes."""
         self._agreement()
-        self._liveness({p: o for p, o in outcomes.items() if p not in self.twins}, calm_at)
+        self._liveness({p: o for p, o in outcomes.items() if p not in self.twins}, calm_at,
+                       left_at)
         self._named(outcomes)
         return self.violations
 
@@ -365,7 +372,8 @@ class Checker:
                     self.fail("resume", f"{e['peer']} incarnation {e['incarnation']} resumed round "
                               f"{e['round']} with another model than its round-{c} checkpoint")
 
-    def _liveness(self, outcomes: dict[str, str], calm_at: float) -> None:
+    def _liveness(self, outcomes: dict[str, str], calm_at: float,
+                  left_at: dict[str, float] | None = None) -> None:
         deadline = calm_at + self.bound_s
         self.recovery_s = 0.0
         rounds = [e for e in self.events if e["event"] == "round"]
@@ -377,6 +385,10 @@ class Checker:
             learned = [e["t"] for e in after if (e["learned_from"] or 0) > 0]
             if not learned and len(after) == 1 and after[0]["t"] <= deadline:
                 continue  # finished: its one round after the calm began during the fault
+            if not learned and left_at is not None and all(
+                    left_at.get(q, 0.0) <= calm_at + self.heard_again_s
+                    for q in outcomes if q != peer and outcomes[q] == "ok"):
+                continue  # nobody to learn from: every other peer left before it met this one
             if learned:
                 self.recovery_s = max(self.recovery_s, learned[0] - calm_at)
             if not learned or learned[0] > deadline:

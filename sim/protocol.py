@@ -37,6 +37,7 @@ import hashlib
 import heapq
 import itertools
 import logging
+import math
 import random
 import sys
 import time
@@ -263,7 +264,7 @@ class SimPeer:
         self.rng = random.Random(f"{sc.seed}:{peer_id}:compute")
         self.running = False
         self.outcome = "not started"
-        self.slow = 1.0
+        self.slow, self.slow_until = 1.0, 0.0  # a slowdown's factor, and its end
         self.lost_at: str | None = None  # a phase: lost at its next crash point there
         self.started_at = self.ended_at = 0.0
         self.gen: Generator | None = None
@@ -279,8 +280,14 @@ class SimPeer:
         return self.offset + self.sim.t * (1 + self.skew)
 
     def at_local(self, local: float) -> float:
-        """The simulated time at which this peer's clock reads ``local``."""
-        return (local - self.offset) / (1 + self.skew)
+        """The simulated time at which this peer's clock reads ``local`` (rounded up until
+        it does: a deadline's wake-up read a hair before the deadline, and a procedure
+        that asks again when woken early asked at the same simulated time without end,
+        120,000 heartbeats and 12 GB for one seed of a review's mutation)."""
+        t = (local - self.offset) / (1 + self.skew)
+        while self.offset + t * (1 + self.skew) < local:
+            t = math.nextafter(t, math.inf)
+        return t
 
     # ---------------------------------------------------------------- life
 
@@ -353,8 +360,8 @@ class SimPeer:
                 value = self.knowledge(*ins.args) if ins.call == "share" else {}
                 continue
             if isinstance(ins, do.Compute | do.Aggregate):  # training, aggregating: time
-                cost = self.rng.uniform(0.5, 1.5) * (self.sim.train_s if isinstance(ins, do.Compute)
-                                                     else 0.05 * self.sim.train_s) * self.slow
+                cost = self.took(self.rng.uniform(0.5, 1.5) * (
+                    self.sim.train_s if isinstance(ins, do.Compute) else 0.05 * self.sim.train_s))
                 out = self.aggregate(ins.contributions) if isinstance(ins, do.Aggregate) else {}
                 token = next(self.tokens)
                 self.waiting = (None, token)
@@ -362,6 +369,17 @@ class SimPeer:
                 return
             self.execute([ins])
             value = None
+
+    def took(self, work: float) -> float:
+        """The simulated seconds ``work`` seconds of compute take from now: at the slow
+        rate only while a slowdown lasts (as in hfl-sim; fixed at the step's start, a
+        step begun 10x slow ran seconds past the slowdown's end, and the other peer of
+        a 2-peer cohort finished the run without it: every-peer buggify seeds 642,
+        726, 772)."""
+        slowed = max(0.0, self.slow_until - self.sim.t) if self.slow > 1 else 0.0
+        if work * self.slow <= slowed:
+            return work * self.slow
+        return slowed + work - slowed / self.slow
 
     def resume(self, token: int, value: Any) -> None:
         if self.waiting is not None and self.waiting[1] == token:
@@ -505,7 +523,7 @@ class ProtocolSim:
         bound = 2 * (timing.round_timeout_s + timing.aggregate_grace_s) + 2 * timing.dead_after_s
         self.checker = Checker(mode="broadcast" if mode == "broadcast" else "aggregator",
                                everywhere=mode == "everywhere", bound_s=bound, twins=twins,
-                               clock=lambda: self.t)
+                               heard_again_s=timing.heartbeat_interval_s, clock=lambda: self.t)
         late = {f.peers[0]: f.t for f in self.scenario.faults if f.kind == "late"}
         min_peers = peers - len(late) - len(absent)  # (absent: never started, as a peer down)
         bootstrap = tuple(n for n in names if n not in late)[:bootstraps]
@@ -545,8 +563,13 @@ class ProtocolSim:
             net.oneway.update(links)
             self.at(self.t + f.duration, self._heal_oneway, links)
         elif f.kind == "slow":
-            self.peers[f.peers[0]].slow = f.factor
-            self.at(self.t + f.duration, setattr, self.peers[f.peers[0]], "slow", 1.0)
+            peer = self.peers[f.peers[0]]  # (overlapping slowdowns: the later end, the last factor)
+            peer.slow, peer.slow_until = f.factor, max(peer.slow_until, self.t + f.duration)
+            self.at(self.t + f.duration, self._slow_ends, peer)
+
+    def _slow_ends(self, peer: SimPeer) -> None:
+        if peer.slow_until <= self.t:  # (not while a later slowdown lasts)
+            peer.slow = 1.0
 
     def _heal_cut(self, links) -> None:
         self.net.cut.subtract(links)
@@ -593,7 +616,8 @@ class ProtocolSim:
         c = self.checker
         calm = self.calm_at
         c.check_protocol({p: o for p, o in outcomes.items() if o != "lost"},
-                         calm if calm != float("inf") else c.events[-1]["t"] + 1 if c.events else 0)
+                         calm if calm != float("inf") else c.events[-1]["t"] + 1 if c.events else 0,
+                         left_at={n: p.ended_at for n, p in self.peers.items()})
         ended = [p.ended_at for p in self.peers.values() if p.outcome == "ok"]
         for p, o in sorted(outcomes.items()):
             if o == "alone" and self.peers[p].started_at > 0 and all(
@@ -608,11 +632,40 @@ class ProtocolSim:
         for e in c.events:
             if e["event"] == "round" and e["learned_from"] is not None:
                 rounds.setdefault(e["peer"], []).append(e)
+        # (from when every peer it touches runs: a late joiner's slowdown before its
+        # start disturbed nothing, and excused six rounds that learned, seed 67 signed)
+        windows = [(max(f.t, *(self.peers[q].started_at for q in (*f.peers, *f.to))),
+                    f.t + f.duration) for f in self.scenario.faults
+                   if f.kind in ("partition", "oneway", "slow")]
+        # (a round's length without faults, twice: the planner's estimate, plan())
+        span = 2 * (2 * self.train_s + self.scenario.timing.heartbeat_interval_s)
         for p, o in sorted(outcomes.items()):
             # (A late joiner's rounds are what was left of the run: liveness holds it.)
             if o == "ok" and p not in c.twins and self.peers[p].started_at == 0:
-                c.check_learning(p, rounds.get(p, []))
+                c.check_learning(p, undisturbed(rounds.get(p, []), windows, span))
         return c.violations
+
+
+def undisturbed(rounds: list[dict], windows: list[tuple[float, float]],
+                span: float) -> list[dict]:
+    """The rounds of a peer (its "round" events, in order) that *learning* counts: those
+    no cut, one-way loss or slowdown (``windows``: their begin and end times) overlapped
+    while a round of ``span`` seconds would run (from its start, up to its end). A
+    round's own faults can keep it from learning whatever the protocol does, and the
+    planner's fault budget (a quarter of the run's length, estimated at two compute
+    steps and a heartbeat a round) can be half of a run whose rounds are faster: with 2
+    peers in broadcast mode and --buggify, a peer cut off for 1.4 s of a 4 s run ran 5
+    of its 10 rounds alone (seed 150). (By the actual span, a round that learned nothing
+    was excused far more often than one that learned, having waited out its timeout:
+    a protocol that drops every other round's knowledge failed *learning* in 11 of 300
+    seeds of 2 peers in broadcast mode, against 138 this way and 266 over all rounds.)"""
+    out, begun = [], 0.0
+    for e in rounds:
+        end = min(e["t"], begun + span)
+        if not any(lo < end and begun < hi for lo, hi in windows):
+            out.append(e)
+        begun = e["t"]
+    return out
 
 
 #: The cyclic collector's thresholds while a run goes (restored after). A 1,000-peer
