@@ -1061,9 +1061,9 @@ class PeerCore:
         peers that elected with and without it named each other and waited for each
         other twice round_timeout_s + aggregate_grace_s, each seeing the other "serving"
         (hfl.sim.protocol, 4 peers, buggify, seed 118: 13 s for round 6)."""
-        mem = self.membership
+        mem = self.membership  # (O(1): asked on every message while the peer waits)
         return (mem.order_version() != version
-                and self.candidate(mem.rotation_order(), r, self.epoch) != aggregator)
+                and mem.candidate_at(self.turn(r) + self.epoch) != aggregator)
 
     def sits_out(self, peer_id: str, r: int) -> bool:
         """``peer_id``'s current life said it sits round ``r`` out (restarted into a round

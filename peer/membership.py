@@ -1008,6 +1008,11 @@ class Membership:
         self._order_current()
         return self._order_changes
 
+    def candidate_at(self, i: int) -> str:
+        """``rotation_order()[i % len]`` without copying it (in O(1))."""
+        self._order_current()
+        return self._order[i % len(self._order)]
+
     def order_size(self) -> int:
         """len(:meth:`rotation_order`) without copying it (every quorum asks)."""
         self._order_current()

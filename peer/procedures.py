@@ -525,7 +525,12 @@ class RoundProcedures:
             return (yield from self.sit_out(r, info))
         yield EnterRound(r)
         began_at = None
-        for _attempt in range(len(mem.rotation_order()) + 1):
+        # One attempt per epoch tried; an election again at the same epoch (the order
+        # grew: core.reelected) is none (a review: four members entering a 3-member
+        # order during the round used up its attempts with every candidate alive).
+        attempts = len(mem.rotation_order()) + 1
+        while attempts > 0:
+            attempts -= 1
             elected = core.elect(r)
             if elected is None:
                 break
@@ -601,6 +606,7 @@ class RoundProcedures:
                 yield self.say(INFO, "round %d: the rotation order changed (%d members): epoch "
                                "%d's candidate is no longer %s; electing again", r,
                                mem.order_size(), core.epoch, aggregator)
+                attempts += 1  # (the order only grows: at most one per newcomer)
                 continue
             if core.usable_result(r) is None and core.moved_on(r, aggregator):
                 # A heartbeat can overtake the result it follows (a delayed or retried

@@ -317,6 +317,31 @@ def test_a_member_elects_again_when_a_member_first_heard_during_the_round_moves_
     assert len(core.membership.rotation_order()) == 4 and not wait.done()
 
 
+def test_elections_again_do_not_use_up_the_fail_over_attempts():
+    # A review: the round tries len(order) + 1 epochs; re-elections counted as attempts,
+    # so four members entering a 3-member order during the round, each moving the
+    # candidate, left the peer with "no aggregator could be reached" and every candidate
+    # alive.
+    core, procs, clock = peer()
+    r = 1
+    enter(core, r)
+    info: dict = {}
+    s = Stepper(procs.aggregate_round(r, weights(1.0), info))
+    s.until(Wait)
+    pool = iter(f"p0{b}" for b in "jihgfedcba")  # (each sorts second: round 1's candidate)
+    for _ in range(5):
+        order = core.membership.rotation_order()
+        now = core.candidate(order, r, 0)
+        new = next(q for q in pool
+                   if q != core.id and core.candidate(sorted([*order, q]), r, 0) not in (now, core.id))
+        core.membership.heard_from(new, 0, 0.5, address=f"mem://{new}", round=r)
+        s.answer(True)
+        s.until(Wait)
+        assert info["aggregator"] == core.candidate(core.membership.rotation_order(), r, 0)
+    assert not s.done and core.epoch == 0
+    assert not any(isinstance(i, Say) and "no aggregator" in i.template for i in s.seen)
+
+
 def test_a_member_acks_a_result_and_absorbs_it_only_once_committed():
     # PROTOCOL.md, Commit: accept (ack) first; the result is used once its aggregator
     # committed it.

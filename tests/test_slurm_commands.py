@@ -179,13 +179,20 @@ def test_a_job_still_running_is_not_deleted_by_fresh_nor_run_again_here(fake_slu
     assert sbatch_calls(fake_slurm) == 2
 
 
-def test_resume_of_a_finished_job_is_refused_and_submits_nothing(fake_slurm, capsys):
-    # Left from stop 54: --on slurm --resume of a run whose every round ran submitted a
-    # job whose peers had nothing to do (a local --resume is refused, naming the rounds).
+def a_job_that_ran_every_round(fake_slurm) -> str:
+    """Submitted detached; its peers ran both rounds and the job completed. The path
+    of its experiment."""
     path = str(experiment(fake_slurm))
     assert main([path, "--on", "slurm", "--detach", "--quiet"]) == 0
     peers_ended(fake_slurm, 0)
     (fake_slurm / "job_state").write_text("COMPLETED")
+    return path
+
+
+def test_resume_of_a_finished_job_is_refused_and_submits_nothing(fake_slurm, capsys):
+    # Left from stop 54: --on slurm --resume of a run whose every round ran submitted a
+    # job whose peers had nothing to do (a local --resume is refused, naming the rounds).
+    path = a_job_that_ran_every_round(fake_slurm)
     assert main([path, "--on", "slurm", "--quiet"]) == 0  # followed: results collected
     assert record(fake_slurm)["state"] == "finished"
     capsys.readouterr()
@@ -202,10 +209,7 @@ def test_resume_of_a_finished_job_is_refused_and_submits_nothing(fake_slurm, cap
 
 def test_resume_of_a_job_nobody_collected_follows_it(fake_slurm, capsys):
     # (All its rounds ran, but the launch that submitted it never collected them.)
-    path = str(experiment(fake_slurm))
-    assert main([path, "--on", "slurm", "--detach", "--quiet"]) == 0
-    peers_ended(fake_slurm, 0)
-    (fake_slurm / "job_state").write_text("COMPLETED")
+    path = a_job_that_ran_every_round(fake_slurm)
     assert main([path, "--on", "slurm", "--resume", "--quiet"]) == 0
     assert "following SLURM job 4242" in capsys.readouterr().out
     assert sbatch_calls(fake_slurm) == 1 and record(fake_slurm)["state"] == "finished"
