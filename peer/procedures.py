@@ -632,6 +632,14 @@ class RoundProcedures:
                     yield from self.discard_unused_results(r)
                     return {}
                 committed = yield from self.await_commit(r, result)
+                if committed is not None and (yield from self.outgrown(
+                        r, len(result.contributors), info, f"not absorbing {result.sender}'s "
+                        "committed result")):
+                    # (before, it absorbed what its aggregator, not yet knowing the
+                    # newcomer, committed: hfl.sim.protocol --peers 6 --swim on --join
+                    # lazy --buggify, seed 52)
+                    yield from self.discard_unused_results(r)
+                    return {}
                 if committed is not None:
                     info.update(aggregator=result.sender, epoch=result.epoch,
                                 contributors=len(result.contributors),
@@ -675,7 +683,8 @@ class RoundProcedures:
         yield Wait(lambda: core.committed_result(r) is not None or core.cohort_past(r), deadline)
         info.update(aggregator=None, sat_out=True)
         result = core.committed_result(r)
-        if result is None:
+        if result is None or (yield from self.outgrown(
+                r, len(result.contributors), info, "not absorbing its committed result")):
             return {}
         info.update(aggregator=result.sender, epoch=result.epoch,
                     contributors=len(result.contributors),
@@ -751,6 +760,22 @@ class RoundProcedures:
             except Exception as err:  # noqa: BLE001 -- this member's
                 raising[peer] = err
         return raising
+
+    def outgrown(self, r: int, count: int, info: dict, outcome: str
+                 ) -> Generator[Instruction, Any, bool]:
+        """The view grew while round r ran (a member first heard from after its result
+        went out, a late joiner): ``count`` contributors are below the quorum of the
+        cohort as it is now, which a commit and an absorb need as the certificate does
+        (every member checks a commit against its own quorum of the moment). Says so
+        and returns True: no result for this peer in round r."""
+        quorum = self.core.quorum()
+        if count >= quorum:
+            return False
+        yield self.say(WARNING, "round %d: the cohort grew while the round ran: %d "
+                       "contributor(s) are below the quorum of %d now; %s, keeping the local "
+                       "model", r, count, quorum, outcome)
+        info.update(aggregator=None, below_quorum=True)
+        return True
 
     def short_of_quorum(self, r: int, count: int, quorum: int, info: dict,
                         outcome: str) -> Procedure:
@@ -851,14 +876,10 @@ class RoundProcedures:
                 break
             yield Broadcast(tuple(core.not_acked(r, epoch, digest)), msg)
             wait = min(2 * wait, 4 * hb)  # (a copy lost late still gets another)
-        if len(used) < core.quorum():
-            # The view grew while the round ran (a late joiner): the quorum of the cohort
-            # as it is now was not met (before, this aggregator committed and absorbed a
-            # result the others refused: hfl.sim.protocol signed buggify seed 69).
-            yield self.say(WARNING, "round %d: the cohort grew while the round ran: %d "
-                           "contributor(s) are below the quorum of %d now; not committing, "
-                           "keeping the local model", r, len(used), core.quorum())
-            info.update(aggregator=None, uncommitted=True)
+        # (before, this aggregator committed and absorbed a result the others refused:
+        # hfl.sim.protocol signed buggify seed 69)
+        if (yield from self.outgrown(r, len(used), info, "not committing")):
+            info.update(uncommitted=True)
             return {}
         quorum = core.quorum()
         if core.acked(r, epoch, digest) < quorum:

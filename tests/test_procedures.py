@@ -371,6 +371,55 @@ def test_a_member_acks_a_result_and_absorbs_it_only_once_committed():
     assert list(s.value) == ["p1"] and info["contributors"] == 3 and info["learned_from"] == 2
 
 
+def test_a_member_does_not_absorb_a_committed_result_below_its_quorum_of_the_moment():
+    # PROTOCOL.md, Commit rule 3: p0 (3 members, quorum 2) acks p1's result of 2
+    # contributors; before the commit comes, p3 and p4 are heard from (5 members,
+    # quorum 3). The commit does not make p0 absorb it: before, it absorbed what an
+    # aggregator that had not met the newcomers committed (hfl.sim.protocol, 6 peers,
+    # lazy join, buggify, seed 52).
+    core, procs, clock = peer()
+    order = core.membership.rotation_order()
+    r = next(r for r in range(1, 10) if core.candidate(order, r, 0) == "p1")
+    enter(core, r)
+    info: dict = {}
+    s = Stepper(procs.aggregate_round(r, weights(1.0), info))
+    s.until(Wait)
+    core.handle("p1", AggregateResult(sender="p1", incarnation=0, round=r, epoch=0,
+                                      kind="weights", contributors=["p0", "p1"],
+                                      tensors={"w": np.ones(3, np.float32)}), 0.0)
+    s.answer(True)
+    s.until(Wait)
+    assert s.sent()[-1] == (("p1",), "ack") and core.quorum() == 2
+    for p in ("p3", "p4"):
+        core.membership.heard_from(p, 0, 0.5, address=f"mem://{p}", round=r)
+    assert core.quorum() == 3
+    digest = core.accepted[r][1]
+    core.handle("p1", Commit(sender="p1", incarnation=0, round=r, epoch=0, digest=digest), 0.0)
+    s.answer(True)
+    s.until()
+    assert s.done and s.value == {} and info["below_quorum"] and info["aggregator"] is None
+    warned = [i for i in s.seen if isinstance(i, Say) and "cohort grew" in i.template]
+    assert len(warned) == 1 and "not absorbing p1's committed result" in warned[0].args[-1]
+    # The same commit of a result that still makes the quorum is absorbed.
+    core, procs, clock = peer()
+    enter(core, r)
+    info = {}
+    s = Stepper(procs.aggregate_round(r, weights(1.0), info))
+    s.until(Wait)
+    core.handle("p1", AggregateResult(sender="p1", incarnation=0, round=r, epoch=0,
+                                      kind="weights", contributors=["p0", "p1", "p2"],
+                                      tensors={"w": np.ones(3, np.float32)}), 0.0)
+    s.answer(True)
+    s.until(Wait)
+    for p in ("p3", "p4"):
+        core.membership.heard_from(p, 0, 0.5, address=f"mem://{p}", round=r)
+    core.handle("p1", Commit(sender="p1", incarnation=0, round=r, epoch=0,
+                             digest=core.accepted[r][1]), 0.0)
+    s.answer(True)
+    s.until()
+    assert list(s.value) == ["p1"] and info["contributors"] == 3
+
+
 def test_a_decentralized_round_sends_to_every_live_peer_and_takes_what_arrived_by_the_deadline():
     # PROTOCOL.md, Rounds: broadcast mode.
     core, procs, clock = peer(mode="broadcast")

@@ -344,6 +344,14 @@ def test_an_aggregator_commits_only_what_meets_the_quorum_of_the_cohort_as_it_is
     assert not res.violations, [str(v) for v in res.violations]
 
 
+def test_a_member_absorbs_only_what_meets_its_quorum_of_the_moment():
+    # 6 peers, lazy join, buggify, seed 52: p4, on the side of a cut that had not met the
+    # late joiner p3, published round 3 with 3 contributors (3 of 5); p2 and p5 acked,
+    # then heard of p3 (quorum 4 of 6) and absorbed the commit anyway.
+    res = run_seed(52, peers=6, swim=True, join="lazy", buggify=True)
+    assert not res.violations, [str(v) for v in res.violations]
+
+
 def test_a_peer_cut_off_below_the_quorum_waits_for_the_cohort_instead_of_running_ahead():
     # Signed, buggified seed 106: p4 was lost for good, then p3 was cut off for 1.6 s.
     # Short of the quorum (4 of 5), p3 ran rounds 4 to 7 alone, none with a result,
