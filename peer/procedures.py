@@ -97,6 +97,7 @@ class RoundProcedures:
         self.had_quorum = False
         self.waited_for_quorum = False
         self.quorum_streak = 0
+        self.waited_for_cohort = 0  # wait_for_the_cohort: the round it last waited in
 
     @property
     def timing(self):
@@ -200,7 +201,7 @@ class RoundProcedures:
         yield Wait(lambda: core.cohort_round() >= mem.max_live_round(),
                    self.now() + 4 * self.timing.heartbeat_interval_s)
 
-    def wait_for_the_cohort(self, r: int) -> Generator[Instruction, Any, None]:
+    def wait_for_the_cohort(self, r: int) -> Generator[Instruction, Any, bool]:
         """A peer about to exchange in round r while no other live member has reached its
         previous exchange waits for them, up to ``round_timeout_s``: it ran ahead alone
         (cut off, or faster than members that timed out on it) and would go on learning
@@ -209,21 +210,27 @@ class RoundProcedures:
         broadcast, signed, buggified seeds 106, 366, 630: a peer cut off ran ahead and
         learned nothing to the end). Any one member at its previous exchange ends the
         wait (a member's claim can only spare it, never hold it: one behind member, a
-        late joiner of a cohort of three, held its aggregator a whole timeout)."""
+        late joiner of a cohort of three, held its aggregator a whole timeout).
+
+        Once a round: a member behind may be heard again only during the exchange
+        (:meth:`exchange` asks again when it learned from no one). True when it waited
+        and a member reached the previous exchange."""
         core = self.core
-        if core.mode == "local" or not core.communicates(r):
-            return
+        if core.mode == "local" or not core.communicates(r) or self.waited_for_cohort == r:
+            return False
         behind, mem = core.previous_exchange(r), core.membership
 
         def arrived() -> bool:
             return mem.max_live_round() >= behind or mem.live_count() <= 1  # (ourselves)
 
         if arrived():
-            return
+            return False
+        self.waited_for_cohort = r
         yield self.say(INFO, "round %d: every other member is behind (at most round %d); "
                        "waiting for them (at most %.0fs)", r, mem.max_live_round(),
                        self.timing.round_timeout_s)
         yield Wait(arrived, self.now() + self.timing.round_timeout_s)
+        return mem.max_live_round() >= behind
 
     def wait_for_a_quorum(self, r: int) -> Generator[Instruction, Any, bool]:
         """A peer about to exchange in round r while fewer members are live (itself
@@ -394,6 +401,14 @@ class RoundProcedures:
         yield CrashPoint(r, ("wait",))
         try:
             complete = yield from self.await_knowledge(r, self.now() + self.timing.round_timeout_s)
+            if (not set(core.buffer.received(r)) - {core.id}
+                    and (yield from self.wait_for_the_cohort(r))):
+                # It ran ahead alone and heard the cohort again only during this round
+                # (its members were dead in its view as it began): their knowledge of
+                # it comes once they reach it (hfl.sim.protocol, 3 peers, broadcast,
+                # buggify, seed 206: the peer cut off finished its last rounds alone).
+                complete = yield from self.await_knowledge(
+                    r, self.now() + self.timing.round_timeout_s)
         finally:
             core.sources = None
         got = core.buffer.received(r)

@@ -537,6 +537,15 @@ def test_a_peer_that_ran_ahead_alone_waits_for_the_cohort(seed):
     assert not res.violations, [str(v) for v in res.violations]
 
 
+def test_a_peer_that_ran_ahead_alone_and_meets_the_cohort_in_its_last_round_waits_for_it():
+    # 3 peers, broadcast, buggify, seed 206: p2 lost for good, p0 cut off ran to round 10
+    # alone; the cut healed as round 10 began, with p1 two rounds behind. p0 ended its
+    # last round alone (p1 not awaited, its start with nobody live to wait for) and
+    # learned nothing after the heal. It waits for p1 to reach it now.
+    res = run_seed(206, peers=3, mode="broadcast", buggify=True)
+    assert not res.violations, [str(v) for v in res.violations]
+
+
 @pytest.mark.parametrize(("peers", "mode", "seed", "buggify"), [
     (3, "broadcast", 502, False), (3, "broadcast", 134, True)])
 def test_a_member_met_after_a_broadcast_gets_the_knowledge_and_is_stayed_for(
