@@ -216,8 +216,10 @@ class Checker:
     8. *exit*: every peer ends its run normally (no crash of the runtime itself,
        no "cohort gone"), within the simulated time limit;
     9. *named*: with a Byzantine twin that equivocates (``--byzantine``), every honest
-       peer that ran to its end names it. Twins are left out of 1, 4 and 5: what they
-       absorb or learn is not the honest peers' guarantee.
+       peer that ran to its end names it, once the twin sent peers different
+       knowledge of a round with two rounds after it (the proof travels in the next
+       round's reports and spreads in the one after; :meth:`forged`). Twins are left
+       out of 1, 4 and 5: what they absorb or learn is not the honest peers' guarantee.
     """
 
     mode: str
@@ -229,6 +231,11 @@ class Checker:
     #: Byzantine twins (peer -> kind): left out of the honest peers' invariants, and
     #: an equivocating one must be named by every honest peer (9. *named*)
     twins: dict[str, str] = field(default_factory=dict)
+    #: the run's last round (*named*: an equivocation in one of the last two rounds
+    #: cannot be proven to everyone; 0: any equivocation must be)
+    rounds: int = 0
+    #: twin -> the first round it sent peers different knowledge of (:meth:`forged`)
+    equivocated: dict[str, int] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     models: dict[tuple[str, int], str] = field(default_factory=dict)  # (peer, round) -> digest
@@ -253,6 +260,11 @@ class Checker:
             self.models[(node.id, fields["round"])] = rec["model"]
         self.events.append(rec)
         self._check_step(rec)
+
+    def forged(self, twin: str, round: int) -> None:
+        """``twin`` sent one peer other knowledge of ``round`` than the rest (kept out of
+        the history: only *named* reads it)."""
+        self.equivocated.setdefault(twin, round)
 
     def fail(self, invariant: str, detail: str) -> None:
         self.violations.append(Violation(invariant, detail))
@@ -348,7 +360,11 @@ class Checker:
                     f"{', '.join(sorted(set(p)))} took {d}" for d, p in sorted(seen.items())))
 
     def _named(self, outcomes: dict[str, str]) -> None:
-        liars = {p for p, kind in self.twins.items() if kind == "equivocate"}
+        # (Before, a twin lost for good before round 2, or equivocating only in the last
+        # round, was to be named all the same: twin seeds 496, 617, 897.)
+        liars = {p for p, kind in self.twins.items() if kind == "equivocate"
+                 and p in self.equivocated
+                 and (not self.rounds or self.equivocated[p] + 2 <= self.rounds)}
         if not liars or not self.everywhere:
             return
         for peer in sorted(p for p, o in outcomes.items() if o == "ok" and p not in self.twins):

@@ -427,6 +427,8 @@ class SimPeer:
                     victim = min((p for p in mem.members if p != self.id and mem.is_live(p)),
                                  default=None)
                     sends = twin_sends(self.twin, self.core, victim, list(ins.peer_ids), ins.msg)
+                    if len(sends) > 1:
+                        self.sim.checker.forged(self.id, ins.msg.round)
                 for peer_ids, msg in sends:
                     for p in peer_ids:
                         net.send(self.id, p, msg)
@@ -523,7 +525,8 @@ class ProtocolSim:
         bound = 2 * (timing.round_timeout_s + timing.aggregate_grace_s) + 2 * timing.dead_after_s
         self.checker = Checker(mode="broadcast" if mode == "broadcast" else "aggregator",
                                everywhere=mode == "everywhere", bound_s=bound, twins=twins,
-                               heard_again_s=timing.heartbeat_interval_s, clock=lambda: self.t)
+                               heard_again_s=timing.heartbeat_interval_s, clock=lambda: self.t,
+                               rounds=rounds)
         late = {f.peers[0]: f.t for f in self.scenario.faults if f.kind == "late"}
         min_peers = peers - len(late) - len(absent)  # (absent: never started, as a peer down)
         bootstrap = tuple(n for n in names if n not in late)[:bootstraps]

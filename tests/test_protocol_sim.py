@@ -272,6 +272,26 @@ def test_a_twin_soak_asks_only_what_a_protocol_can_give(peers, twin, seed):
     assert not res.violations, [str(v) for v in res.violations]
 
 
+@pytest.mark.parametrize(("peers", "twin", "seed"), [(4, "p1", 496), (5, "p4", 617), (5, "p4", 897)])
+def test_a_twin_is_to_be_named_once_it_equivocated_with_rounds_left_to_prove_it(peers, twin, seed):
+    # 617, 897: the twin was lost for good before round 2, when it would have begun
+    # equivocating; 496: it equivocated in the last round only (cut off before). Every
+    # honest peer was to name it all the same.
+    sim = ProtocolSim(seed, peers=peers, mode="everywhere", byzantine=[f"{twin}:equivocate"])
+    res = sim.run()
+    assert not res.violations, [str(v) for v in res.violations]
+    assert sim.checker.equivocated.get(twin, 10) >= 9
+    # The rule itself: a twin that equivocated in round 8 of 10 must be named.
+    from hfl.sim.model import Checker
+
+    c = Checker(mode="aggregator", everywhere=True, bound_s=5.0, twins={"p1": "equivocate"},
+                rounds=10)
+    for first, named in ((None, False), (9, False), (8, True)):
+        c.equivocated, c.violations = ({} if first is None else {"p1": first}), []
+        c._named({"p0": "ok", "p1": "ok"})
+        assert bool(c.violations) == named, first
+
+
 def test_a_bad_twin_spec_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match="kind 'lie' is not one of equivocate, commit"):
         ProtocolSim(0, byzantine=["p1:lie"])
