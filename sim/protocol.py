@@ -26,6 +26,8 @@ justified epochs, liveness after the last fault), plus *learning* and *exit*
     python -m hfl.sim.protocol --seeds 0-999                  # 5 peers, 10 rounds
     python -m hfl.sim.protocol --seeds 0-499 --buggify
     python -m hfl.sim.protocol --peers 1000 --rounds 3 --seeds 0   # a big cohort
+    python -m hfl.sim.protocol --mode broadcast --fanout 2 --seeds 0-199
+    python -m hfl.sim.protocol --communicate-every 3 --seeds 0-199  # 30 rounds
 """
 
 from __future__ import annotations
@@ -251,15 +253,21 @@ class SimPeer:
         core = self.core = PeerCore(
             peer_id, mode="broadcast" if mode == "broadcast" else "aggregator",
             everywhere=everywhere, lookahead=timing.lookahead_rounds, cohort_size=min_peers,
-            cohort="sim", last_round=sim.rounds, signer=keys[0] if keys else None,
+            cohort="sim", last_round=sim.rounds, communicate_every=sim.communicate_every,
+            signer=keys[0] if keys else None,
             verify_keys=dict(keys[1]) if keys else None, swim=swim, timing=timing,
             rng=random.Random(f"{sc.seed}:{peer_id}"),
             bootstrap=tuple((b, address(b)) for b in bootstrap),
             hello_terms={"cohort": "sim", "algorithm": "mean", "num_classes": 2,
-                         "rounds": sim.rounds, "shared": {"everywhere": int(everywhere)}})
+                         "rounds": sim.rounds, "shared": {
+                             "everywhere": int(everywhere),
+                             **({"fanout": sim.fanout} if sim.fanout is not None else {}),
+                             **({"communicate_every": sim.communicate_every}
+                                if sim.communicate_every != 1 else {})}})
         self.twin = twin  # a Byzantine twin's kind (hfl.sim.model.TWIN_KINDS), or None
         core.open_view(address(peer_id), random.Random(f"{sc.seed}:{peer_id}:membership"))
-        self.procedures = RoundProcedures(core, now=self.now)
+        self.procedures = RoundProcedures(core, now=self.now, fanout=sim.fanout,
+                                          plan_key=f"sim:{sc.seed}")
         self.min_peers = min_peers
         self.rng = random.Random(f"{sc.seed}:{peer_id}:compute")
         self.running = False
@@ -493,11 +501,19 @@ class ProtocolSim:
                  buggify: bool = False, swim: bool | None = None, train_s: float = 0.3,
                  scenario: ProtocolScenario | None = None, byzantine: list[str] = (),
                  join: str = "greet", signed: bool = False, bootstraps: int = 2,
-                 absent: tuple[str, ...] = ()) -> None:
+                 absent: tuple[str, ...] = (), communicate_every: int = 1,
+                 fanout: int | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r}; allowed: {', '.join(MODES)}")
         if peers < 2:
             raise ValueError(f"peers: {peers}; a cohort needs 2 at least")
+        if communicate_every < 1:
+            raise ValueError(f"communicate_every: {communicate_every}; 1 (every round) or more")
+        if fanout is not None and (mode != "broadcast" or not 1 <= fanout < peers):
+            raise ValueError(f"fanout: {fanout}; with --mode broadcast only, from 1 to "
+                             f"{peers - 1} (the peers a round's knowledge goes to)")
+        # cohort.communicate_every and cohort.fanout, as hfl-peer runs them
+        self.communicate_every, self.fanout = communicate_every, fanout
         names = [f"p{i}" for i in range(peers)]
         twins = parse_twins(list(byzantine), names)  # ValueError naming the part
         self.rounds, self.train_s, self.mode = rounds, train_s, mode
@@ -632,8 +648,8 @@ class ProtocolSim:
         if calm == float("inf"):
             return c.violations
         rounds: dict[str, list[dict]] = {}
-        for e in c.events:
-            if e["event"] == "round" and e["learned_from"] is not None:
+        for e in c.events:  # (local steps too: where each exchanging round began)
+            if e["event"] == "round":
                 rounds.setdefault(e["peer"], []).append(e)
         # (from when every peer it touches runs: a late joiner's slowdown before its
         # start disturbed nothing, and excused six rounds that learned, seed 67 signed)
@@ -661,11 +677,15 @@ def undisturbed(rounds: list[dict], windows: list[tuple[float, float]],
     of its 10 rounds alone (seed 150). (By the actual span, a round that learned nothing
     was excused far more often than one that learned, having waited out its timeout:
     a protocol that drops every other round's knowledge failed *learning* in 11 of 300
-    seeds of 2 peers in broadcast mode, against 138 this way and 266 over all rounds.)"""
+    seeds of 2 peers in broadcast mode, against 138 this way and 266 over all rounds.)
+    Only exchanging rounds are returned; a round begins where the one before it ended,
+    local step or not (``cohort.communicate_every``: before, an exchange was judged by
+    the faults at the local steps before it)."""
     out, begun = [], 0.0
     for e in rounds:
         end = min(e["t"], begun + span)
-        if not any(lo < end and begun < hi for lo, hi in windows):
+        if e["learned_from"] is not None and not any(lo < end and begun < hi
+                                                     for lo, hi in windows):
             out.append(e)
         begun = e["t"]
     return out
@@ -691,7 +711,8 @@ def main(argv: list[str] | None = None) -> int:
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0-99", help="e.g. 0-999 or 3,17,42 (default 0-99)")
     ap.add_argument("--peers", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="default 10 exchanges: 10 x --communicate-every")
     ap.add_argument("--mode", choices=MODES, default="aggregator",
                     help="an elected aggregator (default), every peer aggregating, or broadcast")
     ap.add_argument("--buggify", action="store_true", help="short timeouts, denser faults")
@@ -709,6 +730,12 @@ def main(argv: list[str] | None = None) -> int:
                          "with keys in the allow-list)")
     ap.add_argument("--bootstraps", type=int, default=2,
                     help="how many peers every peer bootstraps from (default 2; hfl-launch: 1)")
+    ap.add_argument("--communicate-every", type=int, default=1, metavar="K",
+                    help="cohort.communicate_every: exchange every K-th round, local steps "
+                         "between (default 1)")
+    ap.add_argument("--fanout", type=int, default=None, metavar="K",
+                    help="cohort.fanout (--mode broadcast): each round's knowledge to the K "
+                         "peers a seeded rotation names")
     ap.add_argument("-v", "--verbose", action="store_true", help="each seed's faults")
     args = ap.parse_args(argv)
     try:
@@ -716,12 +743,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         ap.error(f"--seeds: {err}")
     swim = None if args.swim == "auto" else args.swim == "on"
+    if args.rounds is None:  # (learning is judged on the exchanging rounds: 10 of them)
+        args.rounds = 10 * max(1, args.communicate_every)
     failed, t0 = [], time.perf_counter()
     for seed in seeds:
         try:
             res = run_seed(seed, peers=args.peers, rounds=args.rounds, mode=args.mode,
                            buggify=args.buggify, swim=swim, byzantine=args.byzantine,
-                           join=args.join, signed=args.signed, bootstraps=args.bootstraps)
+                           join=args.join, signed=args.signed, bootstraps=args.bootstraps,
+                           communicate_every=args.communicate_every, fanout=args.fanout)
         except ValueError as err:
             ap.error(str(err))
         if args.verbose or res.violations:
@@ -736,6 +766,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     n = len(seeds)
     print(f"{n} seed(s), {args.peers} peers, {args.rounds} rounds, {args.mode}"
+          f"{f', fan-out {args.fanout}' if args.fanout else ''}"
+          f"{f', exchanging every {args.communicate_every}' if args.communicate_every > 1 else ''}"
           f"{' (buggify)' if args.buggify else ''}: {len(failed)} violating "
           f"({', '.join(map(str, failed[:20]))}{' ...' if len(failed) > 20 else ''}); "
           f"{wall:.1f}s, {60 * n / wall:.0f} seeds/min")

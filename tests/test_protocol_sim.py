@@ -292,6 +292,51 @@ def test_a_twin_is_to_be_named_once_it_equivocated_with_rounds_left_to_prove_it(
         assert bool(c.violations) == named, first
 
 
+@pytest.mark.parametrize(("kw", "seeds"), [
+    (dict(mode="broadcast", fanout=2, buggify=True), range(0, 12)),
+    (dict(mode="aggregator", communicate_every=3, rounds=30), range(0, 8)),
+    (dict(mode="everywhere", communicate_every=2, rounds=20, buggify=True), range(0, 8)),
+])
+def test_fanout_and_local_steps_between_exchanges_keep_every_invariant(kw, seeds):
+    # cohort.fanout and cohort.communicate_every, as hfl-peer runs them (a sweep of 200
+    # seeds each is in docs/simulation.md): a sampled exchange sends to the planned
+    # receivers only, and local steps exchange nothing.
+    for seed in seeds:
+        sim = ProtocolSim(seed, peers=5, **kw)
+        res = sim.run()
+        assert not res.violations, (seed, [str(v) for v in res.violations])
+        rounds = [e for e in sim.checker.events if e["event"] == "round"]
+        every = kw.get("communicate_every", 1)
+        assert {e["round"] for e in rounds if e["learned_from"] is not None} <= {
+            r for r in range(1, kw.get("rounds", 10) + 1) if r % every == 0 or r == kw.get("rounds", 10)}
+    fan = ProtocolSim(0, peers=5, mode="broadcast", fanout=2)
+    fan.run()
+    knowledge = fan.net.counts["sent:knowledge"]
+    full = ProtocolSim(0, peers=5, mode="broadcast")
+    full.run()
+    assert 0 < knowledge < full.net.counts["sent:knowledge"] * 0.6  # 2 receivers of 4
+
+
+def test_learning_judges_an_exchange_by_the_faults_while_it_ran_not_the_local_steps_before():
+    from hfl.sim.protocol import undisturbed
+
+    # Rounds 1, 2 local steps (learned_from None), 3 an exchange; a cut during round 3
+    # (2.0-3.0) disturbs it, one during round 1 does not. Before, round 3 was judged
+    # from where the exchange before it ended (here 0.0): by the local steps' faults.
+    rows = rounds_of("p0", (1.0, None), (2.0, None), (3.0, 0))
+    assert undisturbed(rows, [(2.2, 2.6)], 1.5) == []
+    assert [r["round"] for r in undisturbed(rows, [(0.2, 0.6)], 1.5)] == [3]
+
+
+def test_bad_fanout_and_communicate_every_are_refused_naming_the_values():
+    with pytest.raises(ValueError, match="fanout: 2; with --mode broadcast only, from 1 to 4"):
+        ProtocolSim(0, peers=5, mode="aggregator", fanout=2)
+    with pytest.raises(ValueError, match="fanout: 5; with --mode broadcast only, from 1 to 4"):
+        ProtocolSim(0, peers=5, mode="broadcast", fanout=5)
+    with pytest.raises(ValueError, match="communicate_every: 0; 1 .every round. or more"):
+        ProtocolSim(0, communicate_every=0)
+
+
 def test_a_bad_twin_spec_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match="kind 'lie' is not one of equivocate, commit"):
         ProtocolSim(0, byzantine=["p1:lie"])
