@@ -89,14 +89,19 @@ class SimOptions:
     byzantine: list[str] = field(default_factory=list)
 
 
-def install_twin(node, kind: str) -> None:
-    """Make ``node`` a Byzantine twin of ``kind`` (its code is otherwise the runtime's)."""
+def install_twin(node, kind: str, checker: Checker | None = None) -> None:
+    """Make ``node`` a Byzantine twin of ``kind`` (its code is otherwise the runtime's);
+    each message it forges is told to ``checker`` (*named* asks only a twin that
+    equivocated be named)."""
     broadcast = node._broadcast
     victim = sorted(p for p in node.membership.members if p != node.id)[0] if node.membership else None
 
     async def twin(peer_ids, msg, timeout_s=None):
         sent = 0
-        for ids, m in twin_sends(kind, node.core, victim, list(peer_ids), msg):
+        sends = twin_sends(kind, node.core, victim, list(peer_ids), msg)
+        if len(sends) > 1 and checker is not None:
+            checker.forged(node.id, msg.round)
+        for ids, m in sends:
             sent = await broadcast(ids, m, timeout_s)
         return sent
 
@@ -198,7 +203,7 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         shutil.rmtree(root, ignore_errors=True)
         raise ConfigError("--byzantine", str(err)) from None
     keys = sim_keys(seed, ids) if twins else {}
-    checker = Checker(mode=mode, everywhere=False, bound_s=bound, twins=twins)
+    checker = Checker(mode=mode, everywhere=False, bound_s=bound, twins=twins, rounds=opts.rounds)
     net = SimNetwork(seed, sc.network)
     transports: dict[str, SimTransport] = {}
     slow: dict[str, list[float]] = {}  # the factors of a peer's slowdowns under way
@@ -231,7 +236,7 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         if event == "started" and node.everywhere:
             checker.everywhere = True
         if event == "started" and node.id in twins:
-            install_twin(node, twins[node.id])
+            install_twin(node, twins[node.id], checker)
         if event == "round":
             last_round_at[node.id] = loop.time()
         checker.observe(event, node, **fields)

@@ -203,6 +203,11 @@ class PeerCore:
         #: the last commit this peer sent as aggregator: sent again to an ack of it that
         #: comes after (its commit was lost), also once this peer is in a later round
         self.last_commit: Commit | None = None
+        #: the result of :attr:`last_commit`, when it was committed, and the members that
+        #: need it no more: they acked it (before the commit or after), or it went to them
+        #: once more (:meth:`result_for_straggler`)
+        self.last_result: tuple[AggregateResult, float] | None = None
+        self.result_settled: set[str] = set()
         self.commits: set[tuple[int, str]] = set()  # (round, digest) its aggregator committed
         # Rounds up to this one were entered by an earlier life of this peer, which may
         # have acked a result there; restarted, it forgot what: it sits them out (no
@@ -689,6 +694,10 @@ class PeerCore:
                 out.append(Reply(to, Ack(**self.envelope(), round=missing[0], epoch=missing[1],
                                          digest=missing[2], sig=self.sign_ack(*missing)),
                                  msg.sender))
+            if (res := self.result_for_straggler(msg, now)) and (to := mem.address_of(msg.sender)):
+                # Still waiting for our committed result: its copy was lost. Once more; its
+                # ack is answered with the commit (commit_of).
+                out.append(Reply(to, dataclasses.replace(res, **self.envelope()), msg.sender))
             if why := self.compare_absorbed(msg):
                 out.append(Say(logging.WARNING, "%s: round %d: %s absorbed another aggregate than "
                                "this peer (%s vs ours %s): %s",
@@ -1549,11 +1558,44 @@ class PeerCore:
         receivers = mem.live_ids() if self.sent_to_every_member else sorted(sent_to)
         return [p for p in receivers if mem.is_live(p) and mem.members[p].round <= last]
 
+    def committed_as_aggregator(self, commit: Commit, result: AggregateResult,
+                                now: float) -> None:
+        """This peer, the aggregator of (round, epoch), committed ``result`` at ``now``."""
+        self.last_commit = commit
+        self.last_result = (result, now)
+        self.result_settled = set(self.acks.get((commit.round, commit.epoch, commit.digest), ()))
+
+    def result_for_straggler(self, msg: Heartbeat, now: float) -> AggregateResult | None:
+        """The result this peer committed last as aggregator, to send ``msg.sender`` once
+        more: it contributed to it, and its heartbeat, a heartbeat interval or more after
+        the commit, says it still waits in that round at that epoch, with no ack of it
+        and nothing of the round absorbed. Its copy was lost (a member that has not
+        contributed may still be training: it finds the result held when it is done,
+        and was sent a copy in every round of a pinned hfl-sim run before this
+        condition); the aggregator sends its result again
+        to the members that have not acked (after 1, 2, 4, ... heartbeats) only until it
+        commits, which a quorum's quick acks make the first heartbeat, and such a member
+        left the round without a result once the cohort moved on (hfl.sim.protocol,
+        ``--peers 4 --communicate-every 3 --rounds 10``, seed 40: result and commit lost
+        to p2, which waited out two local steps of the cohort's and learned in 1 of
+        its 2 exchanges no fault touched). Once a member; or None."""
+        if self.last_result is None:
+            return None
+        res, at = self.last_result
+        hb = self.timing.heartbeat_interval_s if self.timing is not None else 0.0
+        if (msg.round != res.round or msg.epoch != res.epoch or msg.absorbed_round >= res.round
+                or msg.sender in self.result_settled or msg.sender not in res.contributors
+                or now < at + hb):
+            return None
+        self.result_settled.add(msg.sender)
+        return res
+
     def commit_of(self, msg: Ack) -> Commit | None:
         """The commit to send again when ``msg`` acks the result this peer committed last
         (the acker lacks the commit)."""
         c = self.last_commit
         if c is not None and (msg.round, msg.epoch, msg.digest) == (c.round, c.epoch, c.digest):
+            self.result_settled.add(msg.sender)  # (it holds the result: result_for_straggler)
             return c
         return None
 

@@ -789,7 +789,7 @@ class RoundProcedures:
         yield self.say(WARNING, "round %d: the cohort grew while the round ran: %d "
                        "contributor(s) are below the quorum of %d now; %s, keeping the local "
                        "model", r, count, quorum, outcome)
-        info.update(aggregator=None, below_quorum=True)
+        info.update(aggregator=None, outgrown=True)
         return True
 
     def short_of_quorum(self, r: int, count: int, quorum: int, info: dict,
@@ -906,8 +906,9 @@ class RoundProcedures:
         core.commits.add((r, digest))
         yield Note("committed", dict(round=r, epoch=epoch, digest=digest))
         yield CrashPoint(r, ("commit",))  # decided, and nobody told yet
-        commit = core.last_commit = Commit(**core.envelope(), round=r, epoch=epoch, digest=digest,
-                                           certificate=core.certificate(r, epoch, digest))
+        commit = Commit(**core.envelope(), round=r, epoch=epoch, digest=digest,
+                        certificate=core.certificate(r, epoch, digest))
+        core.committed_as_aggregator(commit, msg, self.now())
         yield Broadcast(tuple(mem.live_peers()), commit)
         info.update(learned_from=len(set(used) - {core.id}))
         return {core.id: result}

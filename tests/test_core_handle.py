@@ -227,6 +227,44 @@ def test_an_ack_after_the_commit_gets_the_commit_again():
     assert out[0].peer_id == "p1" and out[0].msg.digest == "d" * 64
 
 
+def test_a_contributor_still_waiting_after_the_commit_gets_the_result_once_more():
+    # PROTOCOL.md, Commit: the result of the last commit goes once more to a member that
+    # contributed to it and whose heartbeat, a heartbeat interval or more after the
+    # commit, says it still waits in that round and epoch with no ack of it: its copy
+    # was lost (hfl.sim.protocol, --peers 4 --communicate-every 3 --rounds 10, seed 40).
+    from hfl.peer.config import TimingConfig
+    from hfl.protocol import AggregateResult
+
+    core = bare(members=("p1", "p2", "p3"), round=2)
+    core.timing = TimingConfig()
+    hb_s = core.timing.heartbeat_interval_s
+    result = AggregateResult(sender="p0", incarnation=0, round=2, epoch=0, kind="weights",
+                             contributors=["p0", "p1", "p2"])
+    core.acks[(2, 0, "d" * 64)] = {"p0", "p1"}  # p1 acked before the commit
+    core.committed_as_aggregator(Commit(sender="p0", incarnation=0, round=2, epoch=0,
+                                        digest="d" * 64), result, 10.0)
+
+    def waiting(sender, t, **kw):
+        hb = Heartbeat(sender=sender, incarnation=0, round=kw.get("round", 2),
+                       epoch=kw.get("epoch", 0), absorbed_round=kw.get("absorbed", 1))
+        return [i for i in core.handle(sender, hb, t) if isinstance(i, Reply)]
+
+    assert waiting("p2", 10.0 + hb_s / 2) == []  # its copy may be on the way still
+    assert waiting("p3", 10.0 + hb_s) == []  # no contribution: maybe still training
+    assert waiting("p1", 10.0 + hb_s) == []  # it acked
+    assert waiting("p2", 10.0 + hb_s, epoch=1) == []  # failed over: waits elsewhere
+    assert waiting("p2", 10.0 + hb_s, absorbed=2) == []  # it has the result
+    sent = waiting("p2", 10.0 + hb_s)
+    assert [(r.peer_id, r.msg.TYPE, r.msg.round, r.msg.contributors) for r in sent] == [
+        ("p2", "aggregate", 2, ["p0", "p1", "p2"])]
+    assert waiting("p2", 10.0 + 4 * hb_s) == []  # once
+    # An ack after the commit settles a member too (it is answered with the commit).
+    core.committed_as_aggregator(Commit(sender="p0", incarnation=0, round=2, epoch=0,
+                                        digest="d" * 64), result, 20.0)
+    core.handle("p2", Ack(sender="p2", incarnation=0, round=2, epoch=0, digest="d" * 64), 20.1)
+    assert waiting("p2", 20.0 + hb_s) == []
+
+
 def test_a_refusal_of_our_hello_is_reported_as_such():
     core = bare(members=())
     msg = Error(sender="p5", incarnation=0, code="cohort_mismatch", reason="rounds differs",

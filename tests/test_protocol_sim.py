@@ -328,6 +328,14 @@ def test_learning_judges_an_exchange_by_the_faults_while_it_ran_not_the_local_st
     assert [r["round"] for r in undisturbed(rows, [(0.2, 0.6)], 1.5)] == [3]
 
 
+def test_a_contributor_whose_result_was_lost_gets_it_from_the_aggregator_after_the_commit():
+    # 4 peers, exchanging every 3 rounds, seed 40: the aggregator's result and commit were
+    # both lost to p2 (8 % loss), which waited through two of the cohort's local steps
+    # and left round 3 without a result: 1 of its 2 exchanges no fault touched learned.
+    res = run_seed(40, peers=4, communicate_every=3, rounds=10)
+    assert not res.violations, [str(v) for v in res.violations]
+
+
 def test_bad_fanout_and_communicate_every_are_refused_naming_the_values():
     with pytest.raises(ValueError, match="fanout: 2; with --mode broadcast only, from 1 to 4"):
         ProtocolSim(0, peers=5, mode="aggregator", fanout=2)
