@@ -216,8 +216,8 @@ class Checker:
     8. *exit*: every peer ends its run normally (no crash of the runtime itself,
        no "cohort gone"), within the simulated time limit;
     9. *named*: with a Byzantine twin that equivocates (``--byzantine``), every honest
-       peer that ran to its end names it, once the twin sent peers different
-       knowledge of a round with two rounds after it (the proof travels in the next
+       peer that ran to its end names it, once the twin's other knowledge of a round
+       with two rounds after it reached its victim (the proof travels in the next
        round's reports and spreads in the one after; :meth:`forged`). Twins are left
        out of 1, 4 and 5: what they absorb or learn is not the honest peers' guarantee.
     """
@@ -262,8 +262,8 @@ class Checker:
         self._check_step(rec)
 
     def forged(self, twin: str, round: int) -> None:
-        """``twin`` sent one peer other knowledge of ``round`` than the rest (kept out of
-        the history: only *named* reads it)."""
+        """``twin``'s other knowledge of ``round`` reached the peer it forged it for
+        (hfl-sim: was sent to it); kept out of the history, only *named* reads it."""
         self.equivocated.setdefault(twin, round)
 
     def fail(self, invariant: str, detail: str) -> None:

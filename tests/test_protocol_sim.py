@@ -272,11 +272,13 @@ def test_a_twin_soak_asks_only_what_a_protocol_can_give(peers, twin, seed):
     assert not res.violations, [str(v) for v in res.violations]
 
 
-@pytest.mark.parametrize(("peers", "twin", "seed"), [(4, "p1", 496), (5, "p4", 617), (5, "p4", 897)])
+@pytest.mark.parametrize(("peers", "twin", "seed"), [
+    (4, "p1", 496), (5, "p4", 617), (5, "p4", 897), (5, "p4", 725)])
 def test_a_twin_is_to_be_named_once_it_equivocated_with_rounds_left_to_prove_it(peers, twin, seed):
     # 617, 897: the twin was lost for good before round 2, when it would have begun
-    # equivocating; 496: it equivocated in the last round only (cut off before). Every
-    # honest peer was to name it all the same.
+    # equivocating; 496: it equivocated in the last round only (cut off before); 725:
+    # its other version was lost on the way, and then the twin for good. Every honest
+    # peer was to name it all the same.
     sim = ProtocolSim(seed, peers=peers, mode="everywhere", byzantine=[f"{twin}:equivocate"])
     res = sim.run()
     assert not res.violations, [str(v) for v in res.violations]
