@@ -397,10 +397,12 @@ class Checker:
         for peer in sorted(outcomes):
             if outcomes[peer] != "ok" or finished_at.get(peer, 0) <= calm_at:
                 continue  # failed (reported as exit) or had finished before the calm
-            after = [e for e in rounds if e["peer"] == peer and e["t"] > calm_at]
+            # (exchanging rounds: cohort.communicate_every's local steps learn from no one)
+            after = [e for e in rounds if e["peer"] == peer and e["t"] > calm_at
+                     and ("learned_from" not in e or e["learned_from"] is not None)]
             learned = [e["t"] for e in after if (e["learned_from"] or 0) > 0]
             if not learned and len(after) == 1 and after[0]["t"] <= deadline:
-                continue  # finished: its one round after the calm began during the fault
+                continue  # finished: its one exchange after the calm began during the fault
             if not learned and left_at is not None and all(
                     left_at.get(q, 0.0) <= calm_at + self.heard_again_s
                     for q in outcomes if q != peer and outcomes[q] == "ok"):

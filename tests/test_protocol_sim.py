@@ -701,6 +701,15 @@ def test_liveness_asks_nothing_of_a_peer_left_with_nobody_to_learn_from():
     assert checker(rounds, {"p0": 5.1, "p1": 4.8}) == ["p0"]
     # Without the times peers left (hfl-sim), nothing is exempt.
     assert checker(rounds, None) == ["p0"]
+    # A peer whose one exchange after the heal began during the fault has finished,
+    # whatever local steps (cohort.communicate_every) came between: before, they
+    # counted as rounds after the heal (hfl.sim.protocol, 3 peers, broadcast, buggify,
+    # --communicate-every 2, seed 102: p1's last round lost p0's knowledge to a one-way
+    # cut that healed as it began).
+    p0 = rounds_of("p0", (3.0, 1), (4.5, None), (5.0, 0))
+    assert checker(p0 + rounds_of("p1", (4.6, 1)), None) == []
+    assert checker(rounds_of("p0", (3.0, 1), (4.5, 0), (5.0, 0)) + rounds_of("p1", (4.6, 1)),
+                   None) == ["p0"]
 
 
 def test_a_slow_step_is_slow_only_while_the_slowdown_lasts():
