@@ -342,9 +342,9 @@ def test_elections_again_do_not_use_up_the_fail_over_attempts():
     assert not any(isinstance(i, Say) and "no aggregator" in i.template for i in s.seen)
 
 
-def test_a_member_acks_a_result_and_absorbs_it_only_once_committed():
-    # PROTOCOL.md, Commit: accept (ack) first; the result is used once its aggregator
-    # committed it.
+def acked(contributors: list[str]):
+    """p0 in a round whose aggregator is p1, once p1's result of ``contributors`` came and
+    p0 acked it (its procedure waits for the commit): (core, stepper, info, round)."""
     core, procs, clock = peer()
     order = core.membership.rotation_order()
     r = next(r for r in range(1, 10) if core.candidate(order, r, 0) == "p1")
@@ -352,22 +352,32 @@ def test_a_member_acks_a_result_and_absorbs_it_only_once_committed():
     info: dict = {}
     s = Stepper(procs.aggregate_round(r, weights(1.0), info))
     wait = s.until(Wait)
-    res = AggregateResult(sender="p1", incarnation=0, round=r, epoch=0, kind="weights",
-                          contributors=["p0", "p1", "p2"], tensors={"w": np.ones(3, np.float32)})
-    core.handle("p1", res, 0.0)
+    core.handle("p1", AggregateResult(sender="p1", incarnation=0, round=r, epoch=0,
+                                      kind="weights", contributors=contributors,
+                                      tensors={"w": np.ones(3, np.float32)}), 0.0)
     assert wait.done()
-    mark = len(s.seen)
-    commit_wait = s.answer(True)
+    s.answer(True)
     s.until(Wait)
-    commit_wait = s.ins
-    assert s.sent(mark) == [(("p1",), "ack")]
-    assert [i.kind for i in s.seen[mark:] if isinstance(i, Note)] == ["took"]
-    assert not commit_wait.done()
-    digest = core.accepted[r][1]
-    core.handle("p1", Commit(sender="p1", incarnation=0, round=r, epoch=0, digest=digest), 0.0)
-    assert commit_wait.done()
+    return core, s, info, r
+
+
+def commit(core: PeerCore, s: Stepper, r: int) -> None:
+    """p1 commits the result ``core`` accepted for round r; the procedure goes on to its end."""
+    core.handle("p1", Commit(sender="p1", incarnation=0, round=r, epoch=0,
+                             digest=core.accepted[r][1]), 0.0)
+    assert s.ins.done()
     s.answer(True)
     s.until()
+
+
+def test_a_member_acks_a_result_and_absorbs_it_only_once_committed():
+    # PROTOCOL.md, Commit: accept (ack) first; the result is used once its aggregator
+    # committed it.
+    core, s, info, r = acked(["p0", "p1", "p2"])
+    assert s.sent()[-1] == (("p1",), "ack")
+    assert [i.kind for i in s.seen if isinstance(i, Note)] == ["took"]
+    assert not s.ins.done()
+    commit(core, s, r)
     assert list(s.value) == ["p1"] and info["contributors"] == 3 and info["learned_from"] == 2
 
 
@@ -377,46 +387,20 @@ def test_a_member_does_not_absorb_a_committed_result_below_its_quorum_of_the_mom
     # quorum 3). The commit does not make p0 absorb it: before, it absorbed what an
     # aggregator that had not met the newcomers committed (hfl.sim.protocol, 6 peers,
     # lazy join, buggify, seed 52).
-    core, procs, clock = peer()
-    order = core.membership.rotation_order()
-    r = next(r for r in range(1, 10) if core.candidate(order, r, 0) == "p1")
-    enter(core, r)
-    info: dict = {}
-    s = Stepper(procs.aggregate_round(r, weights(1.0), info))
-    s.until(Wait)
-    core.handle("p1", AggregateResult(sender="p1", incarnation=0, round=r, epoch=0,
-                                      kind="weights", contributors=["p0", "p1"],
-                                      tensors={"w": np.ones(3, np.float32)}), 0.0)
-    s.answer(True)
-    s.until(Wait)
+    core, s, info, r = acked(["p0", "p1"])
     assert s.sent()[-1] == (("p1",), "ack") and core.quorum() == 2
     for p in ("p3", "p4"):
         core.membership.heard_from(p, 0, 0.5, address=f"mem://{p}", round=r)
     assert core.quorum() == 3
-    digest = core.accepted[r][1]
-    core.handle("p1", Commit(sender="p1", incarnation=0, round=r, epoch=0, digest=digest), 0.0)
-    s.answer(True)
-    s.until()
+    commit(core, s, r)
     assert s.done and s.value == {} and info["outgrown"] and info["aggregator"] is None
     warned = [i for i in s.seen if isinstance(i, Say) and "cohort grew" in i.template]
     assert len(warned) == 1 and "not absorbing p1's committed result" in warned[0].args[-1]
     # The same commit of a result that still makes the quorum is absorbed.
-    core, procs, clock = peer()
-    enter(core, r)
-    info = {}
-    s = Stepper(procs.aggregate_round(r, weights(1.0), info))
-    s.until(Wait)
-    core.handle("p1", AggregateResult(sender="p1", incarnation=0, round=r, epoch=0,
-                                      kind="weights", contributors=["p0", "p1", "p2"],
-                                      tensors={"w": np.ones(3, np.float32)}), 0.0)
-    s.answer(True)
-    s.until(Wait)
+    core, s, info, r = acked(["p0", "p1", "p2"])
     for p in ("p3", "p4"):
         core.membership.heard_from(p, 0, 0.5, address=f"mem://{p}", round=r)
-    core.handle("p1", Commit(sender="p1", incarnation=0, round=r, epoch=0,
-                             digest=core.accepted[r][1]), 0.0)
-    s.answer(True)
-    s.until()
+    commit(core, s, r)
     assert list(s.value) == ["p1"] and info["contributors"] == 3
 
 
