@@ -143,8 +143,8 @@ class CohortConfig:
                                           "model), auto (every_peer where the knowledge is small: "
                                           "heads, prototypes, logits; aggregator for full weights)"})
     fanout: int | None = field(
-        default=None, metadata={"min": 1, "help": "broadcast-mode methods (and every_peer "
-                                                  "rounds): send each round's knowledge to this "
+        default=None, metadata={"min": 1, "help": "broadcast-mode methods only: send each "
+                                                  "round's knowledge to this "
                                                   "many peers, chosen by a seeded rotation "
                                                   "(docs/runtime.md, Sampled exchange); None: "
                                                   "to every live peer, as the papers do"})

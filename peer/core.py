@@ -1583,9 +1583,14 @@ class PeerCore:
             return None
         res, at = self.last_result
         hb = self.timing.heartbeat_interval_s if self.timing is not None else 0.0
+        m = self.membership.members.get(msg.sender)
         if (msg.round != res.round or msg.epoch != res.epoch or msg.absorbed_round >= res.round
                 or msg.sender in self.result_settled or msg.sender not in res.contributors
-                or now < at + hb):
+                or now < at + hb
+                # (a heartbeat overtaken by newer word that it moved on: a review found 31
+                # of 245 copies sent so, dropped as stale; one sitting the round out
+                # absorbs only with a commit, which it never acks for)
+                or (m is not None and m.round > res.round) or msg.sitting_out >= res.round):
             return None
         self.result_settled.add(msg.sender)
         return res
@@ -1613,7 +1618,11 @@ class PeerCore:
         return None
 
     def forget_before(self, r: int) -> None:
-        """Entering round r: the commit state of earlier rounds is not needed."""
+        """Entering round r: the commit state of earlier rounds is not needed; the result
+        committed last as aggregator is kept for stragglers until the exchange after it
+        (a model's copy: kept to the next commit, a rotation on, it outlived its use)."""
+        if self.last_result is not None and r > self.next_exchange(self.last_result[0].round + 1):
+            self.last_result = None
         self.accepted = {k: v for k, v in self.accepted.items() if k >= r}
         self.acks = {k: v for k, v in self.acks.items() if k[0] >= r}
         self.ack_sigs = {k: v for k, v in self.ack_sigs.items() if k[0] >= r}

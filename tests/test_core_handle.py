@@ -246,10 +246,12 @@ def test_a_contributor_still_waiting_after_the_commit_gets_the_result_once_more(
 
     def waiting(sender, t, **kw):
         hb = Heartbeat(sender=sender, incarnation=0, round=kw.get("round", 2),
-                       epoch=kw.get("epoch", 0), absorbed_round=kw.get("absorbed", 1))
+                       epoch=kw.get("epoch", 0), absorbed_round=kw.get("absorbed", 1),
+                       sitting_out=kw.get("sitting_out", 0))
         return [i for i in core.handle(sender, hb, t) if isinstance(i, Reply)]
 
     assert waiting("p2", 10.0 + hb_s / 2) == []  # its copy may be on the way still
+    assert waiting("p2", 10.0 + hb_s, sitting_out=2) == []  # restarted into the round
     assert waiting("p3", 10.0 + hb_s) == []  # no contribution: maybe still training
     assert waiting("p1", 10.0 + hb_s) == []  # it acked
     assert waiting("p2", 10.0 + hb_s, epoch=1) == []  # failed over: waits elsewhere
@@ -263,6 +265,16 @@ def test_a_contributor_still_waiting_after_the_commit_gets_the_result_once_more(
                                         digest="d" * 64), result, 20.0)
     core.handle("p2", Ack(sender="p2", incarnation=0, round=2, epoch=0, digest="d" * 64), 20.1)
     assert waiting("p2", 20.0 + hb_s) == []
+    # A heartbeat overtaken by newer word that the member moved on gets nothing.
+    core.committed_as_aggregator(Commit(sender="p0", incarnation=0, round=2, epoch=0,
+                                        digest="d" * 64), result, 30.0)
+    core.membership.heard_from("p2", 0, 30.0, round=3)
+    assert waiting("p2", 30.0 + hb_s) == []
+    # The copy is kept until the aggregator is past the next exchange.
+    core.forget_before(3)
+    assert core.last_result is not None
+    core.forget_before(4)
+    assert core.last_result is None
 
 
 def test_a_refusal_of_our_hello_is_reported_as_such():
