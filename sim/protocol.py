@@ -504,7 +504,7 @@ class ProtocolResult:
 class ProtocolSim:
     """One seed: the peers, the heap, the network, the faults, the checker."""
 
-    def __init__(self, seed: int, peers: int = 5, rounds: int = 10, mode: str = "aggregator",
+    def __init__(self, seed: int, peers: int = 5, rounds: int | None = None, mode: str = "aggregator",
                  buggify: bool = False, swim: bool | None = None, train_s: float = 0.3,
                  scenario: ProtocolScenario | None = None, byzantine: list[str] = (),
                  join: str = "greet", signed: bool = False, bootstraps: int = 2,
@@ -523,6 +523,8 @@ class ProtocolSim:
         self.communicate_every, self.fanout = communicate_every, fanout
         names = [f"p{i}" for i in range(peers)]
         twins = parse_twins(list(byzantine), names)  # ValueError naming the part
+        # (None: 10 exchanges; *learning* is judged on the exchanging rounds)
+        rounds = 10 * communicate_every if rounds is None else rounds
         self.rounds, self.train_s, self.mode = rounds, train_s, mode
         self.swim = uses_swim("auto", peers) if swim is None else swim
         # Signed (twins): f = 1 where commits are certified, and a larger quorum
@@ -750,8 +752,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         ap.error(f"--seeds: {err}")
     swim = None if args.swim == "auto" else args.swim == "on"
-    if args.rounds is None:  # (learning is judged on the exchanging rounds: 10 of them)
-        args.rounds = 10 * max(1, args.communicate_every)
     failed, t0 = [], time.perf_counter()
     for seed in seeds:
         try:
@@ -772,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(seed)
     wall = time.perf_counter() - t0
     n = len(seeds)
-    print(f"{n} seed(s), {args.peers} peers, {args.rounds} rounds, {args.mode}"
+    print(f"{n} seed(s), {args.peers} peers, {args.rounds or 10 * args.communicate_every} rounds, {args.mode}"
           f"{f', fan-out {args.fanout}' if args.fanout else ''}"
           f"{f', exchanging every {args.communicate_every}' if args.communicate_every > 1 else ''}"
           f"{' (buggify)' if args.buggify else ''}: {len(failed)} violating "
