@@ -1569,16 +1569,16 @@ class PeerCore:
         """The result this peer committed last as aggregator, to send ``msg.sender`` once
         more: it contributed to it, and its heartbeat, a heartbeat interval or more after
         the commit, says it still waits in that round at that epoch, with no ack of it
-        and nothing of the round absorbed. Its copy was lost (a member that has not
-        contributed may still be training: it finds the result held when it is done,
-        and was sent a copy in every round of a pinned hfl-sim run before this
-        condition); the aggregator sends its result again
-        to the members that have not acked (after 1, 2, 4, ... heartbeats) only until it
-        commits, which a quorum's quick acks make the first heartbeat, and such a member
-        left the round without a result once the cohort moved on (hfl.sim.protocol,
-        ``--peers 4 --communicate-every 3 --rounds 10``, seed 40: result and commit lost
-        to p2, which waited out two local steps of the cohort's and learned in 1 of
-        its 2 exchanges no fault touched). Once a member; or None."""
+        received and nothing of the round absorbed. Its copy was lost. (A member that
+        has not contributed may still be training: it finds the result held when it is
+        done, and was sent a copy in nearly every round of a pinned hfl-sim run before
+        this condition.) The aggregator sends its result again to the members that have
+        not acked (after 1, 2, 4, ... heartbeats) only until it commits, which a
+        quorum's quick acks make the first heartbeat, and such a member left the round
+        without a result once the cohort moved on (hfl.sim.protocol, ``--peers 4
+        --communicate-every 3 --rounds 10``, seed 40: result and commit lost to p2,
+        which waited out two local steps of the cohort's and learned in 1 of its 2
+        exchanges no fault touched). Once a member; or None."""
         if self.last_result is None:
             return None
         res, at = self.last_result
