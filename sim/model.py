@@ -234,7 +234,7 @@ class Checker:
     #: the run's last round (*named*: an equivocation in one of the last two rounds
     #: cannot be proven to everyone; 0: any equivocation must be)
     rounds: int = 0
-    #: twin -> the first round it sent peers different knowledge of (:meth:`forged`)
+    #: twin -> the first round whose forged knowledge reached its victim (:meth:`forged`)
     equivocated: dict[str, int] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
@@ -360,8 +360,9 @@ class Checker:
                     f"{', '.join(sorted(set(p)))} took {d}" for d, p in sorted(seen.items())))
 
     def _named(self, outcomes: dict[str, str]) -> None:
-        # (Before, a twin lost for good before round 2, or equivocating only in the last
-        # round, was to be named all the same: twin seeds 496, 617, 897.)
+        # (Before, a twin lost for good before round 2, equivocating only in the last
+        # round, or whose forged copy was lost, was to be named all the same: twin seeds
+        # 496, 617, 725, 897.)
         liars = {p for p, kind in self.twins.items() if kind == "equivocate"
                  and p in self.equivocated
                  and (not self.rounds or self.equivocated[p] + 2 <= self.rounds)}
