@@ -534,6 +534,8 @@ class ProtocolSim:
         # quorum of 3, and 20 of 200 seeds "broke" liveness no protocol could keep).
         signed = signed or bool(twins)  # (signing keys for every peer: f = 1, as hfl-peer)
         f = 1 if signed and mode == "aggregator" else 0
+        # (PeerCore.quorum of the whole cohort; broadcast: no quorum)
+        self.quorum = None if mode == "broadcast" else (peers + f) // 2 + 1
         self.scenario = scenario or plan(seed, names, rounds, buggify, train_s,
                                          quorum=(peers + f) // 2 + 1 + len(twins))
         if join != self.scenario.timing.join:  # timing.join: lazy (PROTOCOL.md, Lazy join)
@@ -645,7 +647,8 @@ class ProtocolSim:
         calm = self.calm_at
         c.check_protocol({p: o for p, o in outcomes.items() if o != "lost"},
                          calm if calm != float("inf") else c.events[-1]["t"] + 1 if c.events else 0,
-                         left_at={n: p.ended_at for n, p in self.peers.items()})
+                         left_at={n: p.ended_at for n, p in self.peers.items()},
+                         quorum=self.quorum)
         ended = [p.ended_at for p in self.peers.values() if p.outcome == "ok"]
         for p, o in sorted(outcomes.items()):
             if o == "alone" and self.peers[p].started_at > 0 and all(

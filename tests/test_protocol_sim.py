@@ -704,6 +704,20 @@ def test_liveness_asks_nothing_of_a_peer_left_with_nobody_to_learn_from():
     assert checker(rounds, {"p0": 5.1, "p1": 4.8}) == ["p0"]
     # Without the times peers left (hfl-sim), nothing is exempt.
     assert checker(rounds, None) == ["p0"]
+    # Where a result needs a quorum, too few left to make one is as good as nobody
+    # (4 peers, exchanging every 3 rounds, seed 825: a 2|2 cut healed as one side
+    # finished; the other two, below a quorum of 3, were to learn all the same).
+    from hfl.sim.model import Checker
+
+    c = Checker(mode="aggregator", everywhere=False, bound_s=5.0, heard_again_s=0.5)
+    c.events = (rounds_of("p0", (4.5, 0), (5.0, 0)) + rounds_of("p3", (4.6, 0), (5.1, 0))
+                + rounds_of("p1", (3.0, 1)) + rounds_of("p2", (3.2, 1)))
+    ok = dict.fromkeys(("p0", "p1", "p2", "p3"), "ok")
+    left = {"p0": 5.1, "p1": 3.1, "p2": 4.2, "p3": 5.2}
+    c._liveness(ok, calm_at=4.0, left_at=left, quorum=3)
+    assert c.violations == []
+    c._liveness(ok, calm_at=4.0, left_at=left, quorum=2)  # two make a result: p0, p3 fail
+    assert sorted(v.detail.split()[0] for v in c.violations) == ["p0", "p3"]
     # A peer whose one exchange after the heal began during the fault has finished,
     # whatever local steps (cohort.communicate_every) came between: before, they
     # counted as rounds after the heal (hfl.sim.protocol, 3 peers, broadcast, buggify,
