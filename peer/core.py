@@ -63,6 +63,7 @@ from hfl.protocol import (
     Leave,
     Message,
     ProtocolError,
+    Relayed,
     SeedChunk,
     SeedRequest,
     Welcome,
@@ -209,6 +210,14 @@ class PeerCore:
         self.last_result: tuple[AggregateResult, float] | None = None
         self.result_settled: set[str] = set()
         self.commits: set[tuple[int, str]] = set()  # (round, digest) its aggregator committed
+        #: where commits are certified: (round, digest) -> (epoch, the commit's signed acks
+        #: that check) of each commit taken, and the one this peer absorbed last as a
+        #: member (result, the commit's epoch, certificate, when), relayed to a contributor still waiting for
+        #: it (:meth:`relay_for`), once each (``relayed_to``)
+        self.certificates: dict[tuple[int, str], tuple[int, dict[str, str]]] = {}
+        self.relayable: tuple[AggregateResult, int, dict[str, str], float] | None = None
+        self.relayed_to: set[str] = set()
+        self.relayed_by: dict[int, str] = {}  # round -> the member that relayed its result to us
         # Rounds up to this one were entered by an earlier life of this peer, which may
         # have acked a result there; restarted, it forgot what: it sits them out (no
         # contribution, no ack), as an acceptor that crashed for good would.
@@ -698,6 +707,12 @@ class PeerCore:
                 # Still waiting for our committed result: its copy was lost. Once more; its
                 # ack is answered with the commit (commit_of).
                 out.append(Reply(to, dataclasses.replace(res, **self.envelope()), msg.sender))
+            if (relay := self.relay_for(msg, now)) and (to := mem.address_of(msg.sender)):
+                # It contributed, and still waits for the result we absorbed: its
+                # aggregator's copy never came, or was another. Once, with the proof.
+                out += [Say(logging.INFO, "%s: round %d: %s still waits for its committed "
+                            "result; relaying it with its certificate",
+                            (self.id, relay.round, msg.sender)), Reply(to, relay, msg.sender)]
             if why := self.compare_absorbed(msg):
                 out.append(Say(logging.WARNING, "%s: round %d: %s absorbed another aggregate than "
                                "this peer (%s vs ours %s): %s",
@@ -789,6 +804,13 @@ class PeerCore:
             drop = self.note_ack(msg) if isinstance(msg, Ack) else self.admit_commit(msg)
             if drop is not None:
                 return [*out, Dropped(drop.code, drop.reason)]
+        elif isinstance(msg, Relayed):
+            if (drop := self.take_relayed(msg)) is not None:
+                return [*out, Dropped(drop.code, drop.reason)]
+            out.append(Say(logging.INFO, "%s: round %d: took its committed result (epoch %d, "
+                           "aggregator %s) relayed by %s, with a certificate of %d signed acks",
+                           (self.id, msg.round, msg.epoch, clip(msg.aggregator, 40), msg.sender,
+                            len(self.certificates[(msg.round, self.accepted[msg.round][1])][1]))))
         elif isinstance(msg, SeedRequest):
             address = mem.address_of(msg.sender)
             if address is not None and (due := self.seed_chunks_due(msg, now)):
@@ -1131,7 +1153,10 @@ class PeerCore:
 
     def usable_result(self, r: int) -> AggregateResult | None:
         """The result this peer may take for round ``r``: its own epoch's, or a later
-        epoch's that :meth:`epoch_unjustified` allows."""
+        epoch's that :meth:`epoch_unjustified` allows; or one known committed already
+        (relayed with its certificate: :meth:`take_relayed`), whatever its epoch."""
+        if (held := self.committed(r)) is not None:
+            return held
         for res in self.buffer.results_for(r, self.epoch):
             if self.elected_sender(res) and (
                     res.epoch == self.epoch or self.epoch_unjustified(r, res.epoch) is None):
@@ -1498,7 +1523,59 @@ class PeerCore:
                             f"commit for round {msg.round} epoch {msg.epoch} from {msg.sender}: "
                             f"{len(signed)} signed acks of the {self.quorum()} a commit needs"
                             + (f" ({bad} signature(s) that do not check)" if bad else ""))
+            self.certificates[(msg.round, msg.digest)] = (
+                msg.epoch, {p: msg.certificate[p] for p in signed})
         self.commits.add((msg.round, msg.digest))
+        return None
+
+    def take_relayed(self, msg: Relayed) -> Drop | None:
+        """Take a committed result another member relays (:meth:`relay_for`), or say why
+        not. Only where commits are certified, and only with a certificate that holds
+        this peer's quorum of the moment in signed acks of (round, epoch, the payload's
+        own digest): then it is the round's one committed value, whoever relays it
+        (two quorums share an honest member, which acks one result per (round, epoch),
+        and a later epoch publishes a committed value again). It replaces the result
+        this peer accepted for the round: an aggregator that showed this peer another
+        result than the quorum's (an equivocating twin, hfl.sim.protocol ``--peers 4
+        --byzantine p2:commit --buggify``, seeds 27 and 311) left it without the round's
+        result in each of its rounds before."""
+        r = msg.round
+        if not self.certifying:
+            return Drop("uncertified_commit", f"relayed result for round {r} from {msg.sender}: "
+                        "this cohort has no signing keys, so nothing shows it was committed")
+        if self.everywhere:
+            return Drop("wrong_aggregator", f"relayed result for round {r} from {msg.sender}: "
+                        "this cohort has no aggregator (every peer aggregates for itself)")
+        buffer = self.buffer
+        if (not buffer.round <= r <= buffer.round + buffer.lookahead
+                or self.committed(r) is not None or self.absorbed[0] >= r):
+            return Drop("stale_result", f"relayed result for round {r} from {msg.sender}: "
+                        f"outside rounds {buffer.round}..{buffer.round + buffer.lookahead}, or "
+                        "this peer holds (or absorbed) the round's committed result already")
+        if msg.kind == "none":
+            return Drop("rejected_result", f"relayed result for round {r} from {msg.sender}: an "
+                        "abstention, which is never committed")
+        if len(msg.contributors) < self.quorum():
+            # (contributors are not signed: a relayer that cut them short would have the
+            # receiver refuse the round's result as outgrown, and the honest relayers'
+            # copies as held already)
+            return Drop("below_quorum", f"relayed result for round {r} from {msg.sender} "
+                        f"names {len(msg.contributors)} contributor(s); the quorum is "
+                        f"{self.quorum()}")
+        digest = payload_digest(msg)
+        signed = [p for p, sig in sorted(msg.certificate.items())
+                  if self.ack_signed_by(p, r, msg.epoch, digest, sig)]
+        if len(signed) < self.quorum():
+            return Drop("uncertified_commit", f"relayed result for round {r} epoch {msg.epoch} "
+                        f"from {msg.sender}: {len(signed)} signed acks of its digest of the "
+                        f"{self.quorum()} a commit needs")
+        res = AggregateResult(sender=msg.aggregator, incarnation=0, round=r, epoch=msg.epoch,
+                              kind=msg.kind, contributors=list(msg.contributors),
+                              meta=msg.meta, tensors=msg.tensors)
+        self.accepted[r] = (res, digest)
+        self.commits.add((r, digest))
+        self.certificates[(r, digest)] = (msg.epoch, {p: msg.certificate[p] for p in signed})
+        self.relayed_by[r] = msg.sender
         return None
 
     def note_heartbeat(self, msg: Heartbeat) -> None:
@@ -1558,6 +1635,81 @@ class PeerCore:
         receivers = mem.live_ids() if self.sent_to_every_member else sorted(sent_to)
         return [p for p in receivers if mem.is_live(p) and mem.members[p].round <= last]
 
+    def note_absorbed(self, r: int, digest: str, source: str, now: float) -> None:
+        """This peer absorbed round ``r``'s result ``digest`` (from ``source``) at ``now``.
+        A member that holds the commit's certificate keeps the result to relay
+        (:meth:`relay_for`)."""
+        self.absorbed = (r, digest, source)
+        held, cert = self.committed(r), self.certificates.get((r, digest))
+        if (held is not None and cert is not None and self.accepted[r][1] == digest
+                and source != self.id):
+            self.relayable, self.relayed_to = (held, cert[0], cert[1], now), set()
+
+    def relayers(self, r: int, certificate: dict[str, str], aggregator: str,
+                 receiver: str) -> list[str]:
+        """Who relays round ``r``'s committed result to ``receiver``: f + 1 of the
+        members whose signed acks certify it, not its aggregator nor the receiver, taken
+        from the sorted signers at a place that turns with the round (so no member
+        carries every relay). f + 1: one of them is honest."""
+        signers = sorted(p for p in certificate if p not in (aggregator, receiver))
+        if not signers:
+            return []
+        start = r % len(signers)
+        turned = signers[start:] + signers[:start]
+        return turned[:self.distrusted + 1]
+
+    def relay_for(self, msg: Heartbeat, now: float) -> Relayed | None:
+        """The committed result this peer absorbed last as a member, with its certificate,
+        to send ``msg.sender`` (once): it contributed to it, and its heartbeat, two
+        heartbeat intervals or more after our absorb, says it is still in that round with
+        nothing of it absorbed, and this peer is one of the round's :meth:`relayers` for
+        it. The aggregator sends its result again itself (:meth:`result_for_straggler`),
+        a heartbeat after the commit; a member relays for the case it cannot or will
+        not: dead since, or a twin that showed this one member another result (it took
+        no result in each of its rounds: hfl.sim.protocol ``--peers 4 --byzantine
+        p2:commit --buggify``, seeds 27 and 311). Only where commits are certified."""
+        if self.relayable is None:
+            return None
+        res, epoch, certificate, at = self.relayable
+        hb = self.timing.heartbeat_interval_s if self.timing is not None else 0.0
+        m = self.membership.members.get(msg.sender)
+        if (msg.round != res.round or msg.absorbed_round >= res.round
+                or msg.sender in self.relayed_to or msg.sender not in res.contributors
+                or msg.sender == res.sender or now < at + 2 * hb
+                or (m is not None and m.round > res.round) or msg.sitting_out >= res.round
+                or self.id not in self.relayers(res.round, certificate, res.sender, msg.sender)):
+            return None
+        self.relayed_to.add(msg.sender)
+        return Relayed(**self.envelope(), round=res.round, epoch=epoch, aggregator=res.sender,
+                       kind=res.kind, contributors=list(res.contributors), meta=res.meta,
+                       tensors=res.tensors, certificate=certificate)
+
+    def relaying_last_result(self, last: int) -> list[str]:
+        """After the last round, ``last``: the live contributors of its committed result
+        this peer absorbed as a member, and may relay (:meth:`relay_for`), whose
+        heartbeats do not yet show it absorbed. Until they do, it stays (for
+        ``aggregate_grace_s`` at most): after the last round nobody else stays with it
+        but its aggregator, which may be the one that showed them another result."""
+        if self.relayable is None or self.relayable[0].round != last:
+            return []
+        res, _, certificate, _ = self.relayable
+        mem = self.membership
+        return [p for p in res.contributors
+                if p not in (self.id, res.sender) and p not in self.relayed_to
+                and mem.is_live(p) and self.absorbed_by.get(p, 0) < last
+                and self.id in self.relayers(last, certificate, res.sender, p)]
+
+    def own_relayers(self, last: int) -> list[str]:
+        """The live members that would relay the last round's result to this peer, which
+        absorbed it: its heartbeat, sent them at once, ends their stay for it
+        (:meth:`relaying_last_result`; each would wait for the next one, up to a
+        heartbeat interval, at the end of every run)."""
+        if self.relayable is None or self.relayable[0].round != last:
+            return []
+        res, _, certificate, _ = self.relayable
+        return [p for p in self.relayers(last, certificate, res.sender, self.id)
+                if self.membership.is_live(p)]
+
     def committed_as_aggregator(self, commit: Commit, result: AggregateResult,
                                 now: float) -> None:
         """This peer, the aggregator of (round, epoch), committed ``result`` at ``now``."""
@@ -1611,7 +1763,10 @@ class PeerCore:
 
     def committed_result(self, r: int) -> AggregateResult | None:
         """A held result of round r whose aggregator said it committed (what a peer
-        sitting the round out may still absorb: a committed value is the round's one)."""
+        sitting the round out may still absorb: a committed value is the round's one),
+        or one relayed with its certificate (:meth:`take_relayed`)."""
+        if (relayed := self.committed(r)) is not None:
+            return relayed
         for res in self.buffer.results_for(r):
             if res.kind != "none" and (r, payload_digest(res)) in self.commits:
                 return res
@@ -1623,6 +1778,10 @@ class PeerCore:
         (a model's copy: kept to the next commit, a rotation on, it outlived its use)."""
         if self.last_result is not None and r > self.next_exchange(self.last_result[0].round + 1):
             self.last_result = None
+        if self.relayable is not None and r > self.next_exchange(self.relayable[0].round + 1):
+            self.relayable = None
+        self.certificates = {k: v for k, v in self.certificates.items() if k[0] >= r}
+        self.relayed_by = {k: v for k, v in self.relayed_by.items() if k >= r}
         self.accepted = {k: v for k, v in self.accepted.items() if k >= r}
         self.acks = {k: v for k, v in self.acks.items() if k[0] >= r}
         self.ack_sigs = {k: v for k, v in self.ack_sigs.items() if k[0] >= r}

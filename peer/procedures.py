@@ -319,11 +319,13 @@ class RoundProcedures:
             metrics.update(absorbed)
             if core.mode == "aggregator":
                 (source, result), = received.items()
-                core.absorbed = (r, payload_digest(result), source)
+                core.note_absorbed(r, payload_digest(result), source, self.now())
                 yield Note("absorbed", {"round": r, "source": source, "epoch": info.get("epoch"),
                                         "digest": core.absorbed[1],
                                         "contributors": info.get("contributors"),
-                                        "quorum": core.quorum()})
+                                        "quorum": core.quorum(),
+                                        **({"relayed_by": info["relayed_by"]}
+                                           if "relayed_by" in info else {})})
         yield Note("round", {"round": r, "learned_from": info.get("learned_from"),
                              "behind": bool(info.get("behind"))})
         evaluation = dict((yield Compute("evaluate"))) if evaluates else None
@@ -332,7 +334,9 @@ class RoundProcedures:
     def finish(self, last: int) -> Generator[Instruction, Any, None]:
         """After the last round: its aggregator stays until its members hold the result,
         or for ``timing.aggregate_grace_s`` (a commit lost on the way can only come from
-        it now); in a decentralized round a peer stays while members it sent its knowledge
+        it now); a member that may relay the result stays until the others it may relay
+        to hold it (PeerCore.relaying_last_result), as long at most, and four heartbeats
+        at least; in a decentralized round a peer stays while members it sent its knowledge
         to are still in the round, as long at most (PeerCore.still_in_last_round); then
         this peer says goodbye."""
         core = self.core
@@ -342,6 +346,15 @@ class RoundProcedures:
             yield self.say(WARNING, "round %d: %s still showed no sign of the last result after "
                            "timing.aggregate_grace_s=%gs; leaving", last,
                            ", ".join(core.lacking_last_result(last)), self.timing.aggregate_grace_s)
+        # (a relay waits two heartbeats after the absorb: PeerCore.relay_for)
+        relay_s = max(self.timing.aggregate_grace_s, 4 * self.timing.heartbeat_interval_s)
+        if relayers := core.own_relayers(last):
+            yield Broadcast(tuple(relayers), core.heartbeat(), 0.05)  # we hold it
+        if core.relaying_last_result(last) and not (yield Wait(
+                lambda: not core.relaying_last_result(last), self.now() + relay_s)):
+            yield self.say(INFO, "round %d: %s showed no sign of the last result after "
+                           "%gs, nor asked for it; leaving", last,
+                           ", ".join(core.relaying_last_result(last)), relay_s)
         if staying := core.still_in_last_round(last):
             # Our heartbeat, at once, tells them we finished: one whose knowledge of ours
             # was lost asks for it now (finished_without), not four heartbeats into its
@@ -636,7 +649,12 @@ class RoundProcedures:
                     passed=[(c, "self" if c == core.id else mem.members[c].status
                              if c in mem.members else "unknown")
                             for c in (core.candidate(order, r, e)
-                                      for e in range(core.epoch, result.epoch))]))
+                                      for e in range(core.epoch, result.epoch))],
+                    # (a result known committed, whatever its epoch: the round's one
+                    # value; one a member relayed with its certificate says who)
+                    **({"committed": core.accepted[r][1], **(
+                        {"relayed_by": core.relayed_by[r]} if r in core.relayed_by else {})}
+                       if core.committed(r) is result else {})))
                 core.epoch = result.epoch
                 if result.kind == "none":
                     yield self.say(WARNING, "round %d: aggregator %s (epoch %d) abstained: a "
@@ -646,21 +664,25 @@ class RoundProcedures:
                     info.update(aggregator=None, abstained=True)
                     yield from self.discard_unused_results(r)
                     return {}
+                # (the committed result may be another than the one this peer accepted: one
+                # relayed with its certificate, PeerCore.take_relayed)
                 committed = yield from self.await_commit(r, result)
                 if committed is not None and (yield from self.outgrown(
-                        r, len(result.contributors), info, f"not absorbing {result.sender}'s "
-                        "committed result")):
+                        r, len(committed.contributors), info, f"not absorbing "
+                        f"{committed.sender}'s committed result")):
                     # (before, it absorbed what its aggregator, not yet knowing the
                     # newcomer, committed: hfl.sim.protocol --peers 6 --swim on --join
                     # lazy --buggify, seed 52)
                     yield from self.discard_unused_results(r)
                     return {}
                 if committed is not None:
-                    info.update(aggregator=result.sender, epoch=result.epoch,
-                                contributors=len(result.contributors),
-                                learned_from=len(set(result.contributors) - {core.id}))
+                    info.update(aggregator=committed.sender, epoch=committed.epoch,
+                                contributors=len(committed.contributors),
+                                learned_from=len(set(committed.contributors) - {core.id}),
+                                **({"relayed_by": core.relayed_by[r]}
+                                   if r in core.relayed_by else {}))
                     yield from self.discard_unused_results(r)
-                    return {result.sender: payload_of(result)}
+                    return {committed.sender: payload_of(committed)}
                 if not core.moved_on(r, result.sender):
                     why = ("is dead" if not mem.is_live(result.sender)
                            else "did not commit in time")
@@ -710,8 +732,11 @@ class RoundProcedures:
                      ) -> Generator[Instruction, Any, AggregateResult | None]:
         """Accept ``result`` (ack it to its aggregator) and wait until the aggregator
         commits it (a commit, or its heartbeat saying it absorbed it), dies, or the
-        cohort moves past round r. Returns the committed result, or None."""
+        cohort moves past round r. Returns the committed result (another than ``result``
+        where a member relayed the one the quorum acked: PeerCore.take_relayed), or None."""
         core, aggregator, timing = self.core, result.sender, self.timing
+        if core.committed(r) is result:  # relayed with its certificate: nothing to ack
+            return result
         digest = core.accept(result)
         yield Send(aggregator, Ack(**core.envelope(), round=r, epoch=result.epoch, digest=digest,
                                    sig=core.sign_ack(r, result.epoch, digest)), to_member=True)

@@ -206,6 +206,27 @@ class Commit(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Relayed(Message):
+    """A committed result of (round, epoch), passed on by a member that absorbed it to
+    a contributor whose heartbeats say it still waits for it, with the commit's
+    certificate: taken only where commits are certified, and only when ``certificate``
+    holds the receiver's quorum of signed acks of the payload's digest (who relays it
+    does not matter: the acks prove it is the round's one committed value)."""
+
+    TYPE: ClassVar[str] = "relayed"
+    round: int
+    epoch: int
+    #: the aggregator that committed it (for the receiver's log: nothing signed names it)
+    aggregator: str
+    kind: str
+    contributors: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the commit's certificate: peer id -> its ack ``sig`` of (round, epoch, digest)
+    certificate: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Error(Message):
     """A refusal or failure report, sent instead of raising across the wire."""
 
@@ -246,7 +267,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
     for cls in (
         Hello, Welcome, Gossip, Heartbeat, Leave, Knowledge, AggregateResult, Ack, Commit,
-        Error, SeedRequest, SeedChunk,
+        Relayed, Error, SeedRequest, SeedChunk,
     )
 }
 

@@ -203,7 +203,8 @@ class Checker:
        different contributions, and each may only use a quorum of them);
     2. *quorum*: no result is published or absorbed below the quorum;
     3. *justified*: no result is taken from an epoch the receiver could not
-       justify: every candidate of the epochs it skipped was dead in its view;
+       justify: every candidate of the epochs it skipped was dead in its view
+       (one its aggregator committed is the round's one value at any epoch);
     4. *liveness*: after the last fault healed, every running peer learns from
        others within ``bound_s`` (or finishes; or, given when each peer left, every
        other peer had left before it could hear this one again, ``heard_again_s``
@@ -238,6 +239,8 @@ class Checker:
     #: twin -> the first round whose forged knowledge reached its victim (:meth:`forged`)
     equivocated: dict[str, int] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: (round, digest) of every result an aggregator committed so far
+    committed: set[tuple[int, str]] = field(default_factory=set)
     violations: list[Violation] = field(default_factory=list)
     models: dict[tuple[str, int], str] = field(default_factory=dict)  # (peer, round) -> digest
     recovery_s: float = 0.0  # the slowest peer's first learning after the last fault healed
@@ -277,7 +280,12 @@ class Checker:
             if e["contributors"] < e["quorum"]:
                 self.fail("quorum", f"{e['peer']} {e['event']} round {e['round']} with "
                           f"{e['contributors']} contributor(s); its quorum is {e['quorum']}")
-        if e["event"] == "took":
+        if e["event"] == "committed":
+            self.committed.add((e["round"], e["digest"]))
+        if e["event"] == "took" and (e["round"], e.get("committed")) not in self.committed:
+            # (a result its aggregator committed is the round's one value, taken at
+            # whatever epoch: one relayed, or one accepted before a fail-over and
+            # committed after it; *agreement* checks its value)
             bad = [(c, s) for c, s in e["passed"] if s != "dead"]
             if e["epoch"] < e["own_epoch"] or bad:
                 self.fail("justified", f"{e['peer']} took round {e['round']} epoch {e['epoch']} at "

@@ -178,6 +178,196 @@ def test_a_heartbeat_is_no_proof_of_a_commit_where_commits_are_certified():
     assert plain.committed(R) is res and plain.quorum() == 3  # (n // 2 + 1 without signatures)
 
 
+def relayed(sender: str, good: AggregateResult, cert: dict[str, str], **change):
+    from hfl.protocol import Relayed
+
+    fields = dict(sender=sender, incarnation=0, round=good.round, epoch=good.epoch,
+                  aggregator=good.sender, kind=good.kind, contributors=list(good.contributors),
+                  meta=good.meta, tensors=good.tensors, certificate=cert)
+    return Relayed(**{**fields, **change})
+
+
+def test_a_result_relayed_with_the_quorums_signed_acks_replaces_what_a_twin_showed():
+    # PROTOCOL.md, Commit (relay): p2, elected, showed p0 a zero model and the others
+    # the real result, which they acked and absorbed; p0 took no result in each of p2's
+    # rounds (hfl.sim.protocol --peers 4 --byzantine p2:commit --buggify, seeds 27, 311).
+    from hfl.peer.instructions import Dropped
+
+    c = signed_core("p0")
+    shown = result("p2", 0, 0.0)
+    c.accept(shown)
+    good = result("p2", 0, 1.0)
+    d = payload_digest(good)
+    cert = {p: sig(p, c, R, 0, d) for p in ("p1", "p2", "p3")}
+
+    def dropped(msg, core=c):
+        return [(i.code, i.reason) for i in core.handle(msg.sender, msg, 5.0)
+                if isinstance(i, Dropped)]
+
+    two = {p: cert[p] for p in ("p1", "p2")}
+    assert dropped(relayed("p1", good, two))[0][0] == "uncertified_commit"
+    # the same acks, another payload (the relayer's own): they do not sign its digest
+    assert dropped(relayed("p1", good, cert, tensors={"w": np.full(3, 9.0, np.float32)})
+                   )[0][0] == "uncertified_commit"
+    assert dropped(relayed("p1", good, cert, epoch=1))[0][0] == "uncertified_commit"
+    assert dropped(relayed("p1", good, cert, kind="none"))[0][0] == "rejected_result"
+    # contributors are not signed: cut short, they would have p0 refuse the result
+    assert dropped(relayed("p1", good, cert, contributors=["p1", "p2"]))[0][0] == "below_quorum"
+    plain = core("p0")  # no signing keys: nothing proves a relayed result was committed
+    assert dropped(relayed("p1", good, cert), plain)[0][0] == "uncertified_commit"
+    assert plain.committed(R) is None
+    everywhere = signed_core("p0")  # no aggregator, nothing committed
+    everywhere.everywhere = True
+    assert dropped(relayed("p1", good, cert), everywhere)[0][0] == "wrong_aggregator"
+    assert c.committed(R) is None and c.usable_result(R) is None
+    assert dropped(relayed("p1", good, cert)) == []
+    taken = c.committed(R)
+    assert taken is not None and float(taken.tensors["w"][0]) == 1.0
+    assert c.usable_result(R) is taken and c.committed_result(R) is taken
+    assert c.marker(R) == (0, d)  # what it reports to a later epoch: the committed value
+    assert c.relayed_by == {R: "p1"}
+    assert dropped(relayed("p3", good, cert))[0][0] == "stale_result"  # held already
+
+
+def test_a_member_relays_what_it_absorbed_once_to_a_contributor_still_waiting_for_it():
+    from hfl.peer.config import TimingConfig
+    from hfl.peer.instructions import Dropped, Reply
+    from hfl.protocol import Heartbeat
+
+    good = result("p2", 0, 1.0)
+    cores = {p: signed_core(p) for p in ("p1", "p3")}
+    for c in cores.values():
+        c.timing = TimingConfig()
+        d = c.accept(good)
+        cert = {p: sig(p, c, R, 0, d) for p in ("p1", "p2", "p3")}
+        assert c.admit_commit(Commit(sender="p2", incarnation=0, round=R, epoch=0, digest=d,
+                                     certificate=cert)) is None
+        c.note_absorbed(R, d, "p2", 10.0)
+    hb_s = TimingConfig().heartbeat_interval_s
+
+    def relays(c, sender="p0", t=10.0 + 2 * hb_s, **kw):
+        hb = Heartbeat(sender=sender, incarnation=0, round=kw.get("round", R),
+                       absorbed_round=kw.get("absorbed", R - 1),
+                       sitting_out=kw.get("sitting_out", 0))
+        return [i.msg for i in c.handle(sender, hb, t) if isinstance(i, Reply)]
+
+    c1 = cores["p1"]
+    assert relays(c1, t=10.0 + hb_s) == []  # its aggregator's copy goes first
+    assert relays(c1, absorbed=R) == []  # it has the result
+    assert relays(c1, sitting_out=R) == []
+    assert relays(c1, sender="p2") == []  # the aggregator itself
+    sent = relays(c1)
+    assert [(m.TYPE, m.round, m.aggregator, sorted(m.certificate)) for m in sent] == [
+        ("relayed", R, "p2", ["p1", "p2", "p3"])]
+    assert relays(c1, t=20.0) == []  # once
+    # f + 1 = 2 relayers of the signers that are neither aggregator nor receiver: p1, p3
+    assert c1.relayers(R, sent[0].certificate, "p2", "p0") == ["p1", "p3"]
+    assert [m.TYPE for m in relays(cores["p3"])] == ["relayed"]
+    # The receiver, shown another result by p2, takes the relayed one.
+    victim = signed_core("p0")
+    victim.accept(result("p2", 0, 0.0))
+    assert not [i for i in victim.handle("p1", sent[0], 11.0) if isinstance(i, Dropped)]
+    assert victim.committed(R).tensors["w"][0] == 1.0
+    # A member that contributed nothing may still be training: nothing relayed to it.
+    c5 = signed_core("p1")
+    c5.timing = TimingConfig()
+    few = AggregateResult(sender="p2", incarnation=0, round=R, epoch=0, kind="weights",
+                          contributors=["p1", "p2", "p3"], tensors={"w": np.ones(3, np.float32)})
+    d = c5.accept(few)
+    cert = {p: sig(p, c5, R, 0, d) for p in ("p1", "p2", "p3")}
+    assert c5.admit_commit(Commit(sender="p2", incarnation=0, round=R, epoch=0, digest=d,
+                                  certificate=cert)) is None
+    c5.note_absorbed(R, d, "p2", 10.0)
+    assert relays(c5) == []
+    # Nor once the member is known past the round; and the copy goes at the next exchange.
+    c3 = cores["p3"]
+    c3.relayed_to.clear()
+    c3.membership.heard_from("p0", 0, 12.0, round=R + 1)
+    assert relays(c3) == []
+    c3.forget_before(R + 1)
+    assert c3.relayable is not None
+    c3.forget_before(R + 2)
+    assert c3.relayable is None
+
+
+def test_after_the_last_round_a_member_stays_for_those_it_may_relay_the_result_to():
+    # PROTOCOL.md, Certified commits (relay): after the last round nobody but its
+    # aggregator stays with the result, and the aggregator may be the twin that showed
+    # a member another one (hfl.sim.protocol --peers 4 --byzantine p2:commit --buggify,
+    # seed 311: p0 went without round 10). A relayer stays until those it may relay to
+    # hold it, and tells its own relayers at once that it holds it.
+    from hfl.peer.config import TimingConfig
+    from hfl.peer.instructions import Broadcast, Reply, Wait
+    from hfl.peer.procedures import RoundProcedures
+    from hfl.protocol import Heartbeat
+    from tests.test_procedures import Clock, Stepper
+
+    c = signed_core("p1")
+    c.timing, c.last_round = TimingConfig(), R
+    good = result("p2", 0, 1.0)
+    d = c.accept(good)
+    cert = {p: sig(p, c, R, 0, d) for p in ("p1", "p2", "p3")}
+    assert c.admit_commit(Commit(sender="p2", incarnation=0, round=R, epoch=0, digest=d,
+                                 certificate=cert)) is None
+    c.note_absorbed(R, d, "p2", 10.0)
+    c.round = R + 1
+    assert c.relaying_last_result(R) == ["p0", "p3"]  # p1 relays to both (f + 1 = 2 of them)
+    assert c.own_relayers(R) == ["p3"]  # and p3 to p1 (the only other signer)
+    clock = Clock()
+    clock.t = 10.0
+    fin = Stepper(RoundProcedures(c, now=clock.now).finish(R))
+    stay = fin.until(Wait)
+    hb = c.timing.heartbeat_interval_s
+    assert stay.deadline == 10.0 + max(c.timing.aggregate_grace_s, 4 * hb) and not stay.done()
+    assert [(i.peer_ids, i.msg.TYPE) for i in fin.seen if isinstance(i, Broadcast)] == [
+        (("p3",), "heartbeat")]
+    c.handle("p3", Heartbeat(sender="p3", incarnation=0, round=R + 1, absorbed_round=R), 10.5)
+    assert c.relaying_last_result(R) == ["p0"] and not stay.done()
+    out = c.handle("p0", Heartbeat(sender="p0", incarnation=0, round=R, absorbed_round=R - 1),
+                   10.0 + 2 * hb)
+    assert [i.msg.TYPE for i in out if isinstance(i, Reply)] == ["relayed"]
+    assert stay.done()
+    fin.answer(True)
+    fin.until()
+    assert fin.done and [i.msg.TYPE for i in fin.seen if isinstance(i, Broadcast)] == [
+        "heartbeat", "leave"]
+    # Where nobody answers, it leaves after that stay, and says for whom it stayed.
+    c.relayed_to.clear()
+    fin = Stepper(RoundProcedures(c, now=clock.now).finish(R))
+    fin.until(Wait)
+    fin.answer(False)
+    fin.until()
+    said = [i.template % i.args for i in fin.seen if type(i).__name__ == "Say"]
+    assert any("p0 showed no sign of the last result" in line for line in said), said
+
+
+def test_a_result_accepted_before_a_fail_over_is_taken_once_its_commit_comes():
+    # PROTOCOL.md, Commit rule 3: a peer that failed over to epoch 1 still holding the
+    # epoch-0 result it accepted takes it when its commit comes after all (it waited
+    # for epoch 1's aggregator, which could only publish that value again).
+    c = signed_core("p0")
+    res = result("p2", 0, 1.0)
+    d = c.accept(res)
+    c.epoch = 1
+    assert c.usable_result(R) is None
+    cert = {p: sig(p, c, R, 0, d) for p in ("p0", "p2", "p3")}
+    assert c.admit_commit(Commit(sender="p2", incarnation=0, round=R, epoch=0, digest=d,
+                                 certificate=cert)) is None
+    assert c.usable_result(R) is res
+
+
+def test_without_signing_keys_a_member_keeps_nothing_to_relay():
+    from hfl.peer.config import TimingConfig
+
+    c = core("p1")
+    c.timing = TimingConfig()
+    good = result("p2", 0, 1.0)
+    d = c.accept(good)
+    c.commits.add((R, d))  # the aggregator's word: a commit with no certificate
+    c.note_absorbed(R, d, "p2", 10.0)
+    assert c.absorbed == (R, d, "p2") and c.relayable is None
+
+
 # ------------------------------------------------------------- equivocation
 
 

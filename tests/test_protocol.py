@@ -29,6 +29,7 @@ from hfl.protocol import (
     MemberRecord,
     Message,
     ProtocolError,
+    Relayed,
     SeedChunk,
     SeedRequest,
     Welcome,
@@ -115,6 +116,10 @@ def sample_messages() -> list[Message]:
         AggregateResult(**env, round=3, epoch=1, kind="none"),  # an abstention
         Ack(**env, round=3, epoch=0, digest="0123456789abcdef"),
         Commit(**env, round=3, epoch=0, digest="0123456789abcdef"),
+        Relayed(**env, round=3, epoch=0, aggregator="peer-2", kind="head",
+                contributors=["peer-0", "peer-2"], meta={"weights": [0.5, 0.5]},
+                tensors={"head": np.ones((4, 10), dtype=np.float32)},
+                certificate={"peer-0": "ab" * 64, "peer-2": "cd" * 64}),
         Error(**env, code=ErrorCode.COHORT_MISMATCH, reason="other cohort", ref_type="hello"),
         SeedRequest(**env, owner="peer-1", chunks=[0, 3]),
         SeedChunk(

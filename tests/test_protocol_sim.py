@@ -263,6 +263,24 @@ def test_byzantine_twins_are_survived_and_caught_without_the_defenses(monkeypatc
     assert caught == list(range(8))
 
 
+@pytest.mark.parametrize("seed", [27, 311])
+def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(monkeypatch, seed):
+    # 4 peers, p2 a twin that shows p0 a zero model when elected, buggified: p0 took no
+    # result in p2's rounds (its commit is uncertified), and with the seed's faults it
+    # learned in 3 of its 6 undisturbed rounds (27; 311 likewise). Now the members that
+    # absorbed the quorum's result relay it with its certificate, and p0 takes it.
+    sim = ProtocolSim(seed, peers=4, byzantine=["p2:commit"], buggify=True)
+    res = sim.run()
+    assert not res.violations, [str(v) for v in res.violations]
+    relayed = {(e["peer"], e["round"]) for e in sim.checker.events
+               if e["event"] == "absorbed" and e.get("relayed_by")}
+    assert relayed and {p for p, _ in relayed} <= {"p0", "p1", "p3"}
+    # Without the relay (nothing kept to relay), the same seed fails as it did.
+    monkeypatch.setattr(PeerCore, "relay_for", lambda self, msg, now: None)
+    failed = run_seed(seed, peers=4, byzantine=["p2:commit"], buggify=True)
+    assert "learning" in {v.invariant for v in failed.violations}
+
+
 @pytest.mark.parametrize(("peers", "twin", "seed"), [(4, "p1", 6), (4, "p1", 21), (5, "p4", 117)])
 def test_a_twin_soak_asks_only_what_a_protocol_can_give(peers, twin, seed):
     # The simulator's own faults, not the protocol's: with 4 peers a twin (left out once
@@ -707,8 +725,6 @@ def test_liveness_asks_nothing_of_a_peer_left_with_nobody_to_learn_from():
     # Where a result needs a quorum, too few left to make one is as good as nobody
     # (4 peers, exchanging every 3 rounds, seed 825: a 2|2 cut healed as one side
     # finished; the other two, below a quorum of 3, were to learn all the same).
-    from hfl.sim.model import Checker
-
     c = Checker(mode="aggregator", everywhere=False, bound_s=5.0, heard_again_s=0.5)
     c.events = (rounds_of("p0", (4.5, 0), (5.0, 0)) + rounds_of("p3", (4.6, 0), (5.1, 0))
                 + rounds_of("p1", (3.0, 1)) + rounds_of("p2", (3.2, 1)))
