@@ -47,7 +47,15 @@ from hfl.peer.instructions import (
     SendTo,
     ServeSeeds,
 )
-from hfl.peer.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, elect
+from hfl.peer.membership import (
+    ALIVE,
+    DEAD,
+    LEFT,
+    SUSPECT,
+    Membership,
+    elect,
+    rotation_candidate,
+)
 from hfl.peer.rounds import RoundBuffer
 from hfl.protocol import (
     DEFAULT_MAX_MESSAGE_MIB,
@@ -2037,7 +2045,7 @@ class PeerCore:
 
     def candidate(self, order: list[str], r: int, epoch: int) -> str:
         """The rotation's candidate for (r, epoch) (:func:`hfl.peer.membership.elect`)."""
-        return order[(self.turn(r) + epoch) % len(order)]
+        return rotation_candidate(order, self.turn(r), epoch)
 
     def previous_exchange(self, r: int) -> int:
         """The last exchanging round before r (r - 1 by default; 0: none)."""

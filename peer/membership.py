@@ -1009,9 +1009,10 @@ class Membership:
         return self._order_changes
 
     def candidate_at(self, i: int) -> str:
-        """``rotation_order()[i % len]`` without copying it (in O(1))."""
+        """:func:`rotation_candidate` of turn ``i`` at epoch 0, without copying the
+        order (in O(1))."""
         self._order_current()
-        return self._order[i % len(self._order)]
+        return rotation_candidate(self._order, i, 0)
 
     def order_size(self) -> int:
         """len(:meth:`rotation_order`) without copying it (every quorum asks)."""
@@ -1128,9 +1129,14 @@ def elect(order: list[str], is_live, round: int, epoch: int) -> tuple[str, int] 
     and a peer that failed over to epoch e+1 never goes back to e. Returns
     (aggregator, epoch), or None once every member has been tried.
     """
-    n = len(order)
-    for e in range(epoch, epoch + n):
-        candidate = order[(round + e) % n]
+    for e in range(epoch, epoch + len(order)):
+        candidate = rotation_candidate(order, round, e)
         if is_live(candidate):
             return candidate, e
     return None
+
+
+def rotation_candidate(order: Sequence[str], turn: int, epoch: int) -> str:
+    """The rotation's candidate for epoch ``epoch`` of the exchange whose turn is
+    ``turn``: ``order[(turn + epoch) % len(order)]`` (:func:`elect`)."""
+    return order[(turn + epoch) % len(order)]

@@ -501,6 +501,12 @@ class ProtocolResult:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+def default_rounds(communicate_every: int) -> int:
+    """A run's rounds when none are given: 10 exchanges (*learning* is judged on the
+    exchanging rounds)."""
+    return 10 * communicate_every
+
+
 class ProtocolSim:
     """One seed: the peers, the heap, the network, the faults, the checker."""
 
@@ -523,8 +529,7 @@ class ProtocolSim:
         self.communicate_every, self.fanout = communicate_every, fanout
         names = [f"p{i}" for i in range(peers)]
         twins = parse_twins(list(byzantine), names)  # ValueError naming the part
-        # (None: 10 exchanges; *learning* is judged on the exchanging rounds)
-        rounds = 10 * communicate_every if rounds is None else rounds
+        rounds = default_rounds(communicate_every) if rounds is None else rounds
         self.rounds, self.train_s, self.mode = rounds, train_s, mode
         self.swim = uses_swim("auto", peers) if swim is None else swim
         # Signed (twins): f = 1 where commits are certified, and a larger quorum
@@ -775,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(seed)
     wall = time.perf_counter() - t0
     n = len(seeds)
-    print(f"{n} seed(s), {args.peers} peers, {args.rounds or 10 * args.communicate_every} rounds, {args.mode}"
+    print(f"{n} seed(s), {args.peers} peers, {args.rounds or default_rounds(args.communicate_every)} rounds, {args.mode}"
           f"{f', fan-out {args.fanout}' if args.fanout else ''}"
           f"{f', exchanging every {args.communicate_every}' if args.communicate_every > 1 else ''}"
           f"{' (buggify)' if args.buggify else ''}: {len(failed)} violating "
