@@ -146,6 +146,9 @@ def _configs(opts: SimOptions, root: Path):
             # although cohort.aggregate_at auto has every peer aggregate in small cohorts
             # (override with defaults.cohort.aggregate_at=every_peer).
             "defaults.cohort.aggregate_at=aggregator",
+            # A signed cohort (twins) runs as hfl-launch starts one: with a run id, which
+            # what a peer signs binds to (and without which no result is relayed).
+            *(["defaults.cohort.run=1"] if opts.byzantine else []),
             *opts.overrides]
     exp = load_experiment(opts.experiment, sets)
     plans = expand(exp, gpus=[], ports=list(range(1, opts.peers + 1)))

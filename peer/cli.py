@@ -90,8 +90,9 @@ def _main_checked(args: argparse.Namespace) -> int:
         # (hfl-launch sets one per run: only peers started by hand get here)
         logging.getLogger("hfl.peer").warning(
             "%s: cohort.run is not set: what this peer signs in this run stays valid in any "
-            "other run of cohort %r with the same keys, where a member may replay it (set "
-            "cohort.run to a new number above 0 for each run, the same on every peer)",
+            "other run of cohort %r with the same keys, where a member may replay it, and "
+            "no committed result is relayed to a member that missed it (set cohort.run to "
+            "a new number above 0 for each run, the same on every peer)",
             cfg.node.id, cfg.cohort.name)
     if args.check:
         from hfl.peer.check import check_peer

@@ -218,14 +218,15 @@ class PeerCore:
         self.last_result: tuple[AggregateResult, float] | None = None
         self.result_settled: set[str] = set()
         self.commits: set[tuple[int, str]] = set()  # (round, digest) its aggregator committed
-        #: where commits are certified: (round, digest) -> (epoch, the commit's signed acks
-        #: that check) of each commit taken, and the one this peer absorbed last as a
-        #: member (result, the commit's epoch, certificate, when), relayed to a contributor still waiting for
-        #: it (:meth:`relay_for`), once each (``relayed_to``)
+        # The relay (where commits are certified; :meth:`relay_for`, :meth:`take_relayed`).
+        #: (round, digest) -> (epoch, the signed acks that checked) of each commit taken
         self.certificates: dict[tuple[int, str], tuple[int, dict[str, str]]] = {}
+        #: the result this peer absorbed last as a member, with its commit's epoch and
+        #: certificate and when: relayed to a contributor still waiting for it
         self.relayable: tuple[AggregateResult, int, dict[str, str], float] | None = None
-        self.relayed_to: set[str] = set()
+        self.relayed_to: set[str] = set()  # members it was relayed to (once each)
         self.relayed_by: dict[int, str] = {}  # round -> the member that relayed its result to us
+        self.relays_taken: set[tuple[str, int]] = set()  # (relayer, round): one handled each
         # Rounds up to this one were entered by an earlier life of this peer, which may
         # have acked a result there; restarted, it forgot what: it sits them out (no
         # contribution, no ack), as an acceptor that crashed for good would.
@@ -1526,7 +1527,10 @@ class PeerCore:
         """The digest to ack once more when ``msg`` is another copy of the result this
         peer accepted (its aggregator sends it again: our ack may have been lost)."""
         held = self.accepted.get(msg.round)
-        if held is not None and held[0].sender == msg.sender and held[0].epoch == msg.epoch:
+        if (held is not None and held[0].sender == msg.sender and held[0].epoch == msg.epoch
+                and msg.round not in self.relayed_by):
+            # (not for a relayed result: this peer acked what the aggregator showed it, and
+            # must not sign a second digest for that (round, epoch), a review)
             return held[1]
         return None
 
@@ -1549,8 +1553,7 @@ class PeerCore:
                         f"outside rounds {buffer.round}..{buffer.round + buffer.lookahead} "
                         "or not a payload digest")
         if self.certifying:
-            signed = [p for p, sig in sorted(msg.certificate.items())
-                      if self.ack_signed_by(p, msg.round, msg.epoch, msg.digest, sig)]
+            signed = self.verified_signers(msg.round, msg.epoch, msg.digest, msg.certificate)
             if len(signed) < self.quorum():
                 bad = len(msg.certificate) - len(signed)
                 return Drop("uncertified_commit",
@@ -1562,53 +1565,84 @@ class PeerCore:
         self.commits.add((msg.round, msg.digest))
         return None
 
+    def verified_signers(self, r: int, epoch: int, digest: str,
+                         certificate: dict[str, str]) -> list[str]:
+        """The members whose signed acks of (r, epoch, digest) in ``certificate`` check,
+        sorted, checked only until the quorum is reached (an entry of an id with no
+        signing key costs nothing; each other one an Ed25519 check, at most one per
+        allow-listed member: a padded certificate made a peer check 300 in 37 ms, a
+        review; a relay is handled once per relayer and round)."""
+        quorum, signed = self.quorum(), []
+        for p, sig in sorted(certificate.items()):
+            if len(signed) >= quorum:
+                break
+            if self.ack_signed_by(p, r, epoch, digest, sig):
+                signed.append(p)
+        return signed
+
     def take_relayed(self, msg: Relayed) -> Drop | None:
         """Take a committed result another member relays (:meth:`relay_for`), or say why
-        not. Only where commits are certified, and only with a certificate that holds
-        this peer's quorum of the moment in signed acks of (round, epoch, the payload's
-        own digest): then it is the round's one committed value, whoever relays it
-        (two quorums share an honest member, which acks one result per (round, epoch),
-        and a later epoch publishes a committed value again). It replaces the result
-        this peer accepted for the round: an aggregator that showed this peer another
-        result than the quorum's (an equivocating twin, hfl.sim.protocol ``--peers 4
-        --byzantine p2:commit --buggify``, seeds 27 and 311) left it without the round's
-        result in each of its rounds before."""
-        r = msg.round
-        if not self.certifying:
-            return Drop("uncertified_commit", f"relayed result for round {r} from {msg.sender}: "
-                        "this cohort has no signing keys, so nothing shows it was committed")
+        not. Only where commits are certified and signed statements name the run
+        (``cohort.run``: else an earlier run's certificate of the round would check),
+        for the round this peer is in, once per relayer and round, from the rotation's
+        candidate for its (round, epoch) in this peer's view, and only with a
+        certificate that holds this peer's quorum of the moment in signed acks of
+        (round, epoch, the payload's own digest). Two quorums share an honest member,
+        which acks one result per (round, epoch), so no other result of that epoch can
+        have one; a later epoch's aggregator must publish it again (*Commit*, rule 5)
+        and its members ack that, so a peer that accepted another result of a *later*
+        epoch refuses the relay: it holds evidence that the later aggregator did not
+        (an aggregator that ignores the promises it got can certify another value at
+        its epoch; a relay must not let it choose which members get which, a review).
+        It replaces the result this peer accepted for the round: an aggregator that
+        showed this peer another result than the quorum's (an equivocating twin,
+        hfl.sim.protocol ``--peers 4 --byzantine p2:commit --buggify``, seeds 27 and
+        311) left it without the round's result in each of its rounds before. Returns
+        None once taken."""
+        r, e, who = msg.round, msg.epoch, f"relayed result for round {msg.round} from {msg.sender}"
+        if not self.certifying or "#" not in self.cohort:
+            return Drop("uncertified_commit", f"{who}: this cohort has no signing keys, or no "
+                        "cohort.run to tell its runs apart, so nothing shows it was committed")
         if self.everywhere:
-            return Drop("wrong_aggregator", f"relayed result for round {r} from {msg.sender}: "
-                        "this cohort has no aggregator (every peer aggregates for itself)")
-        buffer = self.buffer
-        if (not buffer.round <= r <= buffer.round + buffer.lookahead
-                or self.committed(r) is not None or self.absorbed[0] >= r):
-            return Drop("stale_result", f"relayed result for round {r} from {msg.sender}: "
-                        f"outside rounds {buffer.round}..{buffer.round + buffer.lookahead}, or "
-                        "this peer holds (or absorbed) the round's committed result already")
+            return Drop("wrong_aggregator", f"{who}: this cohort has no aggregator (every peer "
+                        "aggregates for itself)")
+        if (r != self.round or self.committed(r) is not None or self.absorbed[0] >= r
+                or (msg.sender, r) in self.relays_taken):
+            return Drop("stale_result", f"{who}: not this peer's round ({self.round}), or it "
+                        "holds the round's committed result already, or this relayer's copy")
+        self.relays_taken.add((msg.sender, r))
+        aggregators = self.aggregators_for(r, e)
+        if msg.aggregator not in aggregators or msg.aggregator == self.id:
+            return Drop("wrong_aggregator", f"{who} names {clip(msg.aggregator, 40)} its "
+                        f"aggregator at epoch {e}; the rotation elects "
+                        f"{' or '.join(sorted(aggregators)) or 'no one at that epoch'}")
         if msg.kind == "none":
-            return Drop("rejected_result", f"relayed result for round {r} from {msg.sender}: an "
-                        "abstention, which is never committed")
-        if len(msg.contributors) < self.quorum():
-            # (contributors are not signed: a relayer that cut them short would have the
-            # receiver refuse the round's result as outgrown, and the honest relayers'
-            # copies as held already)
-            return Drop("below_quorum", f"relayed result for round {r} from {msg.sender} "
-                        f"names {len(msg.contributors)} contributor(s); the quorum is "
-                        f"{self.quorum()}")
+            return Drop("rejected_result", f"{who}: an abstention, which is never committed")
+        named = set(msg.contributors)
+        if (len(named) != len(msg.contributors) or len(named) < self.quorum()
+                or not named <= self.verify_keys.keys()):
+            # (contributors are not signed: cut short, they would have the receiver refuse
+            # the round's result as outgrown, and the honest relayers' copies as held; made
+            # up, they would count in its metrics)
+            return Drop("below_quorum", f"{who} names {len(msg.contributors)} contributor(s): "
+                        f"they must be distinct members with signing keys, at least the "
+                        f"quorum of {self.quorum()}")
+        held = self.accepted.get(r)
         digest = payload_digest(msg)
-        signed = [p for p, sig in sorted(msg.certificate.items())
-                  if self.ack_signed_by(p, r, msg.epoch, digest, sig)]
+        if held is not None and held[0].epoch > e and held[1] != digest:
+            return Drop("stale_result", f"{who}: certified at epoch {e}, and this peer accepted "
+                        f"another result at epoch {held[0].epoch}, which only an aggregator "
+                        "that ignored a promise could publish")
+        signed = self.verified_signers(r, e, digest, msg.certificate)
         if len(signed) < self.quorum():
-            return Drop("uncertified_commit", f"relayed result for round {r} epoch {msg.epoch} "
-                        f"from {msg.sender}: {len(signed)} signed acks of its digest of the "
-                        f"{self.quorum()} a commit needs")
-        res = AggregateResult(sender=msg.aggregator, incarnation=0, round=r, epoch=msg.epoch,
+            return Drop("uncertified_commit", f"{who} epoch {e}: {len(signed)} signed acks of "
+                        f"its digest of the {self.quorum()} a commit needs")
+        res = AggregateResult(sender=msg.aggregator, incarnation=0, round=r, epoch=e,
                               kind=msg.kind, contributors=list(msg.contributors),
                               meta=msg.meta, tensors=msg.tensors)
         self.accepted[r] = (res, digest)
         self.commits.add((r, digest))
-        self.certificates[(r, digest)] = (msg.epoch, {p: msg.certificate[p] for p in signed})
+        self.certificates[(r, digest)] = (e, {p: msg.certificate[p] for p in signed})
         self.relayed_by[r] = msg.sender
         return None
 
@@ -1702,7 +1736,7 @@ class PeerCore:
         not: dead since, or a twin that showed this one member another result (it took
         no result in each of its rounds: hfl.sim.protocol ``--peers 4 --byzantine
         p2:commit --buggify``, seeds 27 and 311). Only where commits are certified."""
-        if self.relayable is None:
+        if self.relayable is None or "#" not in self.cohort:  # (take_relayed: no run id)
             return None
         res, epoch, certificate, at = self.relayable
         hb = self.timing.heartbeat_interval_s if self.timing is not None else 0.0
@@ -1711,6 +1745,9 @@ class PeerCore:
                 or msg.sender in self.relayed_to or msg.sender not in res.contributors
                 or msg.sender == res.sender or now < at + 2 * hb
                 or (m is not None and m.round > res.round) or msg.sitting_out >= res.round
+                # (a certificate below our quorum of the moment, the view grown since, is
+                # below the receiver's too: a review counted 10 of 124 relays refused so)
+                or len(certificate) < self.quorum()
                 or self.id not in self.relayers(res.round, certificate, res.sender, msg.sender)):
             return None
         self.relayed_to.add(msg.sender)
@@ -1718,16 +1755,22 @@ class PeerCore:
                        kind=res.kind, contributors=list(res.contributors), meta=res.meta,
                        tensors=res.tensors, certificate=certificate)
 
+    def _last_relayable(self, last: int) -> tuple[AggregateResult, dict[str, str]] | None:
+        """(result, certificate) this peer may relay, if it is the last round's."""
+        if self.relayable is None or self.relayable[0].round != last:
+            return None
+        return self.relayable[0], self.relayable[2]
+
     def relaying_last_result(self, last: int) -> list[str]:
         """After the last round, ``last``: the live contributors of its committed result
         this peer absorbed as a member, and may relay (:meth:`relay_for`), whose
         heartbeats do not yet show it absorbed. Until they do, it stays (for
-        ``aggregate_grace_s`` at most): after the last round nobody else stays with it
-        but its aggregator, which may be the one that showed them another result."""
-        if self.relayable is None or self.relayable[0].round != last:
+        ``aggregate_grace_s`` at most, four heartbeats at least): after the last round
+        nobody else stays with it but its aggregator, which may be the one that showed
+        them another result."""
+        if (held := self._last_relayable(last)) is None:
             return []
-        res, _, certificate, _ = self.relayable
-        mem = self.membership
+        (res, certificate), mem = held, self.membership
         return [p for p in res.contributors
                 if p not in (self.id, res.sender) and p not in self.relayed_to
                 and mem.is_live(p) and self.absorbed_by.get(p, 0) < last
@@ -1738,9 +1781,9 @@ class PeerCore:
         absorbed it: its heartbeat, sent them at once, ends their stay for it
         (:meth:`relaying_last_result`; each would wait for the next one, up to a
         heartbeat interval, at the end of every run)."""
-        if self.relayable is None or self.relayable[0].round != last:
+        if (held := self._last_relayable(last)) is None:
             return []
-        res, _, certificate, _ = self.relayable
+        res, certificate = held
         return [p for p in self.relayers(last, certificate, res.sender, self.id)
                 if self.membership.is_live(p)]
 
@@ -1816,6 +1859,7 @@ class PeerCore:
             self.relayable = None
         self.certificates = {k: v for k, v in self.certificates.items() if k[0] >= r}
         self.relayed_by = {k: v for k, v in self.relayed_by.items() if k >= r}
+        self.relays_taken = {k for k in self.relays_taken if k[1] >= r}
         self.accepted = {k: v for k, v in self.accepted.items() if k >= r}
         self.acks = {k: v for k, v in self.acks.items() if k[0] >= r}
         self.ack_sigs = {k: v for k, v in self.ack_sigs.items() if k[0] >= r}

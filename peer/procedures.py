@@ -656,7 +656,8 @@ class RoundProcedures:
                     **({"committed": core.accepted[r][1], **(
                         {"relayed_by": core.relayed_by[r]} if r in core.relayed_by else {})}
                        if core.committed(r) is result else {})))
-                core.epoch = result.epoch
+                # (never back: a committed result may be of an earlier epoch, a review)
+                core.epoch = max(core.epoch, result.epoch)
                 if result.kind == "none":
                     yield self.say(WARNING, "round %d: aggregator %s (epoch %d) abstained: a "
                                    "result of an earlier epoch may be committed and it holds no "

@@ -260,7 +260,8 @@ class SimPeer:
         core = self.core = PeerCore(
             peer_id, mode="broadcast" if mode == "broadcast" else "aggregator",
             everywhere=everywhere, lookahead=timing.lookahead_rounds, cohort_size=min_peers,
-            cohort="sim", last_round=sim.rounds, communicate_every=sim.communicate_every,
+            # (signed statements name the run, as hfl-launch's cohort.run makes them)
+            cohort="sim#1", last_round=sim.rounds, communicate_every=sim.communicate_every,
             signer=keys[0] if keys else None,
             verify_keys=dict(keys[1]) if keys else None, swim=swim, timing=timing,
             rng=random.Random(f"{sc.seed}:{peer_id}"),

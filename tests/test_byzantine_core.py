@@ -106,7 +106,7 @@ VERIFY = {p: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for p, 
 
 def signed_core(me: str) -> PeerCore:
     c = core(me)
-    c.cohort, c.signer, c.verify_keys = "hfl", KEYS[me].sign, dict(VERIFY)
+    c.cohort, c.signer, c.verify_keys = "hfl#1", KEYS[me].sign, dict(VERIFY)  # (run 1)
     return c
 
 
@@ -201,6 +201,7 @@ def test_a_result_relayed_with_the_quorums_signed_acks_replaces_what_a_twin_show
     cert = {p: sig(p, c, R, 0, d) for p in ("p1", "p2", "p3")}
 
     def dropped(msg, core=c):
+        core.relays_taken.clear()  # (one relay per relayer and round is handled)
         return [(i.code, i.reason) for i in core.handle(msg.sender, msg, 5.0)
                 if isinstance(i, Dropped)]
 
@@ -209,24 +210,67 @@ def test_a_result_relayed_with_the_quorums_signed_acks_replaces_what_a_twin_show
     # the same acks, another payload (the relayer's own): they do not sign its digest
     assert dropped(relayed("p1", good, cert, tensors={"w": np.full(3, 9.0, np.float32)})
                    )[0][0] == "uncertified_commit"
-    assert dropped(relayed("p1", good, cert, epoch=1))[0][0] == "uncertified_commit"
+    assert dropped(relayed("p1", good, cert, epoch=1))[0][0] == "wrong_aggregator"  # p3's
     assert dropped(relayed("p1", good, cert, kind="none"))[0][0] == "rejected_result"
-    # contributors are not signed: cut short, they would have p0 refuse the result
+    # Not signed, so checked: the aggregator the rotation elects (it becomes the
+    # absorbed result's sender), and contributors that are distinct members, a quorum.
+    assert dropped(relayed("p1", good, cert, aggregator="p3"))[0][0] == "wrong_aggregator"
     assert dropped(relayed("p1", good, cert, contributors=["p1", "p2"]))[0][0] == "below_quorum"
+    assert dropped(relayed("p1", good, cert, contributors=["p1", "p1", "p2", "p3"])
+                   )[0][0] == "below_quorum"
+    assert dropped(relayed("p1", good, cert, contributors=[*IDS, "made-up"])
+                   )[0][0] == "below_quorum"
+    assert dropped(relayed("p1", good, cert, round=R + 1))[0][0] == "stale_result"
     plain = core("p0")  # no signing keys: nothing proves a relayed result was committed
     assert dropped(relayed("p1", good, cert), plain)[0][0] == "uncertified_commit"
-    assert plain.committed(R) is None
+    no_run = signed_core("p0")  # no cohort.run: an earlier run's certificate would check
+    no_run.cohort = "hfl"
+    assert dropped(relayed("p1", good, {p: sig(p, no_run, R, 0, d) for p in cert}),
+                   no_run)[0][0] == "uncertified_commit"
     everywhere = signed_core("p0")  # no aggregator, nothing committed
     everywhere.everywhere = True
     assert dropped(relayed("p1", good, cert), everywhere)[0][0] == "wrong_aggregator"
     assert c.committed(R) is None and c.usable_result(R) is None
     assert dropped(relayed("p1", good, cert)) == []
     taken = c.committed(R)
-    assert taken is not None and float(taken.tensors["w"][0]) == 1.0
+    assert taken is not None and float(taken.tensors["w"][0]) == 1.0 and taken.sender == "p2"
     assert c.usable_result(R) is taken and c.committed_result(R) is taken
     assert c.marker(R) == (0, d)  # what it reports to a later epoch: the committed value
     assert c.relayed_by == {R: "p1"}
     assert dropped(relayed("p3", good, cert))[0][0] == "stale_result"  # held already
+    # The twin sends what it showed again: p0 does not sign a second digest for (R, 0).
+    assert c.ack_again(shown) is None
+    # One relay per relayer and round is handled (each costs a digest and signature
+    # checks): a second from p1 is dropped unread.
+    c2 = signed_core("p0")
+    c2.handle("p1", relayed("p1", good, two), 5.0)
+    out = c2.handle("p1", relayed("p1", good, cert), 5.1)
+    assert [i.code for i in out if isinstance(i, Dropped)] == ["stale_result"]
+
+
+def test_a_relayed_certificate_of_an_earlier_epoch_does_not_override_a_later_accepted_one():
+    # A review's attack: p2 (epoch 0) committed v to p3 alone and died; p3, the
+    # aggregator of epoch 1, ignored p0's promise (it reported v) and had p0 and p1 ack
+    # its own w, committed w to p1, and relayed v's epoch-0 certificate to p0: the two
+    # honest members absorbed different results. A peer that accepted another result at
+    # a later epoch now refuses the earlier one (its honest relayers give it w).
+    from hfl.peer.instructions import Dropped
+
+    c = signed_core("p0")
+    v, w = result("p2", 0, 1.0), result("p3", 1, 0.0)
+    dv = payload_digest(v)
+    c.epoch = 1
+    c.accept(w)
+    cert = {p: sig(p, c, R, 0, dv) for p in ("p0", "p2", "p3")}
+    out = c.handle("p3", relayed("p3", v, cert), 5.0)
+    drops = [(i.code, i.reason) for i in out if isinstance(i, Dropped)]
+    assert drops and drops[0][0] == "stale_result" and "epoch 1" in drops[0][1], drops
+    assert c.committed(R) is None and c.marker(R) == (1, payload_digest(w))
+    # The same certificate at its own epoch's result, held at that epoch: taken.
+    c2 = signed_core("p0")
+    c2.accept(result("p2", 0, 0.5))
+    assert not [i for i in c2.handle("p3", relayed("p3", v, cert), 5.0)
+                if isinstance(i, Dropped)]
 
 
 def test_a_member_relays_what_it_absorbed_once_to_a_contributor_still_waiting_for_it():

@@ -543,8 +543,8 @@ def test_an_aggregator_cannot_commit_a_result_it_showed_one_peer_only(tmp_path, 
     keys = {p: Ed25519PrivateKey.generate() for p in order}
     verify = {p: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for p, k in keys.items()}
     watch, hub, nodes, gate = gated_cohort(
-        cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "aggregator"}), [r],
-        {p: (keys[p].sign, verify) for p in order} if signed else None)
+        cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "aggregator", "run": 7}),
+        [r], {p: (keys[p].sign, verify) for p in order} if signed else None)
     p0 = nodes[0]
 
     async def conduct():
