@@ -165,18 +165,25 @@ class Knowledge(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AggregateResult(Message):
-    """The elected aggregator's result for (round, epoch): accepted, acknowledged, and
-    absorbed only once the aggregator commits it. ``kind == "none"`` with no
-    contributors and no tensors is an abstention: no result for (round, epoch)."""
+class _RoundResult(Message):
+    """The fields of a round's result, as its aggregator publishes it (``aggregate``) and
+    as a member relays it committed (``relayed``). Not a message type of its own."""
 
-    TYPE: ClassVar[str] = "aggregate"
     round: int
     epoch: int
     kind: str
     contributors: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AggregateResult(_RoundResult):
+    """The elected aggregator's result for (round, epoch): accepted, acknowledged, and
+    absorbed only once the aggregator commits it. ``kind == "none"`` with no
+    contributors and no tensors is an abstention: no result for (round, epoch)."""
+
+    TYPE: ClassVar[str] = "aggregate"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,22 +213,17 @@ class Commit(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Relayed(Message):
+class Relayed(_RoundResult):
     """A committed result of (round, epoch), passed on by a member that absorbed it to
     a contributor whose heartbeats say it still waits for it, with the commit's
-    certificate: taken only where commits are certified, and only when ``certificate``
-    holds the receiver's quorum of signed acks of the payload's digest (who relays it
-    does not matter: the acks prove it is the round's one committed value)."""
+    certificate: taken only where commits are certified and only when ``certificate``
+    holds the receiver's quorum of signed acks of the payload's digest, with the
+    checks of PROTOCOL.md's ``relayed`` section (``PeerCore.take_relayed``)."""
 
     TYPE: ClassVar[str] = "relayed"
-    round: int
-    epoch: int
-    #: the aggregator that committed it (for the receiver's log: nothing signed names it)
+    #: the aggregator that committed it: nothing signed names it, so the receiver takes
+    #: it only where its rotation names the same one for (round, epoch)
     aggregator: str
-    kind: str
-    contributors: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
     #: the commit's certificate: peer id -> its ack ``sig`` of (round, epoch, digest)
     certificate: dict[str, str] = field(default_factory=dict)
 

@@ -567,14 +567,23 @@ def test_in_the_last_round_a_member_that_finished_without_its_knowledge_arriving
     # round 1's knowledge until it shares round 2's: PeerCore.asks_again), and waited
     # for half a heartbeat: 2 peers, broadcast, buggify, hfl.sim.protocol seeds 367 and
     # 765 learned in 3 of 6 and 4 of 8 rounds without faults (PROTOCOL.md 5 rev. 12).
-    core, procs, clock = peer(mode="broadcast")
-    core.last_round = 5
-    s = Stepper(procs.exchange(1, weights(1.0), {}))
-    s.until(Wait)
-    contribution(core, "p1", 1, 2.0)
-    core.handle("p2", Heartbeat(sender="p2", incarnation=0, round=2), 0.1)
-    mark = len(s.seen)
-    s.answer(True)
+
+    def round_one(p2_round: int, p2_shared_next: bool = False):
+        """Round 1 (of 5) of a broadcast peer, p1's knowledge in, p2's heartbeat saying
+        ``p2_round``: (core, stepper, mark) once nobody is awaited any more."""
+        core, procs, clock = peer(mode="broadcast")
+        core.last_round = 5
+        s = Stepper(procs.exchange(1, weights(1.0), {}))
+        s.until(Wait)
+        contribution(core, "p1", 1, 2.0)
+        core.handle("p2", Heartbeat(sender="p2", incarnation=0, round=p2_round), 0.1)
+        if p2_shared_next:
+            contribution(core, "p2", 2, 3.0)
+        mark = len(s.seen)
+        s.answer(True)
+        return core, s, mark
+
+    core, s, mark = round_one(2)
     grace = s.until(Wait)
     assert s.sent(mark) == [(("p2",), "heartbeat")]
     assert grace.deadline == max(HB / 2, 0.25)
@@ -583,29 +592,14 @@ def test_in_the_last_round_a_member_that_finished_without_its_knowledge_arriving
     assert s.done and sorted(s.value) == ["p1"]
     # Nobody is asked who cannot hold it: a member past the next round (it skipped
     # round 1: restarted, caught up).
-    core, procs, clock = peer(mode="broadcast")
-    core.last_round = 5
-    s = Stepper(procs.exchange(1, weights(1.0), {}))
-    s.until(Wait)
-    contribution(core, "p1", 1, 2.0)
-    core.handle("p2", Heartbeat(sender="p2", incarnation=0, round=3), 0.1)
-    mark = len(s.seen)
-    s.answer(True)
+    core, s, mark = round_one(3)
     s.until()
     assert s.done and not s.sent(mark) and sorted(s.value) == ["p1"]
     # One whose round-2 knowledge came already is asked (5 rev. 14: it holds round 1's
     # still, PeerCore.sent_before; before, it was left out, and with every honest member
     # in the quorum the round was lost: hfl.sim.protocol, 4 peers, every peer
     # aggregating, a twin equivocating, seeds 126, 253, 657).
-    core, procs, clock = peer(mode="broadcast")
-    core.last_round = 5
-    s = Stepper(procs.exchange(1, weights(1.0), {}))
-    s.until(Wait)
-    contribution(core, "p1", 1, 2.0)
-    core.handle("p2", Heartbeat(sender="p2", incarnation=0, round=2), 0.1)
-    contribution(core, "p2", 2, 3.0)
-    mark = len(s.seen)
-    s.answer(True)
+    core, s, mark = round_one(2, p2_shared_next=True)
     s.until(Wait)
     assert s.sent(mark) == [(("p2",), "heartbeat")]
     contribution(core, "p2", 1, 3.0)  # its answer
