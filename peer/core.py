@@ -273,6 +273,7 @@ class PeerCore:
         #: exchange just past) and its receivers: one whose copy was lost asks for it
         #: after this peer shared its next (:meth:`asks_again`, :meth:`finished_without`)
         self.sent_before: tuple[frozenset[str], Knowledge] | None = None
+        self.sent_before_to_every = False  # (as sent_to_every_member, for sent_before)
         self._asks_answered: dict[tuple[str, int, int], float] = {}  # (asker, round, epoch) -> when
         # Ticking (:meth:`tick_greetings`, :meth:`tick_sends`, :meth:`link_changed`).
         # ``timing`` is the peer's TimingConfig; ``rng`` the peer's seeded draws.
@@ -1413,10 +1414,15 @@ class PeerCore:
         out a member that shared its next knowledge, which held only that), and with a
         quorum of every honest member the round was lost (hfl.sim.protocol, 4 peers,
         every peer aggregating, a twin equivocating, seeds 126, 253, 471, 657)."""
-        if self.elected or self.sent_knowledge is None or self.sent_before is None:
+        if (self.elected or self.sent_knowledge is None or self.sent_before is None
+                # (after the last round the latest's asks are answered every two
+                # heartbeats: the one before would double a lingering peer's uploads to
+                # a member that alternates its asks, and nobody needs it then, a review)
+                or 0 < self.last_round < self.round):
             return False
         sent_to, knowledge = self.sent_before
-        return (msg.sender in sent_to and msg.awaiting == knowledge.round
+        joined_since = self.sent_before_to_every and self.membership.is_live(msg.sender)
+        return ((msg.sender in sent_to or joined_since) and msg.awaiting == knowledge.round
                 and msg.epoch == knowledge.epoch
                 and knowledge.round == self.previous_exchange(self.sent_knowledge[1].round))
 
@@ -1568,17 +1574,14 @@ class PeerCore:
     def verified_signers(self, r: int, epoch: int, digest: str,
                          certificate: dict[str, str]) -> list[str]:
         """The members whose signed acks of (r, epoch, digest) in ``certificate`` check,
-        sorted, checked only until the quorum is reached (an entry of an id with no
-        signing key costs nothing; each other one an Ed25519 check, at most one per
-        allow-listed member: a padded certificate made a peer check 300 in 37 ms, a
-        review; a relay is handled once per relayer and round)."""
-        quorum, signed = self.quorum(), []
-        for p, sig in sorted(certificate.items()):
-            if len(signed) >= quorum:
-                break
-            if self.ack_signed_by(p, r, epoch, digest, sig):
-                signed.append(p)
-        return signed
+        sorted: all of them, kept with the commit and relayed (one cut at this peer's
+        quorum fell short of a receiver whose quorum is larger, a review). An entry of
+        an id with no signing key costs nothing, each other one an Ed25519 check: at
+        most one per allow-listed member (a padded certificate made a peer check 300 in
+        37 ms, a review), for a commit from the elected aggregator, or a relay, which is
+        handled once per relayer and round."""
+        return [p for p, sig in sorted(certificate.items())
+                if self.ack_signed_by(p, r, epoch, digest, sig)]
 
     def take_relayed(self, msg: Relayed) -> Drop | None:
         """Take a committed result another member relays (:meth:`relay_for`), or say why
@@ -1611,11 +1614,13 @@ class PeerCore:
             return Drop("stale_result", f"{who}: not this peer's round ({self.round}), or it "
                         "holds the round's committed result already, or this relayer's copy")
         self.relays_taken.add((msg.sender, r))
-        aggregators = self.aggregators_for(r, e)
-        if msg.aggregator not in aggregators or msg.aggregator == self.id:
+        # (the certificate proves the value; the aggregator, unsigned, only names the
+        # absorbed result's source. Not the rotation's candidate in this peer's view: a
+        # view that differs from the aggregator's, a late joiner's, refused its result
+        # and then the relay, its one way to the round's result, a review)
+        if msg.aggregator not in self.verify_keys or msg.aggregator == self.id:
             return Drop("wrong_aggregator", f"{who} names {clip(msg.aggregator, 40)} its "
-                        f"aggregator at epoch {e}; the rotation elects "
-                        f"{' or '.join(sorted(aggregators)) or 'no one at that epoch'}")
+                        "aggregator: not a member with a signing key, or this peer")
         if msg.kind == "none":
             return Drop("rejected_result", f"{who}: an abstention, which is never committed")
         named = set(msg.contributors)
@@ -1637,10 +1642,11 @@ class PeerCore:
         if len(signed) < self.quorum():
             return Drop("uncertified_commit", f"{who} epoch {e}: {len(signed)} signed acks of "
                         f"its digest of the {self.quorum()} a commit needs")
-        res = AggregateResult(sender=msg.aggregator, incarnation=0, round=r, epoch=e,
-                              kind=msg.kind, contributors=list(msg.contributors),
-                              meta=msg.meta, tensors=msg.tensors)
-        self.accepted[r] = (res, digest)
+        if held is None or held[1] != digest:  # (the same value held: only its commit)
+            res = AggregateResult(sender=msg.aggregator, incarnation=0, round=r, epoch=e,
+                                  kind=msg.kind, contributors=list(msg.contributors),
+                                  meta=msg.meta, tensors=msg.tensors)
+            self.accepted[r] = (res, digest)
         self.commits.add((r, digest))
         self.certificates[(r, digest)] = (e, {p: msg.certificate[p] for p in signed})
         self.relayed_by[r] = msg.sender
@@ -1736,7 +1742,7 @@ class PeerCore:
         not: dead since, or a twin that showed this one member another result (it took
         no result in each of its rounds: hfl.sim.protocol ``--peers 4 --byzantine
         p2:commit --buggify``, seeds 27 and 311). Only where commits are certified."""
-        if self.relayable is None or "#" not in self.cohort:  # (take_relayed: no run id)
+        if not self.can_relay():
             return None
         res, epoch, certificate, at = self.relayable
         hb = self.timing.heartbeat_interval_s if self.timing is not None else 0.0
@@ -1745,9 +1751,6 @@ class PeerCore:
                 or msg.sender in self.relayed_to or msg.sender not in res.contributors
                 or msg.sender == res.sender or now < at + 2 * hb
                 or (m is not None and m.round > res.round) or msg.sitting_out >= res.round
-                # (a certificate below our quorum of the moment, the view grown since, is
-                # below the receiver's too: a review counted 10 of 124 relays refused so)
-                or len(certificate) < self.quorum()
                 or self.id not in self.relayers(res.round, certificate, res.sender, msg.sender)):
             return None
         self.relayed_to.add(msg.sender)
@@ -1755,9 +1758,17 @@ class PeerCore:
                        kind=res.kind, contributors=list(res.contributors), meta=res.meta,
                        tensors=res.tensors, certificate=certificate)
 
+    def can_relay(self) -> bool:
+        """This peer holds a result it may relay: with a run id (:meth:`take_relayed`
+        refuses a relay without one), and a certificate that holds its quorum of the
+        moment (the view grew since: a receiver's quorum is usually as large; a review
+        counted 10 of 11 such relays refused, and one taken)."""
+        return (self.relayable is not None and "#" in self.cohort
+                and len(self.relayable[2]) >= self.quorum())
+
     def _last_relayable(self, last: int) -> tuple[AggregateResult, dict[str, str]] | None:
         """(result, certificate) this peer may relay, if it is the last round's."""
-        if self.relayable is None or self.relayable[0].round != last:
+        if not self.can_relay() or self.relayable[0].round != last:
             return None
         return self.relayable[0], self.relayable[2]
 

@@ -406,7 +406,9 @@ class RoundProcedures:
             # An "awaiting" from one of them asks again: with a plan, any scheduled
             # receiver (one not live in our view when it went out waits for it all the
             # same: hfl-sim, MDH-FL, fan-out 2, seed 1).
-            core.sent_before = core.sent_knowledge  # (asked for after we share this one)
+            # (asked for after we share this one)
+            core.sent_before, core.sent_before_to_every = (core.sent_knowledge,
+                                                           core.sent_to_every_member)
             core.sent_knowledge = (frozenset(receivers), knowledge)
             core.sent_to_every_member = not planned  # (a member met since may ask too)
             yield Broadcast(tuple(targets), knowledge)

@@ -210,11 +210,13 @@ def test_a_result_relayed_with_the_quorums_signed_acks_replaces_what_a_twin_show
     # the same acks, another payload (the relayer's own): they do not sign its digest
     assert dropped(relayed("p1", good, cert, tensors={"w": np.full(3, 9.0, np.float32)})
                    )[0][0] == "uncertified_commit"
-    assert dropped(relayed("p1", good, cert, epoch=1))[0][0] == "wrong_aggregator"  # p3's
+    assert dropped(relayed("p1", good, cert, epoch=1))[0][0] == "uncertified_commit"
     assert dropped(relayed("p1", good, cert, kind="none"))[0][0] == "rejected_result"
-    # Not signed, so checked: the aggregator the rotation elects (it becomes the
-    # absorbed result's sender), and contributors that are distinct members, a quorum.
-    assert dropped(relayed("p1", good, cert, aggregator="p3"))[0][0] == "wrong_aggregator"
+    # Not signed, so checked: the aggregator (it becomes the absorbed result's source) is
+    # a member with a key and not p0 itself (which would then never relay it), and the
+    # contributors are distinct such members, a quorum.
+    assert dropped(relayed("p1", good, cert, aggregator="made-up"))[0][0] == "wrong_aggregator"
+    assert dropped(relayed("p1", good, cert, aggregator="p0"))[0][0] == "wrong_aggregator"
     assert dropped(relayed("p1", good, cert, contributors=["p1", "p2"]))[0][0] == "below_quorum"
     assert dropped(relayed("p1", good, cert, contributors=["p1", "p1", "p2", "p3"])
                    )[0][0] == "below_quorum"
@@ -383,6 +385,13 @@ def test_after_the_last_round_a_member_stays_for_those_it_may_relay_the_result_t
     fin.until()
     said = [i.template % i.args for i in fin.seen if type(i).__name__ == "Say"]
     assert any("p0 showed no sign of the last result" in line for line in said), said
+    # Nor does it stay where it would relay nothing: no run id, or a certificate below
+    # its quorum of the moment (a fifth member heard from since; a review).
+    c.cohort = "hfl"
+    assert c.relaying_last_result(R) == [] and c.own_relayers(R) == []
+    c.cohort = "hfl#1"
+    c.membership.heard_from("p4", 0, 12.0, address="mem://p4", round=R + 1)
+    assert c.quorum() == 4 and c.relaying_last_result(R) == [] and c.own_relayers(R) == []
 
 
 def test_a_result_accepted_before_a_fail_over_is_taken_once_its_commit_comes():

@@ -626,12 +626,18 @@ def test_a_member_that_shared_its_next_knowledge_still_sends_the_one_before_once
     assert [(i.peer_id, i.msg.round) for i in sent] == [("p3", 1)] and sent[0].msg is first
     assert not again(core, "p3", 1, 30.0)  # once
     core.membership.heard_from("p4", 0, 1.5, address="mem://p4", round=2)
-    assert not again(core, "p4", 1, 2.0)  # met since: not one of its receivers
+    # met since: it went to every live member, so to it too (as PeerCore.asks_again)
+    assert len(again(core, "p4", 1, 2.0)) == 1
     core.round = 3
     s = Stepper(procs.exchange(3, weights(3.0), {}))
     s.until(Wait)
     assert not again(core, "p1", 1, 40.0)  # two exchanges back: gone
     assert len(again(core, "p1", 2, 40.0)) == 1
+    # After the last round only the latest is sent again (a lingering peer's uploads to
+    # a member that alternated its asks doubled, a review).
+    core.last_round, core.round = 3, 4
+    assert not again(core, "p2", 2, 50.0)
+    assert len(again(core, "p2", 3, 50.0)) == 1
 
 
 def test_after_the_last_round_a_decentralized_peer_stays_for_members_still_in_it():

@@ -281,6 +281,16 @@ def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(mo
     assert "learning" in {v.invariant for v in failed.violations}
 
 
+def test_a_late_joiner_whose_view_differs_takes_a_relayed_result():
+    # 6 peers, signed, lazy join, buggify, seed 23: a member whose rotation order
+    # differed from its aggregator's refused the aggregator's result, and then the relay
+    # (its aggregator was not the candidate in its view): round 4 had no result. The
+    # certificate proves the value; the aggregator it names only labels it (a review).
+    res = run_seed(23, peers=6, signed=True, swim=True, join="lazy", buggify=True)
+    assert not res.violations and res.rounds_without_result == [], (
+        [str(v) for v in res.violations], res.rounds_without_result)
+
+
 @pytest.mark.parametrize("seed", [126, 253, 657])
 def test_a_knowledge_lost_to_a_peer_whose_sender_shared_its_next_is_asked_for(seed):
     # 4 peers, every peer aggregating, p1 a twin that equivocates (left out once proven):
