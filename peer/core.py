@@ -1758,6 +1758,12 @@ class PeerCore:
                        kind=res.kind, contributors=list(res.contributors), meta=res.meta,
                        tensors=res.tensors, certificate=certificate)
 
+    def relay_expected(self, r: int) -> bool:
+        """A member may relay round ``r``'s committed result to this peer: commits are
+        certified, the run has an id, and a member's heartbeat says it absorbed r."""
+        return (self.certifying and "#" in self.cohort
+                and any(done >= r for done in self.absorbed_by.values()))
+
     def can_relay(self) -> bool:
         """This peer holds a result it may relay: with a run id (:meth:`take_relayed`
         refuses a relay without one), and a certificate that holds its quorum of the

@@ -642,7 +642,7 @@ class RoundProcedures:
             if core.usable_result(r) is None and core.moved_on(r, aggregator):
                 # A heartbeat can overtake the result it follows (a delayed or retried
                 # send): give the result a short grace before leaving the round.
-                grace = max(2 * timing.heartbeat_interval_s, 0.25)
+                grace = self.moved_on_grace(r)
                 yield Wait(lambda: core.usable_result(r) is not None, self.now() + grace)
             result = core.usable_result(r)
             if result is not None:
@@ -732,6 +732,16 @@ class RoundProcedures:
                     learned_from=len(set(result.contributors) - {core.id}))
         return {result.sender: payload_of(result)}
 
+    def moved_on_grace(self, r: int) -> float:
+        """How long a member whose aggregator moved past round r still waits for its result
+        or commit: two heartbeats (a heartbeat can overtake the message it follows), and
+        four where a member that absorbed the round may relay it (PeerCore.relay_expected:
+        a relay goes two heartbeats after its absorb, on the waiting member's next
+        heartbeat; with two, the member left as the relays went out, hfl.sim.protocol
+        --peers 5 --byzantine p3:commit --buggify, seed 967)."""
+        hb = self.timing.heartbeat_interval_s
+        return max(4 * hb if self.core.relay_expected(r) else 2 * hb, 0.25)
+
     def await_commit(self, r: int, result: AggregateResult
                      ) -> Generator[Instruction, Any, AggregateResult | None]:
         """Accept ``result`` (ack it to its aggregator) and wait until the aggregator
@@ -753,7 +763,7 @@ class RoundProcedures:
                    or core.moved_on(r, aggregator), deadline)
         if core.committed(r) is None and core.moved_on(r, aggregator):
             # A heartbeat may overtake the commit it follows: a short grace.
-            grace = max(2 * hb, 0.25)
+            grace = self.moved_on_grace(r)
             yield Wait(lambda: core.committed(r) is not None, self.now() + grace)
         return core.committed(r)
 

@@ -394,6 +394,27 @@ def test_after_the_last_round_a_member_stays_for_those_it_may_relay_the_result_t
     assert c.quorum() == 4 and c.relaying_last_result(R) == [] and c.own_relayers(R) == []
 
 
+def test_a_member_whose_aggregator_moved_on_waits_longer_where_a_relay_may_come():
+    # p3 (a twin, 5 peers, buggify, seed 967) moved past round 8 without a commit p0
+    # could take; p0 waited two heartbeats and left as p1's and p4's relays went out.
+    from hfl.peer.config import TimingConfig
+    from hfl.peer.procedures import RoundProcedures
+    from hfl.protocol import Heartbeat
+
+    c = signed_core("p0")
+    c.timing = TimingConfig()
+    hb = c.timing.heartbeat_interval_s
+    procs = RoundProcedures(c, now=lambda: 0.0)
+    assert not c.relay_expected(R) and procs.moved_on_grace(R) == max(2 * hb, 0.25)
+    c.handle("p1", Heartbeat(sender="p1", incarnation=0, round=R + 1, absorbed_round=R), 1.0)
+    assert c.relay_expected(R) and procs.moved_on_grace(R) == max(4 * hb, 0.25)
+    c.cohort = "hfl"  # no run id: nothing is relayed
+    assert not c.relay_expected(R)
+    plain = core("p0")  # no signing keys: nothing is relayed
+    plain.handle("p1", Heartbeat(sender="p1", incarnation=0, round=R + 1, absorbed_round=R), 1.0)
+    assert not plain.relay_expected(R)
+
+
 def test_a_result_accepted_before_a_fail_over_is_taken_once_its_commit_comes():
     # PROTOCOL.md, Commit rule 3: a peer that failed over to epoch 1 still holding the
     # epoch-0 result it accepted takes it when its commit comes after all (it waited

@@ -263,22 +263,31 @@ def test_byzantine_twins_are_survived_and_caught_without_the_defenses(monkeypatc
     assert caught == list(range(8))
 
 
-@pytest.mark.parametrize("seed", [27, 311])
-def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(monkeypatch, seed):
-    # 4 peers, p2 a twin that shows p0 a zero model when elected, buggified: p0 took no
-    # result in p2's rounds (its commit is uncertified), and with the seed's faults it
-    # learned in 3 of its 6 undisturbed rounds (27; 311 likewise). Now the members that
-    # absorbed the quorum's result relay it with its certificate, and p0 takes it.
-    sim = ProtocolSim(seed, peers=4, byzantine=["p2:commit"], buggify=True)
-    res = sim.run()
+@pytest.mark.parametrize(("peers", "twin", "seed"), [(4, "p2", 27), (4, "p2", 311),
+                                                     (5, "p3", 967)])
+def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(
+        monkeypatch, peers, twin, seed):
+    # p0 shown a zero model by the twin when elected took no result in the twin's rounds
+    # (its commit is uncertified), and with the seed's faults it learned in 3 of its 6
+    # undisturbed rounds (27; 311 likewise; 967: 5 peers, p3 the twin, p0 waited two
+    # heartbeats once p3 moved on and left as the relays went out: it waits four where a
+    # member absorbed the round). Now the members that absorbed the quorum's result
+    # relay it with its certificate, and p0 takes it.
+    def run():
+        sim = ProtocolSim(seed, peers=peers, byzantine=[f"{twin}:commit"], buggify=True)
+        res = sim.run()
+        rounds = [e for e in sim.checker.events if e["event"] == "round" and e["peer"] == "p0"]
+        relayed = {e["round"] for e in sim.checker.events
+                   if e["event"] == "absorbed" and e["peer"] == "p0" and e.get("relayed_by")}
+        return res, sum(1 for e in rounds if e["learned_from"]), relayed
+
+    res, learned, relayed = run()
     assert not res.violations, [str(v) for v in res.violations]
-    relayed = {(e["peer"], e["round"]) for e in sim.checker.events
-               if e["event"] == "absorbed" and e.get("relayed_by")}
-    assert relayed and {p for p, _ in relayed} <= {"p0", "p1", "p3"}
-    # Without the relay (nothing kept to relay), the same seed fails as it did.
+    assert relayed and learned >= 9, (learned, relayed)
+    # Without the relay (nothing sent), p0 learns in 6 or 7 of the 10 rounds.
     monkeypatch.setattr(PeerCore, "relay_for", lambda self, msg, now: None)
-    failed = run_seed(seed, peers=4, byzantine=["p2:commit"], buggify=True)
-    assert "learning" in {v.invariant for v in failed.violations}
+    _, learned_alone, relayed = run()
+    assert not relayed and learned_alone <= learned - 2, (learned_alone, learned)
 
 
 def test_a_late_joiner_whose_view_differs_takes_a_relayed_result():
