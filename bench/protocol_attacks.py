@@ -194,7 +194,10 @@ def run_one(attack: str, setting: str, rounds: int) -> dict:
     ids = [f"p{i}" for i in range(4)]
     keys, verify = keys_for(ids)
     with tempfile.TemporaryDirectory(dir=c.OUT_DIR) as tmp:
-        cfgs = cohort_cfgs(Path(tmp), 4, rounds=rounds, cohort={"aggregate_at": "auto", **cohort})
+        # (a run id, as hfl-launch makes one per run: signatures bind to it, and a
+        # committed result is relayed only with one)
+        cfgs = cohort_cfgs(Path(tmp), 4, rounds=rounds,
+                           cohort={"aggregate_at": "auto", "run": 1, **cohort})
 
         watch, hub, nodes, gate = gated_cohort(
             cfgs, [ATTACK_ROUND], {p: (keys[p].sign, verify) for p in ids} if signed else None)
