@@ -290,6 +290,15 @@ def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(
     assert not relayed and learned_alone <= learned - 2, (learned_alone, learned)
 
 
+def test_an_aggregator_short_of_contributions_takes_the_result_the_others_committed():
+    # 4 peers, signed, exchanging every 3 rounds, buggify, seed 417: p2, cut off, came
+    # back behind as round 30's epoch-0 candidate; the others had failed over and
+    # committed p3's epoch-1 result, and p2, short of contributions, kept its local
+    # model: it never learned after the heal (liveness).
+    res = run_seed(417, peers=4, signed=True, communicate_every=3, buggify=True)
+    assert not res.violations, [str(v) for v in res.violations]
+
+
 def test_a_late_joiner_whose_view_differs_takes_a_relayed_result():
     # 6 peers, signed, lazy join, buggify, seed 23: a member whose rotation order
     # differed from its aggregator's refused the aggregator's result, and then the relay
