@@ -1587,10 +1587,10 @@ class PeerCore:
         """Take a committed result another member relays (:meth:`relay_for`), or say why
         not. Only where commits are certified and signed statements name the run
         (``cohort.run``: else an earlier run's certificate of the round would check),
-        for the round this peer is in, once per relayer and round, from the rotation's
-        candidate for its (round, epoch) in this peer's view, and only with a
-        certificate that holds this peer's quorum of the moment in signed acks of
-        (round, epoch, the payload's own digest). Two quorums share an honest member,
+        for the round this peer is in, once per relayer and round, naming an
+        allow-listed aggregator and contributors (unsigned: they only label the result),
+        and only with a certificate that holds this peer's quorum of the moment in
+        signed acks of (round, epoch, the payload's own digest). Two quorums share an honest member,
         which acks one result per (round, epoch), so no other result of that epoch can
         have one; a later epoch's aggregator must publish it again (*Commit*, rule 5)
         and its members ack that, so a peer that accepted another result of a *later*
@@ -1603,7 +1603,7 @@ class PeerCore:
         311) left it without the round's result in each of its rounds before. Returns
         None once taken."""
         r, e, who = msg.round, msg.epoch, f"relayed result for round {msg.round} from {msg.sender}"
-        if not self.certifying or "#" not in self.cohort:
+        if not self.certifying or not self.names_run:
             return Drop("uncertified_commit", f"{who}: this cohort has no signing keys, or no "
                         "cohort.run to tell its runs apart, so nothing shows it was committed")
         if self.everywhere:
@@ -1758,10 +1758,16 @@ class PeerCore:
                        kind=res.kind, contributors=list(res.contributors), meta=res.meta,
                        tensors=res.tensors, certificate=certificate)
 
+    @property
+    def names_run(self) -> bool:
+        """Signed statements name this run (``cohort.run``: :func:`signing_context`), so
+        no other run's certificate checks here: what a relay needs."""
+        return "#" in self.cohort
+
     def relay_expected(self, r: int) -> bool:
         """A member may relay round ``r``'s committed result to this peer: commits are
         certified, the run has an id, and a member's heartbeat says it absorbed r."""
-        return (self.certifying and "#" in self.cohort
+        return (self.certifying and self.names_run
                 and any(done >= r for done in self.absorbed_by.values()))
 
     def can_relay(self) -> bool:
@@ -1769,7 +1775,7 @@ class PeerCore:
         refuses a relay without one), and a certificate that holds its quorum of the
         moment (the view grew since: a receiver's quorum is usually as large; a review
         counted 10 of 11 such relays refused, and one taken)."""
-        return (self.relayable is not None and "#" in self.cohort
+        return (self.relayable is not None and self.names_run
                 and len(self.relayable[2]) >= self.quorum())
 
     def _last_relayable(self, last: int) -> tuple[AggregateResult, dict[str, str]] | None:

@@ -671,22 +671,14 @@ class RoundProcedures:
                 # (the committed result may be another than the one this peer accepted: one
                 # relayed with its certificate, PeerCore.take_relayed)
                 committed = yield from self.await_commit(r, result)
-                if committed is not None and (yield from self.outgrown(
-                        r, len(committed.contributors), info, f"not absorbing "
-                        f"{committed.sender}'s committed result")):
-                    # (before, it absorbed what its aggregator, not yet knowing the
-                    # newcomer, committed: hfl.sim.protocol --peers 6 --swim on --join
-                    # lazy --buggify, seed 52)
-                    yield from self.discard_unused_results(r)
-                    return {}
                 if committed is not None:
-                    info.update(aggregator=committed.sender, epoch=committed.epoch,
-                                contributors=len(committed.contributors),
-                                learned_from=len(set(committed.contributors) - {core.id}),
-                                **({"relayed_by": core.relayed_by[r]}
-                                   if r in core.relayed_by else {}))
+                    # (outgrown: before, it absorbed what its aggregator, not yet knowing
+                    # the newcomer, committed: hfl.sim.protocol --peers 6 --swim on
+                    # --join lazy --buggify, seed 52)
+                    taken = yield from self.absorb_committed(
+                        r, committed, info, f"not absorbing {committed.sender}'s committed result")
                     yield from self.discard_unused_results(r)
-                    return {committed.sender: payload_of(committed)}
+                    return taken
                 if not core.moved_on(r, result.sender):
                     why = ("is dead" if not mem.is_live(result.sender)
                            else "did not commit in time")
@@ -726,16 +718,18 @@ class RoundProcedures:
         result = core.committed_result(r)
         return {} if result is None else (yield from self.absorb_committed(r, result, info))
 
-    def absorb_committed(self, r: int, result: AggregateResult, info: dict) -> Procedure:
+    def absorb_committed(self, r: int, result: AggregateResult, info: dict,
+                         outcome: str = "not absorbing its committed result") -> Procedure:
         """Take round r's ``result``, known committed (the round's one value), unless its
-        contributors are below this peer's quorum of the moment (:meth:`outgrown`)."""
+        contributors are below this peer's quorum of the moment (:meth:`outgrown`, which
+        says ``outcome``); the round's record names who relayed it, if a member did."""
         core = self.core
-        if (yield from self.outgrown(r, len(result.contributors), info,
-                                     "not absorbing its committed result")):
+        if (yield from self.outgrown(r, len(result.contributors), info, outcome)):
             return {}
         info.update(aggregator=result.sender, epoch=result.epoch,
                     contributors=len(result.contributors),
-                    learned_from=len(set(result.contributors) - {core.id}))
+                    learned_from=len(set(result.contributors) - {core.id}),
+                    **({"relayed_by": core.relayed_by[r]} if r in core.relayed_by else {}))
         return {result.sender: payload_of(result)}
 
     def moved_on_grace(self, r: int) -> float:
