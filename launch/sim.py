@@ -55,6 +55,7 @@ from hfl.sim.model import (  # noqa: F401 -- also this module's API (tests, benc
     Scenario,
     Violation,
     draw_network,
+    install_twin_core,
     model_digest,
     parse_fault,
     parse_seeds,
@@ -93,6 +94,7 @@ def install_twin(node, kind: str, checker: Checker | None = None) -> None:
     """Make ``node`` a Byzantine twin of ``kind`` (its code is otherwise the runtime's);
     each message it forges is told to ``checker`` (*named* asks only a twin that
     equivocated be named)."""
+    install_twin_core(kind, node.core)
     broadcast = node._broadcast
     victim = sorted(p for p in node.membership.members if p != node.id)[0] if node.membership else None
 

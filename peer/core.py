@@ -362,7 +362,12 @@ class PeerCore:
                         heard=heard, equivocations=dict(self.equivocators))
         if self.signer is None:
             return msg
-        return dataclasses.replace(msg, sig=self.sign("knowledge", r, epoch, payload_digest(msg)))
+        promise = {}
+        if self.certifying and self.elected:
+            promise = dict(promise_sig=self.promise_sig(r, epoch, accepted_epoch, accepted_digest),
+                           proofs=self.accepted_proofs(r) if accepted_epoch >= 0 else {})
+        return dataclasses.replace(msg, sig=self.sign("knowledge", r, epoch, payload_digest(msg)),
+                                   **promise)
 
     #: swim: members a goodbye goes to directly, at most.
     LEAVE_FANOUT = 16
@@ -1025,6 +1030,9 @@ class PeerCore:
         if len(msg.contributors) < self.quorum():
             return Drop("below_quorum", f"result for round {msg.round} from {msg.sender} has "
                         f"{len(msg.contributors)} contributor(s); the quorum is {self.quorum()}")
+        if self.certifying and (why := self.unjustified_result(msg)) is not None:
+            return Drop("unjustified_result", f"result for round {msg.round} epoch {msg.epoch} "
+                        f"from {msg.sender}: {why}")
         return None
 
     def compare_absorbed(self, msg: Heartbeat) -> str | None:
@@ -1360,11 +1368,23 @@ class PeerCore:
           that elects it published by the real aggregator;
         - one of a result of an epoch whose only candidate is this peer, which this
           peer never published: a lie. Taken, it made the aggregator abstain in every
-          round the liar contributed to."""
+          round the liar contributed to.
+
+        Where commits are certified, a promise counts only signed, and a report only
+        with its proof (:meth:`unproven_promise`), at whatever epoch (the first rule's
+        reason is gone: a forged result has no proof, and an honest report above this
+        epoch must count, :meth:`_unjustified`): what this peer publishes must then
+        pass every member's check (:meth:`unjustified_result`)."""
         refused: dict[str, str] = {}
         reports = [self.marker(r)]
         for p, k in promised.items():
             e = k.accepted_epoch
+            if self.certifying:  # signed promises and proven reports, at any epoch
+                if (why := self.unproven_promise(k)) is not None:
+                    refused[p] = why
+                elif e >= 0:
+                    reports.append((e, k.accepted_digest))
+                continue
             if e < 0 or e > self.epoch:
                 continue
             if self.aggregators_for(r, e) == {self.id} and (r, e, k.accepted_digest) not in self.acks:
@@ -1387,6 +1407,183 @@ class PeerCore:
             if self.elected_sender(res) and payload_digest(res) == digest:
                 return "repeat", res, refused
         return "abstain", None, refused
+
+    # ================================================================ justified proposals
+    #
+    # (rev. 15, where commits are certified) The rule above holds against crashes. A
+    # malicious aggregator of a later epoch could ignore the promises it got and
+    # publish another value; the honest members acked it, and it was committed after
+    # another had been (a review, 2026-11-28; hfl.sim.protocol's ``override`` twin).
+    # So every result is signed by its aggregator, and one of an epoch above 0 carries
+    # the quorum of signed promises it was chosen on, each report in them with its
+    # proof; a member acks it only if it is the value the rule picks from them.
+    # Honest members check each proposal before they ack it, so a proof is either a
+    # commit's certificate (f + 1 signed acks hold an honest one) or the proposal
+    # itself, checked the same way down to epoch 0 (PROTOCOL.md, *Justified proposals*).
+
+    #: proofs one message may carry (the (epoch, digest) reports of one round)
+    PROOFS_MAX = 16
+
+    def promise_sig(self, r: int, epoch: int, accepted_epoch: int, accepted_digest: str) -> str:
+        """This peer's signature of its promise for (r, epoch), reporting the result it
+        accepted last ("" where it has no signing key)."""
+        return self.sign("promise", r, epoch, accepted_digest or NO_DIGEST, accepted_epoch)
+
+    def promise_text(self, r: int) -> str:
+        """This peer's own promise for (r, its epoch), as a result carries it."""
+        ae, ad = self.marker(r)
+        return f"{self.epoch}:{ae}:{ad}:{self.promise_sig(r, self.epoch, ae, ad)}"
+
+    def accepted_proofs(self, r: int) -> dict[str, dict[str, Any]]:
+        """The proof of the result this peer accepted for round r, for its promises:
+        the commit's certificate where it holds one of that epoch, else the result as
+        its aggregator signed it with the promises it was chosen on (and their proofs)."""
+        held = self.accepted.get(r)
+        if held is None or self.signer is None:
+            return {}
+        res, digest = held
+        key = f"{res.epoch}:{digest}"
+        cert = self.certificates.get((r, digest))
+        if cert is not None and cert[0] == res.epoch:
+            return {key: {"acks": dict(cert[1])}}
+        if not res.sig:
+            return {}
+        return {**res.proofs, key: {"by": res.sender, "sig": res.sig, "promises": dict(res.promises)}}
+
+    def unproven_promise(self, k: Knowledge) -> str | None:
+        """Why ``k``'s promise does not count at this aggregator (None: it does): not
+        signed by its sender, or its report without a proof (:meth:`_unproven`), or
+        proven by a result whose signer the rotation does not elect for that epoch (a
+        member's own signed result, reported to make every later epoch abstain)."""
+        r, ae, ad = k.round, k.accepted_epoch, k.accepted_digest
+        if not self.signed_by(k.sender, "promise", r, k.epoch, ad or NO_DIGEST,
+                              k.promise_sig, ae):
+            return f"{k.sender}'s promise for round {r} epoch {k.epoch} is not signed by it"
+        if ae < 0:
+            return None
+        if len(k.proofs) > self.PROOFS_MAX:
+            return f"{k.sender}'s report carries {len(k.proofs)} proofs (at most {self.PROOFS_MAX})"
+        if (why := self._unproven(r, ae, ad, k.proofs, {}, set())) is not None:
+            return f"{k.sender} reports a result of round {r} epoch {ae}: {why}"
+        by = k.proofs[f"{ae}:{ad}"].get("by")
+        if by is not None and by not in self.aggregators_for(r, ae):
+            return (f"{k.sender} reports a result of round {r} epoch {ae} signed by "
+                    f"{clip(by, 40)}, which the rotation does not elect there")
+        return None
+
+    def unjustified_result(self, msg: AggregateResult) -> str | None:
+        """Why a member may not accept ``msg`` (None: it may), where commits are
+        certified: not signed by its aggregator, or, at an epoch above 0, not the value
+        its quorum of signed promises picks (:meth:`_unjustified`)."""
+        digest = payload_digest(msg)
+        if not self.signed_by(msg.sender, "result", msg.round, msg.epoch, digest, msg.sig):
+            return "its aggregator's signature of it does not check"
+        if msg.epoch == 0:
+            return None  # nothing was accepted before epoch 0
+        if len(msg.proofs) > self.PROOFS_MAX:
+            return f"it carries {len(msg.proofs)} proofs (at most {self.PROOFS_MAX})"
+        return self._unjustified(msg.round, msg.epoch, digest, msg.promises, msg.proofs, {},
+                                 {f"{msg.epoch}:{digest}"})
+
+    def signed_result(self, msg: AggregateResult, promised: dict[str, Knowledge]) -> AggregateResult:
+        """``msg``, this aggregator's result, as it goes out where this peer signs: with
+        its signature and, above epoch 0, its :meth:`justification`."""
+        if self.signer is None or not self.certifying:
+            return msg
+        return dataclasses.replace(
+            msg, sig=self.sign("result", msg.round, msg.epoch, payload_digest(msg)),
+            **self.justification(msg.round, promised))
+
+    def _unjustified(self, r: int, epoch: int, digest: str, promises: Any,
+                     proofs: dict[str, Any], memo: dict[str, str | None],
+                     stack: set[str]) -> str | None:
+        """The rule of :meth:`proposal`, checked: ``promises`` (peer -> "epoch:
+        accepted_epoch:accepted_digest:sig") hold this peer's quorum of distinct
+        members' signed promises for ``epoch`` or later, each report proven (from
+        ``proofs``), and ``digest`` is the one value reported at the highest epoch
+        (any value where none is reported). Every promise must check: a proposal that
+        left an honest report out for a bad one would be taken without it."""
+        if not isinstance(promises, dict) or len(promises) < self.quorum():
+            n = len(promises) if isinstance(promises, dict) else 0
+            return f"{n} promise(s) of the {self.quorum()} a result of epoch {epoch} needs"
+        reports = []
+        for peer, text in sorted(promises.items()):
+            parts = text.split(":") if isinstance(text, str) else []
+            pe, ae = (_small_int(parts[0]), -1 if parts[1] == "-1" else _small_int(parts[1])
+                      ) if len(parts) == 4 else (None, None)
+            if pe is None or ae is None:
+                return f"{clip(peer, 40)}'s promise is malformed"
+            ad, sig = parts[2], parts[3]
+            if pe < epoch:
+                return f"{clip(peer, 40)} promised epoch {pe}, below {epoch}"
+            if not self.signed_by(peer, "promise", r, pe, ad or NO_DIGEST, sig, ae):
+                return f"{clip(peer, 40)}'s promise does not check against its signing key"
+            if ae >= 0:
+                if (why := self._unproven(r, ae, ad, proofs, memo, stack)) is not None:
+                    return f"{clip(peer, 40)}'s report: {why}"
+                reports.append((ae, ad))
+        if not reports:
+            return None
+        top = max(e for e, _ in reports)
+        values = sorted({d for e, d in reports if e == top})
+        if values != [digest]:
+            return (f"its promises report {', '.join(v[:16] for v in values)} accepted at epoch "
+                    f"{top}, and it is {digest[:16]}")
+        return None
+
+    def _unproven(self, r: int, ae: int, ad: str, proofs: dict[str, Any],
+                  memo: dict[str, str | None], stack: set[str]) -> str | None:
+        """Why the report "accepted (r, ae, ad)" is not proven by ``proofs`` (None: it
+        is): its entry holds f + 1 signed acks of it, or its aggregator's signature and,
+        above epoch 0, promises that justify it (:meth:`_unjustified`, with a proof
+        that refers back to itself refused). ``memo``: entries checked already."""
+        key = f"{ae}:{ad}"
+        if key in memo:
+            return memo[key]
+        if key in stack:
+            return f"the proof of epoch {ae} ({ad[:16]}) refers to itself"
+        proof = proofs.get(key)
+        why = None
+        if not isinstance(proof, dict):
+            why = f"no proof of epoch {ae} ({ad[:16]})"
+        elif "acks" in proof:
+            acks = proof["acks"]
+            acks = {p: a for p, a in acks.items() if isinstance(a, str)} if isinstance(acks, dict) else {}
+            if len(self.verified_signers(r, ae, ad, acks)) <= self.byzantine:
+                why = f"fewer than {self.byzantine + 1} signed acks of epoch {ae} ({ad[:16]})"
+        else:
+            by, sig = proof.get("by"), proof.get("sig")
+            if not (isinstance(by, str) and isinstance(sig, str)
+                    and self.signed_by(by, "result", r, ae, ad, sig)):
+                why = f"the result of epoch {ae} ({ad[:16]}) is not signed by the aggregator it names"
+            elif ae > 0:
+                stack.add(key)
+                why = self._unjustified(r, ae, ad, proof.get("promises"), proofs, memo, stack)
+                stack.discard(key)
+        memo[key] = why
+        return why
+
+    def justification(self, r: int, promised: dict[str, Knowledge]) -> dict[str, Any]:
+        """What this aggregator's result of (r, its epoch) carries where commits are
+        certified: its signature fields' ``promises`` (its own and the promisers') and
+        the proofs their reports use, each checked (:meth:`unproven_promise` refused
+        the others: a promiser's bad entry must not stand in for a good one)."""
+        promises = {self.id: self.promise_text(r)}
+        proofs: dict[str, Any] = {}
+        for p, k in [(self.id, None), *sorted(promised.items())]:
+            if k is None:
+                (ae, ad), table = self.marker(r), self.accepted_proofs(r)
+            else:
+                promises[p] = f"{k.epoch}:{k.accepted_epoch}:{k.accepted_digest}:{k.promise_sig}"
+                ae, ad, table = k.accepted_epoch, k.accepted_digest, k.proofs
+            if ae < 0:
+                continue
+            memo: dict[str, str | None] = {}
+            self._unproven(r, ae, ad, table, memo, set())
+            for key, why in memo.items():
+                if why is None and key in table:
+                    proofs.setdefault(key, table[key])
+        return {"promises": promises, "proofs": proofs} if self.epoch > 0 else {}
 
     def asks_again(self, msg: Heartbeat, sent_to: frozenset[str], knowledge: Knowledge) -> bool:
         """``msg`` (a heartbeat with ``awaiting``) is from a peer this peer sent
@@ -2180,6 +2377,10 @@ def _ed25519() -> tuple[type, type]:
 
         _ED25519 = (InvalidSignature, Ed25519PublicKey)
     return _ED25519
+
+
+#: the digest a promise signs where it reports no accepted result
+NO_DIGEST = "0" * 64
 
 
 def payload_digest(payload: Any) -> str:

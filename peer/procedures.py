@@ -913,8 +913,9 @@ class RoundProcedures:
         if len(used) < quorum:
             info.update(aggregator=None)
             return (yield from self.short_of_quorum(r, len(used), quorum, info, NO_RESULT))
-        msg = AggregateResult(**core.envelope(), round=r, epoch=core.epoch, kind=result.kind,
-                              contributors=used, meta=result.meta, tensors=result.tensors)
+        msg = core.signed_result(AggregateResult(
+            **core.envelope(), round=r, epoch=core.epoch, kind=result.kind, contributors=used,
+            meta=result.meta, tensors=result.tensors), promised)
         digest = core.accept(msg)
         core.expect_acks(r, core.epoch, digest)
         yield Note("published", dict(round=r, epoch=core.epoch, contributors=len(used),

@@ -306,6 +306,9 @@ _ABSENT_AT_ZERO: dict[type, tuple[str, ...]] = {
     MESSAGE_TYPES["hello"]: ("view_from",),
     MESSAGE_TYPES["welcome"]: ("view_upto",),
     MESSAGE_TYPES["heartbeat"]: ("view",),
+    # rev. 15, where commits are certified (justified proposals)
+    MESSAGE_TYPES["knowledge"]: ("promise_sig", "proofs"),
+    MESSAGE_TYPES["aggregate"]: ("sig", "promises", "proofs"),
 }
 _HAS_TENSORS = {
     cls: any(f.name == "tensors" for f in dataclasses.fields(cls)) for cls in MESSAGE_TYPES.values()

@@ -162,6 +162,14 @@ class Knowledge(Message):
     #: proofs of equivocation the sender holds: peer -> "round:epoch:digest:sig:epoch:digest:sig"
     #: (two signed contributions of one round that differ)
     equivocations: dict[str, str] = field(default_factory=dict)
+    #: where commits are certified (rev. 15): the sender's signature over (cohort, round,
+    #: epoch, accepted_digest, accepted_epoch), its *promise* ("" unsigned; off the wire)
+    promise_sig: str = ""
+    #: the proof that the result it reports accepted was justified: "epoch:digest" ->
+    #: {"acks": {peer: sig}} (a commit's certificate) or {"by": aggregator, "sig": its
+    #: signature of the result, "promises": the promises it was chosen on}, with the
+    #: entries those promises' reports need (PROTOCOL.md, *Justified proposals*)
+    proofs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,6 +192,14 @@ class AggregateResult(_RoundResult):
     contributors and no tensors is an abstention: no result for (round, epoch)."""
 
     TYPE: ClassVar[str] = "aggregate"
+    #: where commits are certified (rev. 15): the aggregator's signature over (cohort,
+    #: round, epoch, payload digest) ("" unsigned, and for an abstention; off the wire)
+    sig: str = ""
+    #: at an epoch above 0, the quorum of promises the result was chosen on, its own
+    #: included: peer -> "epoch:accepted_epoch:accepted_digest:promise_sig"
+    promises: dict[str, str] = field(default_factory=dict)
+    #: the proofs of the reports in ``promises`` (as Knowledge's ``proofs``)
+    proofs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

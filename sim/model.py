@@ -473,8 +473,21 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 #: - ``equivocate``: from round 2 on, sends one other peer a zero version of its
 #:   contribution, signed, and the others its real one (every peer aggregating);
 #: - ``commit``: whenever elected, shows one peer a zero-model result, signed acks
-#:   it cannot get being replaced by its own and that peer's, and commits it to it.
-TWIN_KINDS = ("equivocate", "commit")
+#:   it cannot get being replaced by its own and that peer's, and commits it to it;
+#: - ``override``: whenever elected at a later epoch (a fail-over), ignores the
+#:   promises it got (each reporting the result its sender accepted at an earlier
+#:   epoch) and publishes its own aggregate, correctly signed: the honest members ack
+#:   it and it commits it with a real certificate (a review's cross-epoch attack).
+TWIN_KINDS = ("equivocate", "commit", "override")
+
+
+def install_twin_core(kind: str, core) -> None:
+    """What a twin of ``kind`` changes in its own core (both simulators call it):
+    ``override`` makes :meth:`PeerCore.proposal` always answer "publish your own",
+    whatever the promises report; the other kinds change only what is sent
+    (:func:`twin_sends`)."""
+    if kind == "override":
+        core.proposal = lambda r, promised: ("own", None, {})
 
 
 def parse_twins(texts: list[str], peers: list[str]) -> dict[str, str]:
@@ -529,6 +542,8 @@ def twin_sends(kind: str, core, victim: str | None, peer_ids: list[str], msg) ->
     digest = payload_digest(bad)
     if isinstance(bad, Knowledge):
         bad = dc.replace(bad, sig=core.sign("knowledge", bad.round, bad.epoch, digest))
+    elif bad.sig:  # (signed as its aggregator signs a result: rev. 15)
+        bad = dc.replace(bad, sig=core.sign("result", bad.round, bad.epoch, digest))
     out = [([target], bad)]
     if isinstance(bad, AggregateResult):  # a commit it can only forge
         cert = {core.id: core.sign_ack(bad.round, bad.epoch, digest)}

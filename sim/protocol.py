@@ -61,6 +61,7 @@ from hfl.sim.model import (
     NetworkFaults,
     Violation,
     draw_network,
+    install_twin_core,
     parse_seeds,
     parse_twins,
     sim_keys,
@@ -273,6 +274,8 @@ class SimPeer:
                              **({"communicate_every": sim.communicate_every}
                                 if sim.communicate_every != 1 else {})}})
         self.twin = twin  # a Byzantine twin's kind (hfl.sim.model.TWIN_KINDS), or None
+        if twin is not None:
+            install_twin_core(twin, core)
         core.open_view(address(peer_id), random.Random(f"{sc.seed}:{peer_id}:membership"))
         self.procedures = RoundProcedures(core, now=self.now, fanout=sim.fanout,
                                           plan_key=f"sim:{sc.seed}")
@@ -739,7 +742,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--byzantine", action="append", default=[], metavar="PEER:KIND",
                     help="a Byzantine twin under PEER's identity: equivocate (other knowledge "
                          "to one peer; with --mode everywhere) or commit (another result and a "
-                         "forged commit to one peer)")
+                         "forged commit to one peer) or override (ignores the promises when "
+                         "elected at a later epoch)")
     ap.add_argument("--join", choices=["greet", "lazy"], default="greet",
                     help="timing.join: greet (every member greets every other) or lazy "
                          "(members vouched for by others; with SWIM and --mode aggregator)")

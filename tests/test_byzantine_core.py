@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hfl.peer.core import PeerCore, payload_digest
+from hfl.peer.core import NO_DIGEST, PeerCore, payload_digest
 from hfl.peer.membership import Membership
 from hfl.protocol import AggregateResult, Knowledge
 
@@ -456,8 +456,18 @@ def contribution(sender: str, value: float, c: PeerCore, r: int = R, **extra) ->
                   tensors={"w": np.full(3, value, np.float32)}, **extra)
     import dataclasses
 
+    ae, ad = k.accepted_epoch, k.accepted_digest or NO_DIGEST  # its promise (rev. 15)
     return dataclasses.replace(k, sig=KEYS[sender].sign(
-        c.statement("knowledge", r, 0, payload_digest(k))).hex())
+        c.statement("knowledge", r, 0, payload_digest(k))).hex(),
+        promise_sig=KEYS[sender].sign(c.statement("promise", r, 0, ad, ae)).hex())
+
+
+def signed(res: AggregateResult, c: PeerCore) -> AggregateResult:
+    """``res`` as its aggregator signs it (rev. 15; the test holds every key)."""
+    import dataclasses
+
+    return dataclasses.replace(res, sig=KEYS[res.sender].sign(
+        c.statement("result", res.round, res.epoch, payload_digest(res))).hex())
 
 
 def report(c: PeerCore, sender: str, r: int = R + 1) -> Knowledge:
@@ -563,7 +573,8 @@ def test_results_and_commits_a_peer_could_never_use_are_not_held():
     c = signed_core("p0")
     for epoch in (-4, -1):
         assert c.admit_result(result("p2", epoch, 1.0)).code == "wrong_aggregator"
-    assert c.admit_result(result("p2", 0, 1.0)) is None  # (p2 is round 2's candidate)
+    assert c.admit_result(signed(result("p2", 0, 1.0), c)) is None  # (round 2's candidate)
+    assert c.admit_result(result("p2", 0, 1.0)).code == "unjustified_result"  # (unsigned)
     assert c.buffer.offer_result(result("p2", -4, 1.0)) is not None
     digest = "ab" * 32
     for r, epoch, d in ((R, -4, digest), (R + 10**9, 0, digest), (R - 1, 0, digest),
@@ -662,3 +673,118 @@ def test_an_id_gossip_alone_knows_cannot_make_a_member_the_aggregator_of_a_round
     decision, res, refused = p0.proposal(r, p0.promises(r))
     assert (decision, res, list(refused)) == ("own", None, ["p3"])
 
+
+
+# ------------------------------------------------------------- justified proposals
+#
+# (rev. 15) A result of an epoch above 0 carries the quorum of signed promises it was
+# chosen on, each report with its proof; a member acks it only if it is the value the
+# rule picks. Before, a malicious aggregator of epoch 1 could ignore the promises that
+# reported epoch 0's committed result and have its own committed (hfl.sim.protocol's
+# override twin; tests/test_protocol_sim.py runs it live).
+
+import dataclasses  # noqa: E402
+
+
+def promise(c: PeerCore, peer: str, epoch: int, ae: int = -1, ad: str = "", signer: str = "") -> str:
+    """``peer``'s promise for (R, epoch) reporting (ae, ad), as a result carries it."""
+    key = KEYS[signer or peer]
+    return f"{epoch}:{ae}:{ad}:" + key.sign(c.statement("promise", R, epoch, ad or NO_DIGEST, ae)).hex()
+
+
+def at_epoch(res: AggregateResult, c: PeerCore, sender: str, epoch: int, promises: dict,
+             proofs: dict) -> AggregateResult:
+    return signed(dataclasses.replace(res, sender=sender, epoch=epoch, sig="", promises=promises,
+                                      proofs=proofs), c)
+
+
+def test_a_later_epochs_result_must_be_the_value_its_signed_promises_report():
+    c = signed_core("p0")  # a member of round 2: p2 elected at epoch 0, p3 at epoch 1
+    v = signed(result("p2", 0, 1.0), c)
+    dv = payload_digest(v)
+    proof = {f"0:{dv}": {"by": "p2", "sig": v.sig}}
+    promises = {"p3": promise(c, "p3", 1), "p1": promise(c, "p1", 1, 0, dv),
+                "p0": promise(c, "p0", 1, 0, dv)}
+    w = result("p3", 1, 0.0)  # p3's own aggregate, the reports ignored
+
+    def refused(res):
+        drop = c.admit_result(res)
+        assert drop is not None and drop.code == "unjustified_result", drop
+        return drop.reason
+
+    assert "report " + dv[:16] in refused(at_epoch(w, c, "p3", 1, promises, proof))
+    assert c.admit_result(at_epoch(v, c, "p3", 1, promises, proof)) is None  # v again: taken
+    # Reports that name nothing: any value (nothing was accepted, nothing can be lost).
+    empty = {p: promise(c, p, 1) for p in ("p3", "p1", "p0")}
+    assert c.admit_result(at_epoch(w, c, "p3", 1, empty, {})) is None
+    # What a proposal cannot leave out or make up:
+    two = {p: promises[p] for p in ("p3", "p1")}
+    assert "2 promise(s) of the 3" in refused(at_epoch(w, c, "p3", 1, two, proof))
+    forged = {**empty, "p1": promise(c, "p1", 1, signer="p3")}  # p3 signing in p1's name
+    assert "does not check" in refused(at_epoch(w, c, "p3", 1, forged, {}))
+    older = {**empty, "p1": promise(c, "p1", 0)}  # a promise for epoch 0 binds nothing at 1
+    assert "below 1" in refused(at_epoch(w, c, "p3", 1, older, {}))
+    assert "no proof" in refused(at_epoch(v, c, "p3", 1, promises, {}))
+    unsigned = {f"0:{dv}": {"by": "p2", "sig": KEYS["p3"].sign(b"x").hex()}}
+    assert "not signed by" in refused(at_epoch(v, c, "p3", 1, promises, unsigned))
+    # A commit's certificate proves a report too: f + 1 = 2 signed acks hold an honest one.
+    acks = {p: sig(p, c, R, 0, dv) for p in ("p1", "p2")}
+    assert c.admit_result(at_epoch(v, c, "p3", 1, promises, {f"0:{dv}": {"acks": acks}})) is None
+    one = {f"0:{dv}": {"acks": {"p1": acks["p1"]}}}
+    assert "fewer than 2 signed acks" in refused(at_epoch(v, c, "p3", 1, promises, one))
+    # A result of epoch 0 needs only its aggregator's signature.
+    assert "signature of it" in refused(dataclasses.replace(v, sig=""))
+
+
+def test_a_proof_that_refers_to_itself_or_carries_too_much_is_refused():
+    c = signed_core("p0")
+    c.round = R
+    x = result("p0", 2, 0.5)  # an epoch-2 value whose "proof" reports itself
+    dx = payload_digest(x)
+    loop = {p: promise(c, p, 2, 2, dx) for p in ("p1", "p2", "p3")}
+    xsig = KEYS["p0"].sign(c.statement("result", R, 2, dx)).hex()
+    proofs = {f"2:{dx}": {"by": "p0", "sig": xsig, "promises": loop}}
+    y = at_epoch(result("p1", 3, 0.1), c, "p1", 3, {p: promise(c, p, 3, 2, dx) for p in IDS}, proofs)
+    assert "refers to itself" in c.unjustified_result(y)
+    many = {f"0:{i:064x}": {"acks": {}} for i in range(PeerCore.PROOFS_MAX + 1)}
+    big = at_epoch(result("p1", 3, 0.1), c, "p1", 3, {p: promise(c, p, 3) for p in IDS}, many)
+    assert "proofs (at most" in c.unjustified_result(big)
+
+
+def knowledge_at(c: PeerCore, sender: str, epoch: int, ae: int = -1, ad: str = "",
+                 proofs: dict | None = None) -> Knowledge:
+    """``sender``'s signed contribution to (R, epoch), promising and reporting (ae, ad)."""
+    k = Knowledge(sender=sender, incarnation=0, round=R, kind="weights", epoch=epoch,
+                  accepted_epoch=ae, accepted_digest=ad, tensors={"w": np.ones(3, np.float32)},
+                  proofs=proofs or {})
+    return dataclasses.replace(
+        k, sig=KEYS[sender].sign(c.statement("knowledge", R, epoch, payload_digest(k))).hex(),
+        promise_sig=promise(c, sender, epoch, ae, ad).rsplit(":", 1)[1])
+
+
+def test_the_aggregator_publishes_what_the_proven_reports_pick_and_members_take_it():
+    agg, member = signed_core("p3"), signed_core("p0")
+    agg.epoch = member.epoch = 1
+    v = signed(result("p2", 0, 1.0), agg)
+    dv = payload_digest(v)
+    assert agg.admit_result(v) is None and agg.buffer.offer_result(v) is None  # a copy of v
+    proof = {f"0:{dv}": {"by": "p2", "sig": v.sig}}
+    x = signed(result("p1", 0, 0.0), agg)  # p1's own "epoch-0 result", signed by p1
+    liar = {f"0:{payload_digest(x)}": {"by": "p1", "sig": x.sig}}
+    promised = hold(agg, knowledge_at(agg, "p0", 1, 0, dv, proof), knowledge_at(agg, "p1", 1),
+                    knowledge_at(agg, "p2", 1, 0, payload_digest(x), liar))
+    decision, res, refused = agg.proposal(R, promised)
+    # p2's report of a result p1 signed (p1 is not elected at epoch 0) would have made p3
+    # abstain (two values at epoch 0): left out, and v is published again.
+    assert (decision, res, list(refused)) == ("repeat", v, ["p2"])
+    assert "does not elect" in refused["p2"]
+    del promised["p2"]
+    again = agg.signed_result(dataclasses.replace(v, sender="p3", epoch=1, sig=""), promised)
+    assert set(again.promises) == {"p3", "p0", "p1"} and set(again.proofs) == {f"0:{dv}"}
+    assert member.admit_result(again) is None
+    # The same aggregator ignoring the promises (the override twin): members refuse it.
+    own = agg.signed_result(dataclasses.replace(result("p3", 1, 0.0), sig=""), promised)
+    assert member.admit_result(own).code == "unjustified_result"
+    # And a promise not signed by its sender is left out by the aggregator.
+    bad = dataclasses.replace(knowledge_at(agg, "p1", 1), promise_sig="")
+    assert "not signed" in agg.unproven_promise(bad)
