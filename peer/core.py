@@ -1238,6 +1238,11 @@ class PeerCore:
                         f"accepted a result of the later epoch {msg.accepted_epoch}: a lie (a peer "
                         "only contributes to the epoch of a result it accepted or a later one); "
                         f"dropped, naming {msg.sender}")
+        if not report_well_formed(msg.accepted_epoch, msg.accepted_digest):
+            return Drop("rejected_knowledge",
+                        f"{msg.sender}'s knowledge for round {msg.round} reports accepted epoch "
+                        f"{msg.accepted_epoch} with digest {clip(msg.accepted_digest, 70)!r}: not "
+                        "-1 with none, nor an epoch with a payload digest (64 hex digits)")
         if msg.sender in self.equivocators:
             return Drop("equivocator", f"knowledge for round {msg.round} from {msg.sender}, which "
                                        "signed two versions of one round's contribution")
@@ -1448,13 +1453,17 @@ class PeerCore:
             return {key: {"acks": dict(cert[1])}}
         if not res.sig:
             return {}
-        return {**res.proofs, key: {"by": res.sender, "sig": res.sig, "promises": dict(res.promises)}}
+        table = {**res.proofs, key: {"by": res.sender, "sig": res.sig, "promises": dict(res.promises)}}
+        memo: dict[str, str | None] = {}  # (only what its key uses: at most PROOFS_MAX)
+        self._unproven(r, res.epoch, digest, table, memo, set())
+        return {k: table[k] for k, why in memo.items() if why is None and k in table}
 
     def unproven_promise(self, k: Knowledge) -> str | None:
         """Why ``k``'s promise does not count at this aggregator (None: it does): not
-        signed by its sender, or its report without a proof (:meth:`_unproven`), or
-        proven by a result whose signer the rotation does not elect for that epoch (a
-        member's own signed result, reported to make every later epoch abstain)."""
+        signed by its sender, or its report without a proof (:meth:`_unproven`). (Not
+        whether the rotation elects the signer of the reported result: views differ,
+        and such a check named honest members liars, 5 promises in 1,000 seeds of
+        hfl.sim.protocol --peers 4 --signed --buggify.)"""
         r, ae, ad = k.round, k.accepted_epoch, k.accepted_digest
         if not self.signed_by(k.sender, "promise", r, k.epoch, ad or NO_DIGEST,
                               k.promise_sig, ae):
@@ -1465,10 +1474,6 @@ class PeerCore:
             return f"{k.sender}'s report carries {len(k.proofs)} proofs (at most {self.PROOFS_MAX})"
         if (why := self._unproven(r, ae, ad, k.proofs, {}, set())) is not None:
             return f"{k.sender} reports a result of round {r} epoch {ae}: {why}"
-        by = k.proofs[f"{ae}:{ad}"].get("by")
-        if by is not None and by not in self.aggregators_for(r, ae):
-            return (f"{k.sender} reports a result of round {r} epoch {ae} signed by "
-                    f"{clip(by, 40)}, which the rotation does not elect there")
         return None
 
     def unjustified_result(self, msg: AggregateResult) -> str | None:
@@ -1514,6 +1519,8 @@ class PeerCore:
             if pe is None or ae is None:
                 return f"{clip(peer, 40)}'s promise is malformed"
             ad, sig = parts[2], parts[3]
+            if not report_well_formed(ae, ad) or ae > pe:
+                return f"{clip(peer, 40)}'s promise is malformed"
             if pe < epoch:
                 return f"{clip(peer, 40)} promised epoch {pe}, below {epoch}"
             if not self.signed_by(peer, "promise", r, pe, ad or NO_DIGEST, sig, ae):
@@ -1542,26 +1549,34 @@ class PeerCore:
             return memo[key]
         if key in stack:
             return f"the proof of epoch {ae} ({ad[:16]}) refers to itself"
-        proof = proofs.get(key)
+        form = proof_form(proofs.get(key))
         why = None
-        if not isinstance(proof, dict):
-            why = f"no proof of epoch {ae} ({ad[:16]})"
-        elif "acks" in proof:
-            acks = proof["acks"]
-            acks = {p: a for p, a in acks.items() if isinstance(a, str)} if isinstance(acks, dict) else {}
-            if len(self.verified_signers(r, ae, ad, acks)) <= self.byzantine:
+        if form is None:
+            why = f"no proof of epoch {ae} ({ad[:16]}), or one of another form"
+        elif form[0] == "acks":
+            if not self.enough_acks(r, ae, ad, form[1]):
                 why = f"fewer than {self.byzantine + 1} signed acks of epoch {ae} ({ad[:16]})"
         else:
-            by, sig = proof.get("by"), proof.get("sig")
-            if not (isinstance(by, str) and isinstance(sig, str)
-                    and self.signed_by(by, "result", r, ae, ad, sig)):
+            _, by, sig, promises = form
+            if not self.signed_by(by, "result", r, ae, ad, sig):
                 why = f"the result of epoch {ae} ({ad[:16]}) is not signed by the aggregator it names"
             elif ae > 0:
                 stack.add(key)
-                why = self._unjustified(r, ae, ad, proof.get("promises"), proofs, memo, stack)
+                why = self._unjustified(r, ae, ad, promises, proofs, memo, stack)
                 stack.discard(key)
         memo[key] = why
         return why
+
+    def enough_acks(self, r: int, epoch: int, digest: str, acks: dict[str, str]) -> bool:
+        """``acks`` holds f + 1 signed acks of (r, epoch, digest): one is honest. Checked
+        until there are (an entry that does not check costs one verification, at most
+        one per allow-listed member)."""
+        good = 0
+        for p, sig in sorted(acks.items()):
+            good += self.ack_signed_by(p, r, epoch, digest, sig)
+            if good > self.byzantine:
+                return True
+        return False
 
     def justification(self, r: int, promised: dict[str, Knowledge]) -> dict[str, Any]:
         """What this aggregator's result of (r, its epoch) carries where commits are
@@ -2381,6 +2396,35 @@ def _ed25519() -> tuple[type, type]:
 
 #: the digest a promise signs where it reports no accepted result
 NO_DIGEST = "0" * 64
+_HEX = frozenset("0123456789abcdef")
+
+
+def report_well_formed(accepted_epoch: int, accepted_digest: str) -> bool:
+    """A promise's report as an honest peer writes it: none (-1, "") or an epoch and a
+    payload digest (64 lowercase hex digits)."""
+    if accepted_epoch == -1:
+        return accepted_digest == ""
+    return (accepted_epoch >= 0 and len(accepted_digest) == 64
+            and set(accepted_digest) <= _HEX)
+
+
+def proof_form(proof: Any) -> tuple | None:
+    """A report's proof as the wire may carry it (any plain data): ``("acks", {peer:
+    sig})``, ``("result", by, sig, promises)``, or None for anything else (a proof
+    with both forms' fields, or a field of another type, is no proof: a ``by`` that
+    was a list raised at the aggregator, a review)."""
+    if not isinstance(proof, dict):
+        return None
+    if proof.keys() == {"acks"}:
+        acks = proof["acks"]
+        if isinstance(acks, dict) and all(isinstance(v, str) for v in acks.values()):
+            return ("acks", acks)
+        return None
+    by, sig, promises = proof.get("by"), proof.get("sig"), proof.get("promises", {})
+    if (proof.keys() <= {"by", "sig", "promises"} and isinstance(by, str)
+            and isinstance(sig, str) and isinstance(promises, dict)):
+        return ("result", by, sig, promises)
+    return None
 
 
 def payload_digest(payload: Any) -> str:

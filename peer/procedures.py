@@ -916,6 +916,15 @@ class RoundProcedures:
         msg = core.signed_result(AggregateResult(
             **core.envelope(), round=r, epoch=core.epoch, kind=result.kind, contributors=used,
             meta=result.meta, tensors=result.tensors), promised)
+        if core.epoch > 0 and core.certifying and (why := core.unjustified_result(msg)):
+            # (each promise and proof was checked as it came: this is a bug, or a view that
+            # changed meanwhile; every member would refuse it, so it is not sent)
+            yield self.say(WARNING, "round %d: this peer's own result of epoch %d would be "
+                           "refused: %s; abstaining", r, core.epoch, why)
+            yield Broadcast(tuple(mem.live_peers()), AggregateResult(
+                **core.envelope(), round=r, epoch=core.epoch, kind="none"))
+            info.update(aggregator=None, abstained=True)
+            return {}
         digest = core.accept(msg)
         core.expect_acks(r, core.epoch, digest)
         yield Note("published", dict(round=r, epoch=core.epoch, contributors=len(used),

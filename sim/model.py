@@ -484,10 +484,13 @@ TWIN_KINDS = ("equivocate", "commit", "override")
 def install_twin_core(kind: str, core) -> None:
     """What a twin of ``kind`` changes in its own core (both simulators call it):
     ``override`` makes :meth:`PeerCore.proposal` always answer "publish your own",
-    whatever the promises report; the other kinds change only what is sent
+    whatever the promises report, and publishes it unchecked; the other kinds change only what is sent
     (:func:`twin_sends`)."""
     if kind == "override":
         core.proposal = lambda r, promised: ("own", None, {})
+        # (and publishes it: the honest aggregator's check of its own result, which
+        # would abstain instead, is not in a twin's code)
+        core.unjustified_result = lambda msg: None
 
 
 def parse_twins(texts: list[str], peers: list[str]) -> dict[str, str]:

@@ -587,6 +587,24 @@ def test_the_lazy_join_fields_stay_off_the_wire_at_0_and_round_trip_otherwise() 
         assert header["body"][name] == 7 and decode(encode(lazy)) == lazy
 
 
+def test_the_justification_fields_stay_off_the_wire_when_empty_and_round_trip_nested() -> None:
+    # rev. 15: knowledge promise_sig/proofs, aggregate sig/promises/proofs (PROTOCOL.md,
+    # *Justified proposals*): an unsigned cohort sends exactly the bytes it sent before,
+    # and a fail-over's proofs (maps of maps) come back as they went.
+    sig, digest = "ab" * 64, "cd" * 32
+    proofs = {f"0:{digest}": {"by": "p2", "sig": sig},
+              f"1:{digest}": {"acks": {"p0": sig, "p1": sig}},
+              f"2:{digest}": {"by": "p3", "sig": sig, "promises": {"p0": f"2:1:{digest}:{sig}"}}}
+    env = dict(sender="p1", incarnation=0, round=4, kind="weights")
+    for msg, fields in ((Knowledge(**env, epoch=3), dict(promise_sig=sig, proofs=proofs)),
+                        (AggregateResult(**env, epoch=3), dict(sig=sig, proofs=proofs, promises={
+                            "p0": f"3:2:{digest}:{sig}", "p1": f"3:-1::{sig}"}))):
+        header = msgpack.unpackb(bytes(encode(msg)[0]), raw=False)
+        assert not set(fields) & set(header["body"]), header["body"]
+        full = dataclasses.replace(msg, **fields)
+        assert decode(encode(full)) == full
+
+
 def test_a_member_record_vouched_is_0_or_1() -> None:
     member = {"peer_id": "p", "address": "a", "incarnation": 0, "vouched": 2}
     err = rejects(frames_with(heartbeat_header(type="gossip", body={"members": [member]})),
