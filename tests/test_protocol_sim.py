@@ -299,31 +299,38 @@ def test_an_aggregator_short_of_contributions_takes_the_result_the_others_commit
     assert not res.violations, [str(v) for v in res.violations]
 
 
-def test_a_later_epochs_aggregator_that_ignores_the_promises_commits_nothing_else():
-    # 4 peers, signed; p3 a twin that, elected at a later epoch, publishes its own
-    # aggregate whatever the promises report (an attack review, 2026-11-28). p2 commits
-    # round 2 at epoch 0 and absorbs it; its commit, and all it sends after, never reach
-    # the others, which fail over to epoch 1, where p3 is the candidate. Before, p0 and
-    # p1 acked p3's result and absorbed it while p2 had absorbed another (*agreement*).
-    # Now a result of epoch 1 carries the signed promises it was chosen on (p0 and p1
-    # report p2's result) and theirs refuse p3's; an honest p3 publishes p2's again.
+@pytest.mark.parametrize(("n", "r"), [(4, 2), (5, 3), (7, 5)])
+def test_a_later_epochs_aggregator_that_ignores_the_promises_commits_nothing_else(n, r):
+    # Signed; the candidate of round r's epoch 1 is a twin that, elected at a later
+    # epoch, publishes its own aggregate whatever the promises report (an attack review,
+    # 2026-11-28). Round r's epoch-0 aggregator commits and absorbs its result; its
+    # commit, and all it sends after, never reach the others, which fail over to the
+    # twin. Before, they acked the twin's result and absorbed it while the aggregator
+    # held another (*agreement*; in each of these cases, and (4, 3), (4, 5), (5, 2),
+    # (5, 5), (7, 2), (7, 3)). Now a result of epoch 1 carries the signed promises it
+    # was chosen on (they report the epoch-0 result), and theirs refuse the twin's; an
+    # honest candidate publishes the epoch-0 result again.
+    agg, twin = f"p{r % n}", f"p{(r + 1) % n}"
+    others = tuple(f"p{i}" for i in range(n) if f"p{i}" != agg)
+
     def run(byzantine, at=None):
-        faults = [] if at is None else [ProtocolFault(at, "oneway", ("p2",), 3.0,
-                                                      to=("p0", "p1", "p3"))]
-        sim = ProtocolSim(0, peers=4, scenario=scenario(faults, peers=4), signed=True,
+        faults = [] if at is None else [ProtocolFault(at, "oneway", (agg,), 3.0, to=others)]
+        sim = ProtocolSim(0, peers=n, scenario=scenario(faults, peers=n), signed=True,
                           byzantine=byzantine)
         return sim, sim.run()
 
     sim, _ = run([])
     (at,) = [e["t"] for e in sim.checker.events
-             if e["event"] == "committed" and e["round"] == 2 and e["peer"] == "p2"]
-    sim, res = run(["p3:override"], at)
-    assert not res.violations, [str(v) for v in res.violations]
-    assert all(sim.peers[p].dropped["unjustified_result"] >= 1 for p in ("p0", "p1"))
+             if e["event"] == "committed" and e["round"] == r and e["peer"] == agg]
+    sim, res = run([f"{twin}:override"], at)
+    assert not res.violations and res.rounds_without_result == [], (
+        [str(v) for v in res.violations], res.rounds_without_result)
+    assert all(sim.peers[p].dropped["unjustified_result"] >= 1 for p in others if p != twin)
     sim, res = run([], at)
     absorbed = {e["peer"]: (e["epoch"], e["digest"]) for e in sim.checker.events
-                if e["event"] == "absorbed" and e["round"] == 2}
-    assert not res.violations and absorbed["p0"] == absorbed["p1"] == (1, absorbed["p2"][1])
+                if e["event"] == "absorbed" and e["round"] == r}
+    assert not res.violations
+    assert {absorbed[p] for p in others} == {(1, absorbed[agg][1])}
 
 
 def test_a_late_joiner_whose_view_differs_takes_a_relayed_result():
