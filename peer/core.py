@@ -1385,7 +1385,9 @@ class PeerCore:
         for p, k in promised.items():
             e = k.accepted_epoch
             if self.certifying:  # signed promises and proven reports, at any epoch
-                if (why := self.unproven_promise(k)) is not None:
+                # (at epoch 0 a promise goes into no result: one without a report needs no
+                # signature, so a member of rev. 14 still contributes, a review)
+                if (e >= 0 or self.epoch > 0) and (why := self.unproven_promise(k)) is not None:
                     refused[p] = why
                 elif e >= 0:
                     reports.append((e, k.accepted_digest))
@@ -1454,9 +1456,20 @@ class PeerCore:
         if not res.sig:
             return {}
         table = {**res.proofs, key: {"by": res.sender, "sig": res.sig, "promises": dict(res.promises)}}
-        memo: dict[str, str | None] = {}  # (only what its key uses: at most PROOFS_MAX)
-        self._unproven(r, res.epoch, digest, table, memo, set())
-        return {k: table[k] for k, why in memo.items() if why is None and k in table}
+        # Only what its key refers to (at most PROOFS_MAX), as it was checked on arrival:
+        # checked again against this peer's quorum of now, a view grown since dropped
+        # entries, and the aggregator refused an honest member's promise (a review).
+        used, todo = {}, [key]
+        while todo:
+            k = todo.pop()
+            form = proof_form(table.get(k))
+            if k in used or form is None:
+                continue
+            used[k] = table[k]
+            if form[0] == "result":
+                todo += [f"{t.split(':')[1]}:{t.split(':')[2]}" for t in form[3].values()
+                         if isinstance(t, str) and t.count(":") == 3]
+        return used
 
     def unproven_promise(self, k: Knowledge) -> str | None:
         """Why ``k``'s promise does not count at this aggregator (None: it does): not
@@ -1480,6 +1493,11 @@ class PeerCore:
         """Why a member may not accept ``msg`` (None: it may), where commits are
         certified: not signed by its aggregator, or, at an epoch above 0, not the value
         its quorum of signed promises picks (:meth:`_unjustified`)."""
+        if msg.epoch == 0 and not msg.sig:
+            # (nothing was accepted before epoch 0, and only a later proof of it needs the
+            # signature: a rev. 14 aggregator's result is taken, a review; a member that
+            # accepted it proves it by its commit's certificate, if it got it)
+            return None
         digest = payload_digest(msg)
         if not self.signed_by(msg.sender, "result", msg.round, msg.epoch, digest, msg.sig):
             return "its aggregator's signature of it does not check"
@@ -1583,6 +1601,8 @@ class PeerCore:
         certified: its signature fields' ``promises`` (its own and the promisers') and
         the proofs their reports use, each checked (:meth:`unproven_promise` refused
         the others: a promiser's bad entry must not stand in for a good one)."""
+        if self.epoch == 0:
+            return {}  # (nothing to justify at epoch 0)
         promises = {self.id: self.promise_text(r)}
         proofs: dict[str, Any] = {}
         for p, k in [(self.id, None), *sorted(promised.items())]:
@@ -1598,7 +1618,7 @@ class PeerCore:
             for key, why in memo.items():
                 if why is None and key in table:
                     proofs.setdefault(key, table[key])
-        return {"promises": promises, "proofs": proofs} if self.epoch > 0 else {}
+        return {"promises": promises, "proofs": proofs}
 
     def asks_again(self, msg: Heartbeat, sent_to: frozenset[str], knowledge: Knowledge) -> bool:
         """``msg`` (a heartbeat with ``awaiting``) is from a peer this peer sent

@@ -862,7 +862,9 @@ class RoundProcedures:
         promised = core.promises(r)
         decision, earlier, refused = core.proposal(r, promised)
         for liar, why in refused.items():
-            yield Dropped("lying_claim", f"round {r}: left out {liar}'s contribution: {why}")
+            # (with signing keys: a promise not signed, or a report without its proof)
+            yield Dropped("unproven_promise" if core.certifying else "lying_claim",
+                          f"round {r}: left out {liar}'s contribution: {why}")
             del promised[liar]
         quorum = core.quorum()
         yield CrashPoint(r, ("serve",))

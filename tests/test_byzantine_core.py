@@ -575,7 +575,8 @@ def test_results_and_commits_a_peer_could_never_use_are_not_held():
     for epoch in (-4, -1):
         assert c.admit_result(result("p2", epoch, 1.0)).code == "wrong_aggregator"
     assert c.admit_result(signed(result("p2", 0, 1.0), c)) is None  # (round 2's candidate)
-    assert c.admit_result(result("p2", 0, 1.0)).code == "unjustified_result"  # (unsigned)
+    forged = dataclasses.replace(result("p2", 0, 1.0), sig=KEYS["p3"].sign(b"x").hex())
+    assert c.admit_result(forged).code == "unjustified_result"  # (a signature not p2's)
     assert c.buffer.offer_result(result("p2", -4, 1.0)) is not None
     digest = "ab" * 32
     for r, epoch, d in ((R, -4, digest), (R + 10**9, 0, digest), (R - 1, 0, digest),
@@ -733,8 +734,12 @@ def test_a_later_epochs_result_must_be_the_value_its_signed_promises_report():
     assert c.admit_result(at_epoch(v, c, "p3", 1, promises, {f"0:{dv}": {"acks": acks}})) is None
     one = {f"0:{dv}": {"acks": {"p1": acks["p1"]}}}
     assert "fewer than 2 signed acks" in refused(at_epoch(v, c, "p3", 1, promises, one))
-    # A result of epoch 0 needs only its aggregator's signature.
-    assert "signature of it" in refused(dataclasses.replace(v, sig=""))
+    # A result of epoch 0 needs only its aggregator's signature, one that checks; without
+    # one (a rev. 14 aggregator) it is taken, and above epoch 0 it is not.
+    assert "signature of it" in refused(dataclasses.replace(v, sig=KEYS["p3"].sign(b"x").hex()))
+    assert c.admit_result(dataclasses.replace(v, sig="")) is None
+    assert "signature of it" in refused(dataclasses.replace(at_epoch(v, c, "p3", 1, promises, proof),
+                                                            sig=""))
 
 
 def test_a_proof_that_refers_to_itself_or_carries_too_much_is_refused():
@@ -810,3 +815,28 @@ def test_a_malformed_report_or_proof_is_refused_and_raises_nothing():
         k = dataclasses.replace(knowledge_at(agg, "p0", 1), accepted_epoch=ae, accepted_digest=ad)
         drop = agg.admit_knowledge(k)
         assert drop is not None and drop.code == "rejected_knowledge", (ae, ad, drop)
+
+
+def test_a_rev14_member_still_contributes_at_epoch_0_and_a_grown_view_keeps_a_proof():
+    # A review's finds: every contribution of a rev. 14 member (no promise signature)
+    # was refused as a lie, even at epoch 0 where no promise goes into a result; and a
+    # member whose view grew after it accepted a fail-over's result dropped that
+    # result's proof (checked again against its new quorum), so its next promise was
+    # refused and it was named a liar.
+    agg = signed_core("p2")
+    old = dataclasses.replace(knowledge_at(agg, "p0", 0), promise_sig="")
+    promised = hold(agg, old, knowledge_at(agg, "p1", 0))
+    assert agg.proposal(R, promised) == ("own", None, {})
+    agg.epoch = 1  # at a later epoch its promise goes into the result: it must be signed
+    assert "not signed" in agg.proposal(R, promised)[2]["p0"]
+    member = signed_core("p0")
+    v = signed(result("p2", 0, 1.0), member)
+    dv = payload_digest(v)
+    promises = {p: promise(member, p, 1, 0, dv) for p in ("p3", "p1", "p0")}
+    w = at_epoch(v, member, "p3", 1, promises, {f"0:{dv}": {"by": "p2", "sig": v.sig}})
+    assert member.admit_result(w) is None
+    member.accept(w)
+    proofs = member.accepted_proofs(R)
+    assert set(proofs) == {f"1:{dv}", f"0:{dv}"}
+    member.membership.heard_from("p4", 0, 0.0, address="mem://p4", round=R)
+    assert member.quorum() == 4 and member.accepted_proofs(R) == proofs
