@@ -586,6 +586,63 @@ def test_an_aggregator_cannot_commit_a_result_it_showed_one_peer_only(tmp_path, 
     assert_same_model(recs[rounds])
 
 
+def test_a_later_epochs_aggregator_cannot_certify_another_value_than_the_committed_one(tmp_path):
+    # The review's cross-epoch attack over the real runtime (in-process nodes, the real
+    # codec, signing keys): p2, round 2's aggregator, commits its result and absorbs it;
+    # its commit, and all it sends after, are lost until the others are past round 2,
+    # so they fail over to epoch 1, where p3 is elected, and p3 runs the simulator's
+    # override twin (it publishes its own aggregate whatever the promises report).
+    # Before protocol 5 rev. 15, p0 and p1 acked it, p3 committed it, and they absorbed
+    # another round-2 model than p2's. Now p3's result carries the promises it was
+    # chosen on (p0 and p1 report p2's result), p0 and p1 refuse it, and the round ends
+    # with p2's result published again: the one value of round 2 everywhere.
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from hfl.sim.model import install_twin_core
+
+    n, rounds, r = 4, 3, 2
+    order = [f"p{i}" for i in range(n)]
+    keys = {p: Ed25519PrivateKey.generate() for p in order}
+    verify = {p: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for p, k in keys.items()}
+    watch, hub, nodes, gate = gated_cohort(
+        cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "aggregator", "run": 7}),
+        [], {p: (keys[p].sign, verify) for p in order})
+    p0, p1, p2, p3 = nodes
+    install_twin_core("override", p3.core)
+    cut = {"on": False, "healed": False}
+    transport = p2.transport
+    send, send_now = transport.send, transport.send_now
+
+    def lost() -> bool:  # from p2's commit of round 2 until the conductor heals it
+        if not cut["healed"] and any(c[0] == r for c in p2.core.commits):
+            cut["on"] = True
+        return cut["on"]
+
+    async def cut_send(address, frames, timeout_s, peer_id=None):
+        return False if lost() else await send(address, frames, timeout_s, peer_id=peer_id)
+
+    transport.send = cut_send
+    transport.send_now = lambda address, frames, peer_id=None: (
+        False if lost() else send_now(address, frames, peer_id=peer_id))
+
+    async def conduct():
+        await until(lambda: cut["on"] and all(
+            p.dropped["unjustified_result"] > 0 or p.round > r for p in (p0, p1)),
+                    "p0 and p1 refusing p3's result (or past round 2)")
+        cut.update(on=False, healed=True)
+
+    results = run_conducted(nodes, gate, conduct)
+    recs = by_round(results)
+    assert_completed(results, rounds)
+    # p0 and p1 take p2's committed result once p2 is heard again (it sends it, with its
+    # commit, to members whose heartbeats show them still waiting in the round).
+    for p in ("p0", "p1", "p2"):
+        assert recs[r][p]["aggregator"] == "p2" and recs[r][p]["learned_from"] == 3, recs[r][p]
+    assert_same_model({p: recs[r][p] for p in ("p0", "p1", "p2")})
+    assert all(results[p].dropped.get("unjustified_result", 0) > 0 for p in ("p0", "p1"))
+
+
 def test_a_member_that_sends_peers_different_contributions_is_named_and_left_out(tmp_path, caplog):
     # Issue 35, item 5: with every peer aggregating (the default), p3 sends p0 a zero
     # model and the others its real weights, every round from round 2. Before, the peers
