@@ -227,6 +227,9 @@ class PeerCore:
         self.relayed_to: set[str] = set()  # members it was relayed to (once each)
         self.relayed_by: dict[int, str] = {}  # round -> the member that relayed its result to us
         self.relays_taken: set[tuple[str, int]] = set()  # (relayer, round): one handled each
+        #: (round, epoch, aggregator) whose result was refused as unjustified (rev. 15): a
+        #: proven fault, which a waiting member fails over from (stop_waiting_for)
+        self.refused_results: set[tuple[int, int, str]] = set()
         # Rounds up to this one were entered by an earlier life of this peer, which may
         # have acked a result there; restarted, it forgot what: it sits them out (no
         # contribution, no ack), as an acceptor that crashed for good would.
@@ -800,6 +803,12 @@ class PeerCore:
                                    reason))
         elif isinstance(msg, AggregateResult):
             drop = self.admit_result(msg)
+            if drop is not None and drop.code == "unjustified_result":
+                # (from the elected sender, checked before: a proven fault, failed over
+                # from as from a dead one; waited out, the round went without a result
+                # for every honest peer, hfl.sim.protocol, an override twin, 5 peers)
+                self.refused_results.add((msg.round, msg.epoch, msg.sender))
+                return [*out, Dropped(drop.code, drop.reason), WAKE]
             if drop is not None:
                 return [*out, Dropped(drop.code, drop.reason)]
             self.late_aggregators.discard(msg.sender)
@@ -2115,6 +2124,7 @@ class PeerCore:
         self.certificates = {k: v for k, v in self.certificates.items() if k[0] >= r}
         self.relayed_by = {k: v for k, v in self.relayed_by.items() if k >= r}
         self.relays_taken = {k for k in self.relays_taken if k[1] >= r}
+        self.refused_results = {k for k in self.refused_results if k[0] >= r}
         self.accepted = {k: v for k, v in self.accepted.items() if k >= r}
         self.acks = {k: v for k, v in self.acks.items() if k[0] >= r}
         self.ack_sigs = {k: v for k, v in self.ack_sigs.items() if k[0] >= r}
@@ -2295,11 +2305,13 @@ class PeerCore:
     def stop_waiting_for(self, aggregator: str, r: int, resend: bool) -> bool:
         """Whether a peer waiting for ``aggregator``'s round-r result stops waiting:
         a usable result arrived, the aggregator is dead, the cohort is past r, the
-        aggregator waits at an earlier epoch, or (``resend``) an aggregator that was
-        behind has reached r and should get our knowledge again."""
+        aggregator waits at an earlier epoch or sent a result refused as unjustified
+        (rev. 15), or (``resend``) an aggregator that was behind has reached r and should
+        get our knowledge again."""
         return (self.usable_result(r) is not None or not self.membership.is_live(aggregator)
                 or self.sits_out(aggregator, r) or self.moved_on(r, aggregator)
                 or self.aggregator_waits_elsewhere(aggregator, r)
+                or (r, self.epoch, aggregator) in self.refused_results
                 or (resend and not self.behind(aggregator, r)))
 
     def past_round(self, aggregator: str) -> int:
@@ -2341,6 +2353,8 @@ class PeerCore:
             return "sits the round out (restarted into it)"
         if self.aggregator_waits_elsewhere(aggregator, r):
             return "waits at an earlier epoch"
+        if (r, self.epoch, aggregator) in self.refused_results:
+            return "sent a result its promises do not justify (unjustified_result)"
         return "missed its deadline"
 
     def catch_up(self, last: int) -> int:

@@ -333,6 +333,27 @@ def test_a_later_epochs_aggregator_that_ignores_the_promises_commits_nothing_els
     assert {absorbed[p] for p in others} == {(1, absorbed[agg][1])}
 
 
+def test_members_fail_over_from_an_aggregator_whose_result_is_unjustified():
+    # 7 peers, signed: p2, round 2's aggregator, is lost for good once it decided to
+    # commit (nobody told); the others fail over to epoch 1, where the override twin p3
+    # publishes its own aggregate. Refused, it was waited out as a live aggregator's, and
+    # round 2 went without a result for every honest peer. A refused result is a proven
+    # fault: they fail over again, and epoch 2's p4 publishes p2's result again, the value
+    # an honest p3 publishes at epoch 1.
+    def absorbed(byzantine):
+        faults = [ProtocolFault(0.5, "lost", ("p2",), phase="commit")]
+        sim = ProtocolSim(0, peers=7, scenario=scenario(faults, peers=7), signed=True,
+                          byzantine=byzantine)
+        res = sim.run()
+        assert not res.violations, [str(v) for v in res.violations]
+        return {e["peer"]: (e["epoch"], e["digest"]) for e in sim.checker.events
+                if e["event"] == "absorbed" and e["round"] == 2}
+
+    honest = absorbed([])
+    (value,) = {d for _, d in honest.values()}
+    assert absorbed(["p3:override"]) == {p: (2, value) for p in ("p0", "p1", "p4", "p5", "p6")}
+
+
 def test_a_late_joiner_whose_view_differs_takes_a_relayed_result():
     # 6 peers, signed, lazy join, buggify, seed 23: a member whose rotation order
     # differed from its aggregator's refused the aggregator's result, and then the relay
