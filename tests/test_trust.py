@@ -524,6 +524,20 @@ def test_a_member_cannot_take_the_model_or_the_round_by_claiming_it_accepted_a_r
         assert "p3" in said and ("lie" in said or "never published" in said), said
 
 
+def signed_gated_cohort(tmp_path, order, rounds, held, signed):
+    """(signing keys, gated_cohort(...)): an aggregator cohort of ``order`` with a run id,
+    each member with an Ed25519 key pair where ``signed`` (a signed cohort without CURVE)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    keys = {p: Ed25519PrivateKey.generate() for p in order}
+    verify = {p: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for p, k in keys.items()}
+    return keys, gated_cohort(
+        cohort_cfgs(tmp_path, len(order), rounds=rounds,
+                    cohort={"aggregate_at": "aggregator", "run": 7}),
+        held, {p: (keys[p].sign, verify) for p in order} if signed else None)
+
+
 @pytest.mark.parametrize("signed", [True, False])
 def test_an_aggregator_cannot_commit_a_result_it_showed_one_peer_only(tmp_path, signed):
     # Issue 35, item 3: round 2's elected aggregator p2 shows p0 a zero model (the others
@@ -532,19 +546,12 @@ def test_an_aggregator_cannot_commit_a_result_it_showed_one_peer_only(tmp_path, 
     # With the allow-list's signing keys a commit carries the quorum's signed acks; p2
     # holds two (its own and p0's) of the three it needs, and p0 refuses it; then a
     # member that absorbed the real one relays it.
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
     from hfl.peer.core import payload_digest
     from hfl.protocol import Commit
 
     n, rounds, r = 4, 3, 2
     order = [f"p{i}" for i in range(n)]
-    keys = {p: Ed25519PrivateKey.generate() for p in order}
-    verify = {p: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for p, k in keys.items()}
-    watch, hub, nodes, gate = gated_cohort(
-        cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "aggregator", "run": 7}),
-        [r], {p: (keys[p].sign, verify) for p in order} if signed else None)
+    keys, (watch, hub, nodes, gate) = signed_gated_cohort(tmp_path, order, rounds, [r], signed)
     p0 = nodes[0]
 
     async def conduct():
@@ -596,18 +603,11 @@ def test_a_later_epochs_aggregator_cannot_certify_another_value_than_the_committ
     # another round-2 model than p2's. Now p3's result carries the promises it was
     # chosen on (p0 and p1 report p2's result), p0 and p1 refuse it, and the round ends
     # with p2's result published again: the one value of round 2 everywhere.
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
     from hfl.sim.model import install_twin_core
 
     n, rounds, r = 4, 3, 2
-    order = [f"p{i}" for i in range(n)]
-    keys = {p: Ed25519PrivateKey.generate() for p in order}
-    verify = {p: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for p, k in keys.items()}
-    watch, hub, nodes, gate = gated_cohort(
-        cohort_cfgs(tmp_path, n, rounds=rounds, cohort={"aggregate_at": "aggregator", "run": 7}),
-        [], {p: (keys[p].sign, verify) for p in order})
+    _, (watch, hub, nodes, gate) = signed_gated_cohort(tmp_path, [f"p{i}" for i in range(n)],
+                                                       rounds, [], True)
     p0, p1, p2, p3 = nodes
     install_twin_core("override", p3.core)
     cut = {"on": False, "healed": False}
