@@ -2393,8 +2393,9 @@ class PeerCore:
 
 def _small_int(text: str) -> int | None:
     """A round or epoch read from a peer's text field: a non-negative int that fits a
-    msgpack integer, else None."""
-    if not text.isdigit() or len(text) > 18:
+    msgpack integer, else None. ASCII digits only: "²".isdigit() is True and int("²")
+    raises (a member's report of it stopped every peer that read it)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
         return None
     return int(text)
 

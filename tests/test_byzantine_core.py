@@ -840,3 +840,21 @@ def test_a_rev14_member_still_contributes_at_epoch_0_and_a_grown_view_keeps_a_pr
     assert set(proofs) == {f"1:{dv}", f"0:{dv}"}
     member.membership.heard_from("p4", 0, 0.0, address="mem://p4", round=R)
     assert member.quorum() == 4 and member.accepted_proofs(R) == proofs
+
+
+def test_numbers_in_reports_are_ascii_digits_and_a_superscript_raises_nothing():
+    # "²".isdigit() is True and int("²") raises: a member's heard report or equivocation
+    # proof whose round or epoch was "²" stopped every peer that read it (the receive
+    # loop raised ValueError); an attack review of rev. 15 found the reader it shares.
+    c = everywhere_core("p0")
+    d, s = "ab" * 32, "cd" * 64
+    k = contribution("p1", 1.0, c, equivocations={"p3": f"²:0:{d}:{s}:0:{d}:{s}"},
+                     heard_round=R, heard={"p2": f"²:{d}:{s}"})
+    c.signed_knowledge[(R, "p2")] = (0, "ef" * 32, s)
+    assert c.admit_knowledge(k) is None
+    assert c.check_heard(k) == ([], None)  # neither proves anything
+    agg = signed_core("p3")
+    agg.epoch = 1
+    v = signed(result("p3", 1, 1.0), agg)
+    bad = dataclasses.replace(v, promises={p: f"1:²:{d}:{s}" for p in ("p0", "p1", "p3")})
+    assert "malformed" in agg.unjustified_result(bad)
