@@ -944,3 +944,28 @@ def test_fuzzed_reports_promises_and_proofs_never_raise_in_the_core():
             if isinstance(msg, Knowledge):
                 c.proposal(R, c.promises(R))
                 c.check_heard(msg)
+
+
+def test_a_refused_result_is_failed_over_from_only_where_it_proves_a_fault():
+    # A result refused as unjustified is a proven fault of its aggregator, and a waiting
+    # member fails over at once (tests/test_protocol_sim.py runs it live); but too few
+    # promises for this member's quorum of now is a measure of its own view (it knows a
+    # member the aggregator does not yet), not a fault (a review).
+    from hfl.peer.instructions import Dropped
+
+    member = signed_core("p0")
+    member.epoch = 1
+    v = signed(result("p2", 0, 1.0), member)
+    dv = payload_digest(v)
+    proof = {f"0:{dv}": {"by": "p2", "sig": v.sig}}
+    three = {p: promise(member, p, 1, 0, dv) for p in ("p3", "p1", "p0")}
+    member.membership.heard_from("p4", 0, 0.0, address="mem://p4", round=R)
+    assert member.quorum() == 4
+    repeat = at_epoch(v, member, "p3", 1, three, proof)  # honest, from a view of 4
+    out = member.handle("p3", repeat, 1.0)
+    assert any(isinstance(i, Dropped) and i.code == "unjustified_result" for i in out)
+    assert member.refused_results == set()
+    four = {**three, "p2": promise(member, "p2", 1, 0, dv)}
+    wrong = at_epoch(result("p3", 1, 0.0), member, "p3", 1, four, proof)  # not the value
+    member.handle("p3", wrong, 1.0)
+    assert member.refused_results == {(R, 1, "p3")}  # (stop_waiting_for reads it)
