@@ -110,7 +110,9 @@ class NodeConfig:
             )
         if scheme == "tcp":
             host, _, port = rest.rpartition(":")
-            if not host or not port.isdigit() or int(port) > 65535:
+            # (ASCII digits: "²".isdigit() is True and int("²") raises, which named
+            # no field: "node: invalid literal for int()")
+            if not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
                 raise ValueError(f"listen: got {self.listen!r}; expected tcp://host:port with a "
                                  "port 0..65535 (0: any free port)")
         if scheme == "ipc" and not Path(rest).parent.is_dir():

@@ -68,7 +68,7 @@ def check_listen(listen: str) -> None:
     if not listen.startswith("tcp://"):
         return
     host, _, port = listen[len("tcp://"):].rpartition(":")
-    if not port.isdigit() or int(port) == 0:
+    if not (port.isascii() and port.isdigit()) or int(port) == 0:
         return
     host = "" if host in ("*", "0.0.0.0") else host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -436,3 +436,16 @@ def test_imports_only_stdlib_and_yaml() -> None:
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             roots.add(node.module.split(".")[0])
     assert roots - set(sys.stdlib_module_names) == {"yaml"}
+
+
+@pytest.mark.parametrize("port", ["²", "x", "70000", ""])
+def test_a_listen_port_that_is_no_port_is_named(port) -> None:
+    # "²".isdigit() is True and int("²") raised: the message was "node: invalid literal
+    # for int() with base 10", naming no field.
+    from hfl.peer.config import PeerConfig
+    from hfl.peer.configtools import ConfigError, build
+
+    with pytest.raises(ConfigError) as err:
+        build(PeerConfig, {"node": {"id": "p0", "listen": f"tcp://127.0.0.1:{port}"},
+                           "cohort": {"algorithm": "fedavg"}})
+    assert "listen: got" in str(err.value) and "port 0..65535" in str(err.value)
