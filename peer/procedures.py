@@ -847,6 +847,15 @@ class RoundProcedures:
                           f"{res.sender} not used: the candidates before it were alive in this "
                           "peer's view")
 
+    def abstain(self, r: int, info: dict) -> Procedure:
+        """Publish no result for (r, this peer's epoch): an abstention (``kind`` none)."""
+        core = self.core
+        yield Broadcast(tuple(core.membership.live_peers()), AggregateResult(
+            **core.envelope(), round=r, epoch=core.epoch, kind="none"))
+        info.update(aggregator=None, abstained=True)
+        yield from self.discard_unused_results(r)
+        return {}
+
     def serve(self, r: int, payload: Payload | None, info: dict) -> Procedure:
         """This peer is the aggregator of (r, epoch): wait for the contributions,
         publish (its own aggregate, or a result accepted at an earlier epoch again, or
@@ -888,11 +897,7 @@ class RoundProcedures:
             yield self.say(WARNING, "round %d: a contributor accepted a result of an earlier "
                            "epoch that this peer holds no copy of; abstaining at epoch %d",
                            r, core.epoch)
-            yield Broadcast(tuple(mem.live_peers()), AggregateResult(
-                **core.envelope(), round=r, epoch=core.epoch, kind="none"))
-            info.update(aggregator=None, abstained=True)
-            yield from self.discard_unused_results(r)
-            return {}
+            return (yield from self.abstain(r, info))
         if decision == "repeat":
             yield self.say(INFO, "round %d: publishing %s's result of epoch %d again at epoch %d "
                            "(a contributor accepted it)", r, earlier.sender, earlier.epoch,
@@ -923,10 +928,7 @@ class RoundProcedures:
             # changed meanwhile; every member would refuse it, so it is not sent)
             yield self.say(WARNING, "round %d: this peer's own result of epoch %d would be "
                            "refused: %s; abstaining", r, core.epoch, why)
-            yield Broadcast(tuple(mem.live_peers()), AggregateResult(
-                **core.envelope(), round=r, epoch=core.epoch, kind="none"))
-            info.update(aggregator=None, abstained=True)
-            return {}
+            return (yield from self.abstain(r, info))
         digest = core.accept(msg)
         core.expect_acks(r, core.epoch, digest)
         yield Note("published", dict(round=r, epoch=core.epoch, contributors=len(used),
