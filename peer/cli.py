@@ -246,7 +246,7 @@ class _NoWaitExecutor(concurrent.futures.ThreadPoolExecutor):
     """The loop's default executor (training, aggregation, checkpoints run there). At the
     loop's close it does not wait for a training step in flight: a stopped peer must not
     take a step's length (minutes on a big model) to exit. A checkpoint being written is
-    waited for by the runner before it returns (RoundRecorder.wait_written)."""
+    waited for by the runner before it returns (RoundRecorder.stop)."""
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         super().shutdown(wait=False, cancel_futures=True)
@@ -265,8 +265,9 @@ async def _main(cfg, profiler=None):
     stopped_by: list[int] = []
 
     def stop(signum: int) -> None:
-        if not stopped_by:  # a second signal while stopping changes nothing
-            stopped_by.append(signum)
+        if stopped_by:  # a second signal while stopping changes nothing (SLURM's scancel
+            return  # sends SIGTERM to the peer and to its task wrapper, which passes it on)
+        stopped_by.append(signum)
         task.cancel()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

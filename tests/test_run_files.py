@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import threading
 import types
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import yaml
 from conftest import free_tcp_port
 
 from hfl.peer import checkpoint as ckpt
-from hfl.peer import cli
+from hfl.peer import cli, runner
 from hfl.peer.checkpoint import (
     CHECKPOINT_NAME,
     INCARNATION_NAME,
@@ -240,6 +241,82 @@ def test_a_resume_drops_metrics_rows_past_the_checkpoint_so_no_round_is_listed_t
     run(config_from_dict(cfg_dict(run_dir, rounds=4)))
     got = [(r["round"], r["incarnation"]) for r in rows(run_dir)]
     assert got == [(1, 0), (2, 0), (3, 1), (4, 1)]
+
+
+def test_a_peer_stopped_while_writing_a_round_keeps_it_and_resumes_after_it(tmp_path, monkeypatch):
+    # SIGTERM (a cancelled task) while round 2's checkpoint is being written, after its
+    # metrics line, and a second SIGTERM while the peer waits for that write (scancel
+    # signals the peer and its SLURM task wrapper, which passes it on): the write is
+    # finished before the peer returns, so the checkpoint holds round 2 and a resume
+    # runs round 3 without dropping a row. (The second cancel used to cut the wait:
+    # the peer returned with round 2's row and round 1's checkpoint.)
+    run_dir, entered, go, waiting = (tmp_path / "p0", threading.Event(), threading.Event(),
+                                     threading.Event())
+    save, finished = runner._save, runner.RoundRecorder._finished
+
+    def slow_save(run_dir_, r, *args, **kw):
+        if r == 2:
+            entered.set()
+            go.wait(60)
+        save(run_dir_, r, *args, **kw)
+
+    def noted_wait(recorder, timeout_s):
+        waiting.set()
+        finished(recorder, timeout_s)
+
+    monkeypatch.setattr(runner, "_save", slow_save)
+    monkeypatch.setattr(runner.RoundRecorder, "_finished", noted_wait)
+
+    async def stop_in_round_2():
+        peer = asyncio.ensure_future(run_peer(config_from_dict(cfg_dict(run_dir, rounds=4)),
+                                              hub=MemoryHub()))
+        await asyncio.to_thread(entered.wait, 60)
+        assert [r["round"] for r in rows(run_dir)] == [1, 2]  # the line, not the checkpoint
+        peer.cancel()
+        await asyncio.to_thread(waiting.wait, 60)
+        peer.cancel()
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await peer
+        return ckpt.load_checkpoint(run_dir)["round"]  # when the peer returns (then exits)
+
+    assert asyncio.run(stop_in_round_2()) == 2
+    run(config_from_dict(cfg_dict(run_dir, rounds=4)))
+    assert [(r["round"], r["incarnation"]) for r in rows(run_dir)] == [(1, 0), (2, 0), (3, 1), (4, 1)]
+
+
+def test_stopping_waits_for_a_round_being_written_and_begins_none_after(tmp_path):
+    # The worker thread writes a round's row and checkpoint; the event loop stops the
+    # recorder. A write under way is waited for; one that reaches the recorder after
+    # the stop is not begun (a check of a flag raced this: a write that began just
+    # after it was cut by the exit between the row and the checkpoint).
+    recorder = runner.RoundRecorder(tmp_path, config_from_dict(cfg_dict(tmp_path)), "local",
+                                    None, checkpoints=True)
+    entered, go, wrote = threading.Event(), threading.Event(), []
+
+    def write(r, node):
+        wrote.append(("begun", r))
+        entered.set()
+        go.wait(60)
+        wrote.append(("done", r))
+
+    recorder._checkpoint = write
+
+    async def main():
+        worker = threading.Thread(target=recorder.checkpoint, args=(1, None))
+        worker.start()
+        await asyncio.to_thread(entered.wait, 60)
+        stopping = asyncio.ensure_future(recorder.stop())
+        await asyncio.sleep(0)
+        assert not stopping.done() and recorder.stopped
+        go.set()
+        await stopping
+        assert wrote == [("begun", 1), ("done", 1)]
+        await asyncio.to_thread(recorder.checkpoint, 2, None)  # dispatched before, run after
+        worker.join()
+
+    asyncio.run(main())
+    assert wrote == [("begun", 1), ("done", 1)]
 
 
 def test_a_kill_before_the_first_checkpoint_does_not_list_round_1_twice(tmp_path):

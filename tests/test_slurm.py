@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hfl.peer.checkpoint import load_checkpoint
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel")
@@ -173,6 +175,10 @@ def _test_cancel_then_resubmit(run, rounds, path, first, slurm):
     assert json.loads((run / "launch.json").read_text())["state"] == "interrupted"
     stopped_at = {p: rows(run, p)[-1]["round"] for p in ("p0", "p1", "p2", "p3")}
     assert all(r < rounds for r in stopped_at.values()), stopped_at
+    # Each peer stopped on SIGTERM with its last recorded round checkpointed: a row past
+    # the checkpoint would be dropped on resume (a CI run lost round 26 of a peer so).
+    kept = {p: load_checkpoint(run / p)["round"] for p in stopped_at}
+    assert kept == stopped_at, (kept, stopped_at)
 
     # The same command again: a new job (on new ports), continuing from the checkpoints.
     again = subprocess.run(launch_cmd(path), env=slurm, capture_output=True, text=True,
