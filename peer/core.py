@@ -1397,7 +1397,9 @@ class PeerCore:
         epoch must count, :meth:`_unjustified`): what this peer publishes must then
         pass every member's check (:meth:`unjustified_result`)."""
         refused: dict[str, str] = {}
-        reports = [self.marker(r)]
+        own = self.marker(r)
+        reports = [own] if not self.certifying or self.counts(
+            self.id, *own, self.accepted_proofs(r)) else []
         for p, k in promised.items():
             e = k.accepted_epoch
             if self.certifying:  # signed promises and proven reports, at any epoch
@@ -1405,7 +1407,7 @@ class PeerCore:
                 # signature, so a member of rev. 14 still contributes, a review)
                 if (e >= 0 or self.epoch > 0) and (why := self.unproven_promise(k)) is not None:
                     refused[p] = why
-                elif e >= 0:
+                elif self.counts(p, e, k.accepted_digest, k.proofs):
                     reports.append((e, k.accepted_digest))
                 continue
             if e < 0 or e > self.epoch:
@@ -1416,7 +1418,7 @@ class PeerCore:
                               "published and never published: a lie")
                 continue
             reports.append((e, k.accepted_digest))
-        top = max(epoch for epoch, _ in reports)
+        top = max((epoch for epoch, _ in reports), default=-1)
         if top < 0:
             return "own", None, refused
         digests = {d for epoch, d in reports if epoch == top}
@@ -1571,7 +1573,8 @@ class PeerCore:
             if ae >= 0:
                 if (why := self._unproven(r, ae, ad, proofs, memo, stack)) is not None:
                     return f"{clip(peer, 40)}'s report: {why}"
-                reports.append((ae, ad))
+                if self.counts(peer, ae, ad, proofs):
+                    reports.append((ae, ad))
         if not reports:
             return None
         top = max(e for e, _ in reports)
@@ -1580,6 +1583,31 @@ class PeerCore:
             return (f"its promises report {', '.join(v[:16] for v in values)} accepted at epoch "
                     f"{top}, and it is {digest[:16]}")
         return None
+
+    @staticmethod
+    def counts(peer: str, ae: int, ad: str, proofs: Any) -> bool:
+        """Whether ``peer``'s report "accepted (ae, ad)", proven (:meth:`_unproven`),
+        is one the rule of :meth:`proposal` takes where commits are certified (the
+        aggregator and every member alike): not one proven only by ``peer``'s own
+        signature as that result's aggregator (no certificate). One member alone can
+        make that up, and an honest aggregator never reports its own result so: it
+        leaves the round once it has published, committed or not
+        (RoundProcedures.serve), so it promises no later epoch of it (and a result
+        that is never committed is never absorbed). Taken, one member's made-up
+        "epoch-0 result" in each of its contributions made the epoch-0 aggregator,
+        holding no copy, abstain in every round it did not aggregate itself (a review,
+        2026-11-29; hfl.sim.protocol's ``selfreport`` twin, 4 peers, seeds 0-99:
+        770 of 1,000 rounds without a result, 8 now, 6 without the twin). The
+        promise still counts towards the quorum.
+
+        (A report of the proposal's own epoch is counted too. Leaving it out, as a
+        competing aggregator's result that cannot be certified beside this one, would
+        lose an earlier commit's value where the one honest member both quorums share
+        accepted it again at this epoch from the aggregator of another view.)"""
+        if ae < 0:
+            return False
+        form = proof_form(proofs.get(f"{ae}:{ad}")) if isinstance(proofs, dict) else None
+        return not (form is not None and form[0] == "result" and form[1] == peer)
 
     def _unproven(self, r: int, ae: int, ad: str, proofs: dict[str, Any],
                   memo: dict[str, str | None], stack: set[str]) -> str | None:

@@ -477,8 +477,12 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 #: - ``override``: whenever elected at a later epoch (a fail-over), ignores the
 #:   promises it got (each reporting the result its sender accepted at an earlier
 #:   epoch) and publishes its own aggregate, correctly signed: the honest members ack
-#:   it and it commits it with a real certificate (a review's cross-epoch attack).
-TWIN_KINDS = ("equivocate", "commit", "override")
+#:   it and it commits it with a real certificate (a review's cross-epoch attack);
+#: - ``selfreport``: every contribution it makes reports, as the result it accepted
+#:   (whatever it did accept), an "epoch-0 result" of the round that it signed itself,
+#:   naming itself its aggregator, with that signature as the report's proof (a
+#:   review, 2026-11-29: the aggregator, holding no copy of it, abstained).
+TWIN_KINDS = ("equivocate", "commit", "override", "selfreport")
 
 
 def install_twin_core(kind: str, core) -> None:
@@ -491,6 +495,29 @@ def install_twin_core(kind: str, core) -> None:
         # (and publishes it: the honest aggregator's check of its own result, which
         # would abstain instead, is not in a twin's code)
         core.unjustified_result = lambda msg: None
+    if kind == "selfreport":
+        core.knowledge = _self_reporting(core, core.knowledge)
+
+
+def _self_reporting(core, knowledge):
+    """``knowledge`` of a ``selfreport`` twin: its report is a made-up epoch-0 result
+    of the round, "proven" by its own signature as that result's aggregator."""
+    import dataclasses as dc
+
+    from hfl.peer.core import payload_digest
+
+    def forged(r: int, payload, epoch: int = 0):
+        msg = knowledge(r, payload, epoch)
+        if core.signer is None:
+            return msg
+        made_up = hashlib.sha256(f"made up by {core.id} for round {r}".encode()).hexdigest()
+        msg = dc.replace(msg, accepted_epoch=0, accepted_digest=made_up,
+                         promise_sig=core.promise_sig(r, epoch, 0, made_up),
+                         proofs={f"0:{made_up}": {"by": core.id,
+                                                  "sig": core.sign("result", r, 0, made_up)}})
+        return dc.replace(msg, sig=core.sign("knowledge", r, epoch, payload_digest(msg)))
+
+    return forged
 
 
 def parse_twins(texts: list[str], peers: list[str]) -> dict[str, str]:

@@ -743,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a Byzantine twin under PEER's identity: equivocate (other knowledge "
                          "to one peer; with --mode everywhere) or commit (another result and a "
                          "forged commit to one peer) or override (ignores the promises when "
-                         "elected at a later epoch)")
+                         "elected at a later epoch) or selfreport (reports a made-up result "
+                         "it signed itself in each contribution)")
     ap.add_argument("--join", choices=["greet", "lazy"], default="greet",
                     help="timing.join: greet (every member greets every other) or lazy "
                          "(members vouched for by others; with SWIM and --mode aggregator)")

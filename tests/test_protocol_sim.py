@@ -354,6 +354,53 @@ def test_members_fail_over_from_an_aggregator_whose_result_is_unjustified():
     assert absorbed(["p3:override"]) == {p: (2, value) for p in ("p0", "p1", "p4", "p5", "p6")}
 
 
+def test_a_members_made_up_report_costs_no_round():
+    # A review (2026-11-29): a member (the selfreport twin) reporting, in each of its
+    # contributions, an "epoch-0 result" it made up and signed itself as its aggregator
+    # made the epoch-0 aggregator, which held no copy, abstain: every round it did not
+    # aggregate itself went without a result (8 of 10 here). Its own signature proves
+    # no report now; its contribution still counts.
+    sim = ProtocolSim(0, peers=4, scenario=scenario([], peers=4), signed=True,
+                      byzantine=["p3:selfreport"])
+    res = sim.run()
+    assert not res.violations and res.rounds_without_result == [], (
+        [str(v) for v in res.violations], res.rounds_without_result)
+    assert all(sim.peers[p].dropped["unproven_promise"] == 0 for p in ("p0", "p1", "p2"))
+    # In a fail-over: round 2's aggregator p2 is lost once it decided to commit; the
+    # others accepted its result, and epoch 1's p3 must publish it again. The made-up
+    # report beside theirs was a second value at epoch 0: p3 abstained, and round 2 went
+    # without a result for every honest peer.
+    faults = [ProtocolFault(0.5, "lost", ("p2",), phase="commit")]
+    sim = ProtocolSim(0, peers=7, scenario=scenario(faults, peers=7), signed=True,
+                      byzantine=["p4:selfreport"])
+    res = sim.run()
+    assert not res.violations, [str(v) for v in res.violations]
+    absorbed = {e["peer"]: (e["epoch"], e["digest"]) for e in sim.checker.events
+                if e["event"] == "absorbed" and e["round"] == 2}
+    published = {e["digest"] for e in sim.checker.events
+                 if e["event"] == "published" and e["round"] == 2 and e["peer"] == "p2"}
+    assert {absorbed[p] for p in ("p0", "p1", "p3", "p5", "p6")} == {(1, *published)}
+
+
+def test_no_honest_contribution_reports_a_result_proven_by_its_senders_own_signature(monkeypatch):
+    # What leaving such a report uncounted rests on (PeerCore.counts): an honest
+    # aggregator leaves the round once it has published, so it never reports its own
+    # result in a promise, and a report an honest peer makes is always counted. Over
+    # signed buggified seeds whose fail-overs make reports.
+    made, real = [], PeerCore.knowledge
+
+    def knowledge(self, r, payload, epoch=0):
+        k = real(self, r, payload, epoch)
+        if k.accepted_epoch >= 0 and self.certifying:
+            made.append(PeerCore.counts(self.id, k.accepted_epoch, k.accepted_digest, k.proofs))
+        return k
+
+    monkeypatch.setattr(PeerCore, "knowledge", knowledge)
+    for seed in range(40):
+        assert not run_seed(seed, peers=5, signed=True, buggify=True).violations
+    assert len(made) >= 5 and all(made), made
+
+
 def test_a_late_joiner_whose_view_differs_takes_a_relayed_result():
     # 6 peers, signed, lazy join, buggify, seed 23: a member whose rotation order
     # differed from its aggregator's refused the aggregator's result, and then the relay
