@@ -314,6 +314,10 @@ class FedHP(FedProto):
 
     def __init__(self, ctx, cfg=None):
         cfg = cfg if cfg is not None else self.Config()
+        # The privacy rules hold for a method built in code too (a plugin, a test, a
+        # simulation), not only from a config file (an attack review: built directly,
+        # min_contributors 1 had each peer help decrypt a single peer's release).
+        cfg.validate()
         model = ctx.model
         if cfg.backbone_weights:
             loaded, skipped = load_backbone(model.features, cfg.backbone_weights)

@@ -541,6 +541,8 @@ def verify_plaintexts(public: PublicKey, context: bytes, ciphertexts: Sequence[i
                       proof: object) -> str | None:
     """None if ``proof`` proves knowledge of every plaintext of ``ciphertexts`` under
     ``context``, else why not. Never raises: the proof comes off the wire."""
+    if not ciphertexts:  # (its proof would be the context's hash alone: anyone's)
+        return "the proof of plaintext knowledge covers no ciphertext"
     size = proof_size(public, len(ciphertexts))
     if not isinstance(proof, np.ndarray) or proof.dtype != np.uint8 or proof.shape != (size,):
         return (f"the proof of plaintext knowledge must be uint8 [{size}], got "

@@ -662,6 +662,17 @@ def test_a_release_beyond_the_fixed_point_range_is_refused_loudly_never_clamped(
     assert make("fedhp", n=2000, proto_dim=4, secure_sum="plaintext", frac_bits=16).share(1) is not None
 
 
+def test_the_privacy_rules_hold_for_a_method_built_in_code(key_dir):
+    # An attack review: FedHPConfig.validate ran only where a config file is built, and
+    # FedHP built in code (a plugin, a test, a simulation) took noise_split 3 with
+    # min_contributors 3 (the decrypting peer's view of the others kept 2/3 of the noise).
+    with pytest.raises(ValueError, match="noise_split"):
+        make("fedhp", secure_sum="paillier", key_dir=key_dir, noise_multiplier=1.0,
+             noise_split=3, min_contributors=3)
+    with pytest.raises(ValueError, match="key_dir"):
+        make("fedhp", secure_sum="paillier")
+
+
 def test_hostile_contributions_are_left_out_with_a_reason(key_dir, caplog):
     algs = [make("fedhp", f"p{i}", proto_dim=4, secure_sum="paillier", key_dir=key_dir) for i in range(4)]
     run_rounds(algs, 1)

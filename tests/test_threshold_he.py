@@ -396,6 +396,16 @@ def test_a_proof_verifies_for_no_other_sender_round_key_or_ciphertext(keys):
     assert "does not verify" in he.verify_plaintexts(pub, ctx, rerandomised, proof)
 
 
+def test_a_proof_over_no_ciphertext_proves_nothing(keys):
+    # Its proof would be the context's hash alone, which anyone computes (an attack
+    # review; harmless so far: the shape checks refuse an empty factor first).
+    pub, _ = keys
+    ctx = he.proof_context(pub, 4, "p1")
+    anyones = np.frombuffer(he._challenge(pub, ctx, [], []).to_bytes(he.CHALLENGE_BYTES, "big"),
+                            np.uint8)
+    assert "covers no ciphertext" in he.verify_plaintexts(pub, ctx, [], anyones)
+
+
 def test_the_cancelling_factor_of_issue_32_cannot_be_proven(keys):
     """The aggregator's factor ct(p2)^-1 * Enc(x): it knows x and its randomness, not
     p2's plaintext. Its best tries: prove Enc(x) and hand that proof off for the
