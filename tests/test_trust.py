@@ -643,6 +643,32 @@ def test_a_later_epochs_aggregator_cannot_certify_another_value_than_the_committ
     assert all(results[p].dropped.get("unjustified_result", 0) > 0 for p in ("p0", "p1"))
 
 
+def test_a_members_made_up_report_costs_the_cohort_no_round(tmp_path):
+    # An attack review (2026-11-29) over the real runtime (in-process nodes, the real
+    # codec, signing keys): p3 runs the simulator's selfreport twin, whose every
+    # contribution reports an "epoch-0 result" it made up and signed itself as that
+    # result's aggregator. Before protocol 5 rev. 16 each round's aggregator counted
+    # the report, held no copy of it and abstained: only p3's own rounds had a result.
+    # Now the report counts for nothing and p3's contribution still does.
+    from hfl.sim.model import install_twin_core
+
+    n, rounds = 4, 4
+    _, (watch, hub, nodes, gate) = signed_gated_cohort(tmp_path, [f"p{i}" for i in range(n)],
+                                                       rounds, [], True)
+    install_twin_core("selfreport", nodes[3].core)
+
+    async def conduct():
+        pass
+
+    results = run_conducted(nodes, gate, conduct)
+    recs = by_round(results)
+    assert_completed(results, rounds)
+    for r in range(1, rounds + 1):
+        assert all(recs[r][p]["learned_from"] == 3 for p in ("p0", "p1", "p2")), (r, recs[r])
+        assert_same_model(recs[r])
+    assert not any(results[p].dropped.get("unproven_promise", 0) for p in ("p0", "p1", "p2"))
+
+
 def test_a_member_that_sends_peers_different_contributions_is_named_and_left_out(tmp_path, caplog):
     # Issue 35, item 5: with every peer aggregating (the default), p3 sends p0 a zero
     # model and the others its real weights, every round from round 2. Before, the peers
