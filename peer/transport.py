@@ -766,12 +766,56 @@ def _zmq_ints() -> dict[str, int]:
 def _send_parts(sock, frames: Frames) -> None:
     """A multipart message on a blocking socket without waiting (zmq.Again if the queue
     does not take it). Once the first part is taken the rest always are: ZeroMQ
-    delivers a message's parts together or not at all."""
+    delivers a message's parts together or not at all. Frames of 64 KiB and more go
+    without a copy where that is safe in this process (:func:`_zero_copy`)."""
     z = _zmq_ints()
     noblock, more = z["NOBLOCK"], z["NOBLOCK"] | z["SNDMORE"]
-    last = len(frames) - 1
+    last, copy = len(frames) - 1, not _zero_copy()
     for i, frame in enumerate(frames):
-        sock.send(frame, more if i < last else noblock, copy=False)
+        sock.send(frame, more if i < last else noblock, copy=copy)
+
+
+_ZERO_COPY: dict[int, bool] = {}  # process id -> zero-copy sends are safe in it
+
+
+def _zero_copy() -> bool:
+    """Whether frames may be sent without a copy in this process.
+
+    pyzmq releases a zero-copy frame (64 KiB and more) through its garbage-collector
+    thread, one inproc message each, on sockets bounded at 1,000 messages a side. The
+    queue of a link whose member stopped reading holds thousands of frames, freed at
+    once when the member disconnects, in the thread that next touches the socket:
+    ours, holding the GIL. That thread blocked on the collector's full socket while the
+    collector waited for the GIL, and the peer hung for good; SIGTERM did not stop it
+    (an attack review, 2026-11-29: a member that never read, then left, hung all three
+    peers of a CURVE cohort; tests/test_transport.py hangs a plain DEALER with 300
+    queued messages of 8 frames of 100 kB, not with 200). So the collector gets a
+    context of its own whose sockets are unbounded, set up in each process before its
+    collector first starts (a forked peer sets its own: a context does not survive a
+    fork); where the collector was started before that (by other code), frames are
+    copied instead, at a memcpy per send (docs/runtime.md)."""
+    pid = os.getpid()
+    ok = _ZERO_COPY.get(pid)
+    if ok is None:
+        ok = _ZERO_COPY[pid] = _unbounded_release()
+    return ok
+
+
+def _unbounded_release() -> bool:
+    try:
+        import zmq
+        from zmq.utils.garbage import gc
+
+        if gc.thread is not None:  # started already, here or in a parent, bounded
+            return False
+        ctx = zmq.Context()
+        ctx.setsockopt(zmq.SNDHWM, 0)  # defaults of the sockets the collector makes
+        ctx.setsockopt(zmq.RCVHWM, 0)
+        gc.context = ctx
+        return True
+    except Exception as exc:  # noqa: BLE001 -- another pyzmq: copying is always safe
+        log.debug("zero-copy sends off: %s", exc)
+        return False
 
 
 def _wake(waiter: asyncio.Future) -> None:

@@ -634,3 +634,52 @@ def test_faulty_decisions_are_reproducible_from_the_seed():
         assert 0 < len(set(first)) < 64  # some dropped, some not
 
     asyncio.run(main())
+
+
+# A member that never reads, then leaves (an attack review, 2026-11-29): the frames
+# queued for it are freed at once in the thread that next touches its link. Sent
+# without a copy on pyzmq's own terms, each is released through pyzmq's collector
+# thread over sockets bounded at 1,000 messages a side, while this thread holds the
+# GIL the collector needs: the process hung for good (three CURVE peers did).
+_SILENT_MEMBER = """
+import sys, time, zmq
+c = zmq.Context(); r = c.socket(zmq.ROUTER); r.rcvhwm = 1; r.setsockopt(zmq.RCVBUF, 4096)
+r.bind("tcp://127.0.0.1:*"); print(r.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+time.sleep(600)
+"""
+
+_LINK_TO_IT = """
+import os, signal, subprocess, sys, time, zmq
+from hfl.peer.transport import _send_parts
+member = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+address = member.stdout.readline().strip()
+c = zmq.Context(); d = c.socket(zmq.DEALER); d.linger = 0; d.sndhwm = 1000
+d.setsockopt(zmq.IMMEDIATE, 1); d.setsockopt(zmq.SNDBUF, 4096); d.connect(address)
+frames, queued, deadline = [b"x" * 100_000] * 8, 0, time.monotonic() + 30
+while queued < 300 and time.monotonic() < deadline:  # (until connected, then 300)
+    try:
+        _send_parts(d, frames)
+        queued += 1
+    except zmq.Again:
+        time.sleep(0.01)
+member.send_signal(signal.SIGKILL); member.wait()
+for _ in range(50):  # the link noticing the member is gone frees what it queued
+    d.getsockopt(zmq.EVENTS)
+    time.sleep(0.02)
+print("released", queued, flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_link_whose_member_never_read_and_left_frees_its_queue_without_hanging(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "link.py"
+    script.write_text(_LINK_TO_IT)
+    # (a hang holds the GIL: no watchdog in that process could report it, so it runs in
+    # a process of its own; before the fix 300 queued messages of 8 frames hung it)
+    done = subprocess.run([sys.executable, str(script), _SILENT_MEMBER], capture_output=True,
+                          text=True, timeout=90)
+    assert done.stdout.split() == ["released", "300"], (done.stdout, done.stderr)
