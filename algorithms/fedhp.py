@@ -120,6 +120,11 @@ class FedHPConfig(WeightedRobustOptions):
 
     def validate(self) -> None:
         super().validate()
+        # (the bounds a config file's loader checks, again for a config built in code: a
+        # review's noise_split 0 with min_contributors 1 passed the paillier rule below)
+        if self.noise_split < 1 or self.min_contributors < 1:
+            raise ValueError(f"noise_split ({self.noise_split}) and min_contributors "
+                             f"({self.min_contributors}) must be at least 1")
         if self.secure_sum != "off" and (self.robust != "mean" or self.max_weight_share is not None):
             raise ValueError(f"robust: {self.robust} / max_weight_share need secure_sum: off (got "
                              f"{self.secure_sum}): under a secure sum the aggregator sees only the "

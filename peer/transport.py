@@ -30,6 +30,7 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,12 @@ class TransportOptions:
     reconnect_ivl_ms: int = 100  # first reconnect attempt after a dropped link...
     reconnect_ivl_max_ms: int = 2000  # ...then exponential backoff up to this
     linger_ms: int = 0  # never block process exit on unsent messages
+    # Bytes of large messages (a frame of 64 KiB or more) queued for one link and not
+    # yet written to its connection, at most: max(this, 4 x the largest message sent so
+    # far). Beyond it a send to that link fails, as on a full queue. send_hwm counts
+    # messages: a member that kept its link open and never read held 1,000 of them in
+    # every peer (320-400 MB a minute a peer with 1.3 MB knowledge, an attack review).
+    min_queued_bytes: int = 64 * 2**20
     redial_min_s: float = 0.25  # a link refused by its peer is dialled again after this...
     redial_max_s: float = 2.0  # ...doubling (with jitter) up to this, until admitted
     inbox_size: int = 10000  # in-memory transport: bounded receive queue
@@ -197,6 +204,10 @@ class ZmqTransport(Transport):
         self._senders: dict[tuple[str, str | None], object] = {}  # -> its blocking shadow
         # link -> sends waiting for it in send() (a send_now then waits behind them)
         self._waiting: dict[tuple[str, str | None], int] = {}
+        # link -> (tracker, bytes) of its large messages ZeroMQ may still hold, oldest
+        # first (TransportOptions.min_queued_bytes); the largest message sent so far
+        self._queued: dict[tuple[str, str | None], deque] = {}
+        self._largest = 0
         self.max_links = 340  # links kept open at most (set from the file limit at start)
         self._connected: set[tuple[str, str | None]] = set()  # links up (monitor events)
         self._evicted, self._evicted_said = 0, float("-inf")  # links closed at the bound
@@ -486,23 +497,58 @@ class ZmqTransport(Transport):
             # while pyzmq polls the socket (it would take the descriptor's edge that
             # wakes that poll, which then slept its whole timeout).
             return None
-        return self._put(sender, address, frames, when_full=None)
+        return self._put(sender, address, frames, when_full=None,
+                         key=self._key(address, peer_id))
 
-    def _put(self, sender, address: str, frames: Frames, when_full: bool | None) -> bool | None:
+    def _put(self, sender, address: str, frames: Frames, when_full: bool | None,
+             key: tuple[str, str | None]) -> bool | None:
         """Hand ``frames`` to a link's queue without waiting: True (sent), False (failed),
         both counted, or ``when_full`` if the queue does not take them now (False: a
-        failure, counted)."""
+        failure, counted). A large message beyond the link's byte bound fails at once
+        (:meth:`_over_bound`)."""
         import zmq
 
+        nbytes = frames_nbytes(frames)
+        large = nbytes >= LARGE_MESSAGE_BYTES and _zero_copy()
+        if large and self._over_bound(key, address, nbytes):
+            self.stats.send_failures += 1
+            return False
         try:
-            _send_parts(sender, frames)
+            tracker = _send_parts(sender, frames, track=large)
         except zmq.Again:
             self.stats.send_failures += when_full is False
             return when_full
         except zmq.ZMQError as exc:
             return self._failed(address, exc)
+        if tracker is not None:
+            self._queued.setdefault(key, deque()).append((tracker, nbytes))
+            self._largest = max(self._largest, nbytes)
         self.stats.messages_sent += 1
-        self.stats.bytes_sent += frames_nbytes(frames)
+        self.stats.bytes_sent += nbytes
+        return True
+
+    def _over_bound(self, key: tuple[str, str | None], address: str, nbytes: int) -> bool:
+        """Whether a large message of ``nbytes`` would take the link's queue past its
+        bound in bytes (TransportOptions.min_queued_bytes): what it queued before and
+        ZeroMQ has not written to the connection yet (its trackers not done), plus this.
+        Said once per link until its queue drains."""
+        queued = self._queued.get(key)
+        if not queued:
+            return False
+        while queued and queued[0][0].done:
+            queued.popleft()
+        held = sum(n for tracker, n in queued if not tracker.done)
+        bound = max(self.options.min_queued_bytes, 4 * max(self._largest, nbytes))
+        if held + nbytes <= bound:
+            if not queued:
+                del self._queued[key]
+            return False
+        if (address, "queue") not in self._send_errors and len(self._send_errors) < 1024:
+            self._send_errors.add((address, "queue"))
+            log.warning("%s: %d MiB of messages queued for %s are not written yet (it does "
+                        "not read, or reads slowly): sends of large messages to it fail "
+                        "until they are (not repeated for this address)", self.peer_id,
+                        held >> 20, address)
         return True
 
     def _failed(self, address: str, exc: Exception) -> bool:
@@ -543,7 +589,7 @@ class ZmqTransport(Transport):
                     self.stats.send_failures += 1
                     return False
                 sent = self._put(sender, address, frames,
-                                 when_full=None if loop.time() < deadline else False)
+                                 when_full=None if loop.time() < deadline else False, key=key)
                 if sent is not None:
                     break
                 # (another waiter's message took the room: wait again, for the time left)
@@ -697,6 +743,7 @@ class ZmqTransport(Transport):
             monitor.close(linger=0)
         self._senders.pop(key, None)
         self._connected.discard(key)
+        self._queued.pop(key, None)
         self._dealers.pop(key).close(linger=0)
 
     async def forget(self, address: str, peer_id: str | None = None) -> None:
@@ -763,16 +810,31 @@ def _zmq_ints() -> dict[str, int]:
                                                           "SNDMORE")}
 
 
-def _send_parts(sock, frames: Frames) -> None:
+#: pyzmq's zmq.COPY_THRESHOLD: frames this large go without a copy (where that is
+#: safe: :func:`_zero_copy`), so their release can be tracked.
+LARGE_MESSAGE_BYTES = 65536
+
+
+def _send_parts(sock, frames: Frames, track: bool = False):
     """A multipart message on a blocking socket without waiting (zmq.Again if the queue
     does not take it). Once the first part is taken the rest always are: ZeroMQ
     delivers a message's parts together or not at all. Frames of 64 KiB and more go
-    without a copy where that is safe in this process (:func:`_zero_copy`)."""
+    without a copy where that is safe in this process (:func:`_zero_copy`). With
+    ``track``: the pyzmq MessageTracker of the last such frame (done once ZeroMQ has
+    written it, and so the frames before it, or dropped it), else None."""
     z = _zmq_ints()
     noblock, more = z["NOBLOCK"], z["NOBLOCK"] | z["SNDMORE"]
     last, copy = len(frames) - 1, not _zero_copy()
+    tracked = -1
+    if track and not copy:
+        tracked = max((i for i, f in enumerate(frames)
+                       if memoryview(f).nbytes >= LARGE_MESSAGE_BYTES), default=-1)
+    tracker = None
     for i, frame in enumerate(frames):
-        sock.send(frame, more if i < last else noblock, copy=copy)
+        out = sock.send(frame, more if i < last else noblock, copy=copy, track=i == tracked)
+        if i == tracked:
+            tracker = out
+    return tracker
 
 
 _ZERO_COPY: dict[int, bool] = {}  # process id -> zero-copy sends are safe in it

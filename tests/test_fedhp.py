@@ -671,6 +671,10 @@ def test_the_privacy_rules_hold_for_a_method_built_in_code(key_dir):
              noise_split=3, min_contributors=3)
     with pytest.raises(ValueError, match="key_dir"):
         make("fedhp", secure_sum="paillier")
+    # (and the bounds a config file's loader checks: noise_split 0 passed the rule above
+    # with min_contributors 1, and a single peer's release was decrypted; a review)
+    with pytest.raises(ValueError, match="at least 1"):
+        make("fedhp", secure_sum="paillier", key_dir=key_dir, noise_split=0, min_contributors=1)
 
 
 def test_hostile_contributions_are_left_out_with_a_reason(key_dir, caplog):
