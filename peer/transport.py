@@ -69,7 +69,8 @@ class TransportOptions:
     linger_ms: int = 0  # never block process exit on unsent messages
     # Bytes of large messages (a frame of 64 KiB or more) queued for one link and not
     # yet written to its connection, at most: max(this, 4 x the largest message sent so
-    # far). Beyond it a send to that link fails, as on a full queue. send_hwm counts
+    # far). Beyond it a send to that link is as on a full queue: it waits up to its
+    # timeout, then fails (where frames are copied, _zero_copy, no bound). send_hwm counts
     # messages: a member that kept its link open and never read held 1,000 of them in
     # every peer (320-400 MB a minute a peer with 1.3 MB knowledge, an attack review).
     min_queued_bytes: int = 64 * 2**20
@@ -208,6 +209,7 @@ class ZmqTransport(Transport):
         # first (TransportOptions.min_queued_bytes); the largest message sent so far
         self._queued: dict[tuple[str, str | None], deque] = {}
         self._largest = 0
+        self._held_back = False  # the last _put found its link over that bound
         self.max_links = 340  # links kept open at most (set from the file limit at start)
         self._connected: set[tuple[str, str | None]] = set()  # links up (monitor events)
         self._evicted, self._evicted_said = 0, float("-inf")  # links closed at the bound
@@ -504,15 +506,16 @@ class ZmqTransport(Transport):
              key: tuple[str, str | None]) -> bool | None:
         """Hand ``frames`` to a link's queue without waiting: True (sent), False (failed),
         both counted, or ``when_full`` if the queue does not take them now (False: a
-        failure, counted). A large message beyond the link's byte bound fails at once
-        (:meth:`_over_bound`)."""
+        failure, counted). A large message beyond the link's byte bound is as if the
+        queue were full (:meth:`_over_bound`; :meth:`send` then waits for it to drain)."""
         import zmq
 
         nbytes = frames_nbytes(frames)
         large = nbytes >= LARGE_MESSAGE_BYTES and _zero_copy()
-        if large and self._over_bound(key, address, nbytes):
-            self.stats.send_failures += 1
-            return False
+        self._held_back = large and self._over_bound(key, address, nbytes)
+        if self._held_back:
+            self.stats.send_failures += when_full is False
+            return when_full
         try:
             tracker = _send_parts(sender, frames, track=large)
         except zmq.Again:
@@ -531,7 +534,7 @@ class ZmqTransport(Transport):
         """Whether a large message of ``nbytes`` would take the link's queue past its
         bound in bytes (TransportOptions.min_queued_bytes): what it queued before and
         ZeroMQ has not written to the connection yet (its trackers not done), plus this.
-        Said once per link until its queue drains."""
+        Said once per address."""
         queued = self._queued.get(key)
         if not queued:
             return False
@@ -592,6 +595,10 @@ class ZmqTransport(Transport):
                                  when_full=None if loop.time() < deadline else False, key=key)
                 if sent is not None:
                     break
+                if self._held_back:
+                    # Writable, but over its bound in bytes (_over_bound): ZeroMQ says
+                    # nothing when it writes, so look again a moment later.
+                    await asyncio.sleep(min(0.02, max(0.0, deadline - loop.time())))
                 # (another waiter's message took the room: wait again, for the time left)
         except asyncio.CancelledError:
             # forget() closed this socket under us (its peer said goodbye): a failed
