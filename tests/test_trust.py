@@ -669,6 +669,35 @@ def test_a_members_made_up_report_costs_the_cohort_no_round(tmp_path):
     assert not any(results[p].dropped.get("unproven_promise", 0) for p in ("p0", "p1", "p2"))
 
 
+def test_a_members_flood_of_messages_that_are_dropped_is_dropped_unread(tmp_path):
+    # An attack review (2026-11-29): a member sent one peer 100,200 knowledge messages
+    # with bad signatures in 15 s; each cost a decode, a digest and a signature check,
+    # and every peer's rounds went from about 0.6 s to 11.6 s. Past 64 dropped in a
+    # second, a sender's messages are dropped unread for the rest of that second.
+    n, rounds = 4, 3
+    _, (watch, hub, nodes, gate) = signed_gated_cohort(tmp_path, [f"p{i}" for i in range(n)],
+                                                       rounds, [2], True)
+    p0 = nodes[0]
+
+    async def conduct():
+        member = InMemoryTransport("p2", "mem://p2-second-socket", hub)
+        await member.start()
+        await watch.all_finished(1)
+        bad = encode(Knowledge(sender="p2", incarnation=0, round=2, kind="weights",
+                               tensors={"w": np.ones(4, np.float32)}, sig="00" * 64))
+        before = sum(p0.dropped.values())
+        for _ in range(300):
+            assert await member.send(p0.transport.address, bad, 1.0)
+        await until(lambda: sum(p0.dropped.values()) - before >= 300, "p0 dropping all 300")
+        gate.release(2)
+        await member.close()
+
+    results = run_conducted(nodes, gate, conduct)
+    assert_completed(results, rounds)
+    assert results["p0"].dropped.get("flooding", 0) >= 100, results["p0"].dropped
+    assert results["p0"].dropped["bad_signature"] < 200, results["p0"].dropped
+
+
 def test_a_member_that_sends_peers_different_contributions_is_named_and_left_out(tmp_path, caplog):
     # Issue 35, item 5: with every peer aggregating (the default), p3 sends p0 a zero
     # model and the others its real weights, every round from round 2. Before, the peers
