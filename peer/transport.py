@@ -209,7 +209,10 @@ class ZmqTransport(Transport):
         # first (TransportOptions.min_queued_bytes); the largest message sent so far
         self._queued: dict[tuple[str, str | None], deque] = {}
         self._largest = 0
-        self._held_back = False  # the last _put found its link over that bound
+        self._held_back = False  # the last _put held its message back (that bound)
+        # link -> sends held back over its bound, waiting in send(): smaller messages to
+        # that link wait behind them instead of overtaking them (a review)
+        self._holding: dict[tuple[str, str | None], int] = {}
         self.max_links = 340  # links kept open at most (set from the file limit at start)
         self._connected: set[tuple[str, str | None]] = set()  # links up (monitor events)
         self._evicted, self._evicted_said = 0, float("-inf")  # links closed at the bound
@@ -512,7 +515,8 @@ class ZmqTransport(Transport):
 
         nbytes = frames_nbytes(frames)
         large = nbytes >= LARGE_MESSAGE_BYTES and _zero_copy()
-        self._held_back = large and self._over_bound(key, address, nbytes)
+        self._held_back = (self._over_bound(key, address, nbytes) if large
+                           else self._holding.get(key, 0) > 0)
         if self._held_back:
             self.stats.send_failures += when_full is False
             return when_full
@@ -578,6 +582,7 @@ class ZmqTransport(Transport):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         self._waiting[key] = self._waiting.get(key, 0) + 1
+        holding = False  # this send is held back over the link's bound (_holding)
         try:
             while True:
                 sock, sender = self._dealer(address, peer_id)  # (send_now made it)
@@ -596,9 +601,16 @@ class ZmqTransport(Transport):
                 if sent is not None:
                     break
                 if self._held_back:
-                    # Writable, but over its bound in bytes (_over_bound): ZeroMQ says
-                    # nothing when it writes, so look again a moment later.
+                    # Writable, but over its bound in bytes (_over_bound), or behind a send
+                    # that is: ZeroMQ says nothing when it writes, so look again a moment
+                    # later (and not on a link closed meanwhile: a review).
+                    if not holding and frames_nbytes(frames) >= LARGE_MESSAGE_BYTES:
+                        holding = True
+                        self._holding[key] = self._holding.get(key, 0) + 1
                     await asyncio.sleep(min(0.02, max(0.0, deadline - loop.time())))
+                    if self._closing or self._senders.get(key) is not sender:
+                        self.stats.send_failures += 1
+                        return False
                 # (another waiter's message took the room: wait again, for the time left)
         except asyncio.CancelledError:
             # forget() closed this socket under us (its peer said goodbye): a failed
@@ -613,6 +625,10 @@ class ZmqTransport(Transport):
             self._waiting[key] -= 1
             if not self._waiting[key]:
                 del self._waiting[key]
+            if holding:
+                self._holding[key] -= 1
+                if not self._holding[key]:
+                    del self._holding[key]
         if self._waiting.get(key):
             # Other sends wait for this link: our send on the shadow may have taken the
             # edge that would wake their poll. Reading EVENTS on the asyncio socket makes

@@ -737,3 +737,58 @@ async def until_async(condition, timeout_s: float = 15.0) -> None:
     while not condition():
         assert loop.time() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+def test_a_send_held_back_over_the_bound_keeps_its_place_and_ends_with_its_link():
+    # A review of the bound: while a large send waited for the link to drain, a small
+    # one sent after it went first (the outbox keeps a link's sends in order), and a
+    # send still waiting when its link was closed (forget: the member said goodbye)
+    # dialled the address again.
+    import zmq
+
+    from hfl.protocol import decode
+
+    async def main():
+        a, = await started(ZmqTransport("a", "tcp://127.0.0.1:0",
+                                        options=TransportOptions(min_queued_bytes=8 * 2**20)))
+        ctx = zmq.Context()
+        member = ctx.socket(zmq.ROUTER)
+        member.rcvhwm = 1
+        member.setsockopt(zmq.RCVBUF, 4096)
+        member.bind("tcp://127.0.0.1:*")
+        address = member.getsockopt_string(zmq.LAST_ENDPOINT)
+        big = encode(Knowledge(sender="a", incarnation=0, round=1, kind="weights",
+                               tensors={"w": np.ones(2**18, np.float32)}))  # 1 MiB
+        try:
+            while await a.send(address, big, 0.05):  # up to the bound
+                pass
+            held = asyncio.ensure_future(a.send(address, big, 10.0))
+            await until_async(lambda: a._holding)
+            small = asyncio.ensure_future(a.send(address, encode(Heartbeat(
+                sender="a", incarnation=0, round=7)), 10.0))
+            await asyncio.sleep(0.1)  # (time for the small one to overtake, as it did)
+            assert not small.done()
+            arrived = []
+
+            def read() -> bool:
+                while member.poll(0):
+                    arrived.append(decode(member.recv_multipart()[1:]).TYPE)
+                return held.done() and small.done() and "heartbeat" in arrived
+
+            await until_async(read)
+            assert held.result() and small.result()
+            assert arrived.index("heartbeat") == len(arrived) - 1, arrived
+            # Held back again, then the link is closed: the send fails, no link is made.
+            while await a.send(address, big, 0.05):
+                pass
+            held = asyncio.ensure_future(a.send(address, big, 10.0))
+            await until_async(lambda: a._holding)
+            await a.forget(address)
+            assert await held is False
+            assert not any(k[0] == address for k in a._dealers)
+        finally:
+            await a.close()
+            member.close(linger=0)
+            ctx.term()
+
+    asyncio.run(main())
