@@ -685,25 +685,31 @@ def test_a_link_whose_member_never_read_and_left_frees_its_queue_without_hanging
     assert done.stdout.split() == ["released", "300"], (done.stdout, done.stderr)
 
 
+async def bounded_link_to_a_silent_member():
+    """(transport "a" bounded at 8 MiB per link, zmq context, a member's ROUTER that
+    reads nothing until told, its address, a 1 MiB knowledge message)."""
+    import zmq
+
+    a, = await started(ZmqTransport("a", "tcp://127.0.0.1:0",
+                                    options=TransportOptions(min_queued_bytes=8 * 2**20)))
+    ctx = zmq.Context()
+    member = ctx.socket(zmq.ROUTER)
+    member.rcvhwm = 1
+    member.setsockopt(zmq.RCVBUF, 4096)
+    member.bind("tcp://127.0.0.1:*")
+    frames = encode(Knowledge(sender="a", incarnation=0, round=1, kind="weights",
+                              tensors={"w": np.ones(2**18, np.float32)}))  # 1 MiB
+    return a, ctx, member, member.getsockopt_string(zmq.LAST_ENDPOINT), frames
+
+
 def test_a_link_whose_member_does_not_read_holds_a_bounded_number_of_bytes(caplog):
     # The same review: a member that kept its link open and never read held 1,000 of
     # each peer's messages (ZeroMQ's send_hwm counts messages): 320-400 MB a minute a
     # peer with 1.3 MB knowledge, 45 GB for a 45 MB model. Large messages not yet
     # written to the connection are bounded in bytes now; beyond it a send waits (up
     # to its timeout) as on a full queue, and once the member reads they go again.
-    import zmq
-
     async def main():
-        a, = await started(ZmqTransport("a", "tcp://127.0.0.1:0",
-                                        options=TransportOptions(min_queued_bytes=8 * 2**20)))
-        ctx = zmq.Context()
-        member = ctx.socket(zmq.ROUTER)
-        member.rcvhwm = 1
-        member.setsockopt(zmq.RCVBUF, 4096)
-        member.bind("tcp://127.0.0.1:*")
-        address = member.getsockopt_string(zmq.LAST_ENDPOINT)
-        frames = encode(Knowledge(sender="a", incarnation=0, round=1, kind="weights",
-                                  tensors={"w": np.ones(2**18, np.float32)}))  # 1 MiB
+        a, ctx, member, address, frames = await bounded_link_to_a_silent_member()
         try:
             with caplog.at_level(logging.WARNING, logger="hfl.peer.transport"):
                 sent = [await a.send(address, frames, 0.05) for _ in range(200)]
@@ -744,21 +750,10 @@ def test_a_send_held_back_over_the_bound_keeps_its_place_and_ends_with_its_link(
     # one sent after it went first (the outbox keeps a link's sends in order), and a
     # send still waiting when its link was closed (forget: the member said goodbye)
     # dialled the address again.
-    import zmq
-
     from hfl.protocol import decode
 
     async def main():
-        a, = await started(ZmqTransport("a", "tcp://127.0.0.1:0",
-                                        options=TransportOptions(min_queued_bytes=8 * 2**20)))
-        ctx = zmq.Context()
-        member = ctx.socket(zmq.ROUTER)
-        member.rcvhwm = 1
-        member.setsockopt(zmq.RCVBUF, 4096)
-        member.bind("tcp://127.0.0.1:*")
-        address = member.getsockopt_string(zmq.LAST_ENDPOINT)
-        big = encode(Knowledge(sender="a", incarnation=0, round=1, kind="weights",
-                               tensors={"w": np.ones(2**18, np.float32)}))  # 1 MiB
+        a, ctx, member, address, big = await bounded_link_to_a_silent_member()
         try:
             while await a.send(address, big, 0.05):  # up to the bound
                 pass
