@@ -1534,7 +1534,7 @@ class PeerCore:
         digest = self.digest_of(msg)
         signed = dataclasses.replace(msg, sig=self.sign("result", msg.round, msg.epoch, digest),
                                      **self.justification(msg.round, promised))
-        self._digests = [(signed, digest), *self._digests[:1]]  # (the same payload)
+        self._remember_digest(signed, digest)  # (the same payload)
         return signed
 
     def digest_of(self, res: AggregateResult) -> str:
@@ -1545,8 +1545,11 @@ class PeerCore:
             if held is res:
                 return digest
         digest = payload_digest(res)
-        self._digests = [(res, digest), *self._digests[:1]]
+        self._remember_digest(res, digest)
         return digest
+
+    def _remember_digest(self, res: AggregateResult, digest: str) -> None:
+        self._digests = [(res, digest), *self._digests[:1]]
 
     def _unjustified(self, r: int, epoch: int, digest: str, promises: Any,
                      proofs: dict[str, Any], memo: dict[str, str | None],

@@ -269,8 +269,9 @@ class RoundRecorder:
         task wrapper, which passes it on) cut the wait, the peer exited between the
         row and the checkpoint, and the resume dropped the row (16 of 20 stops with a
         second cancel during a 50 ms write): the likely cause of a peer that skipped a
-        round in a CI run of test_slurm. (A write cut anyway, past the timeout or by SIGKILL, leaves the
-        checkpoint before it, which is atomic; the resume drops the row: trim_metrics.)"""
+        round in a CI run of test_slurm. (A write cut anyway, past the timeout or by
+        SIGKILL, leaves the checkpoint before it, which is atomic; the resume drops the
+        row: trim_metrics.)"""
         self.stopped = True  # a write not yet in the lock sees it and is not begun
         if not self._writing.locked():
             return

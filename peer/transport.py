@@ -538,7 +538,7 @@ class ZmqTransport(Transport):
         """Whether a large message of ``nbytes`` would take the link's queue past its
         bound in bytes (TransportOptions.min_queued_bytes): what it queued before and
         ZeroMQ has not written to the connection yet (its trackers not done), plus this.
-        Said once per address."""
+        Said once each time the link's queue goes over, not again until it has drained."""
         queued = self._queued.get(key)
         if not queued:
             return False
@@ -547,14 +547,16 @@ class ZmqTransport(Transport):
         held = sum(n for tracker, n in queued if not tracker.done)
         bound = max(self.options.min_queued_bytes, 4 * max(self._largest, nbytes))
         if held + nbytes <= bound:
-            if not queued:
+            if not queued:  # drained: a later stall is said again
                 del self._queued[key]
+                self._send_errors.discard((address, "queue"))
             return False
         if (address, "queue") not in self._send_errors and len(self._send_errors) < 1024:
             self._send_errors.add((address, "queue"))
             log.warning("%s: %d MiB of messages queued for %s are not written yet (it does "
-                        "not read, or reads slowly): sends of large messages to it fail "
-                        "until they are (not repeated for this address)", self.peer_id,
+                        "not read, or reads slowly): sends of large messages to it wait, "
+                        "and fail after their timeout, until they are (said again only "
+                        "after its queue drained)", self.peer_id,
                         held >> 20, address)
         return True
 
