@@ -26,7 +26,7 @@ import contextlib
 import logging
 import random
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +36,7 @@ from hfl.peer import instructions as do
 from hfl.peer.clock import MonotonicClock, Pauses
 from hfl.peer.config import CohortConfig, FaultConfig, TimingConfig, uses_swim
 from hfl.peer.core import PeerCore, clip, hello_terms, signing_context
+from hfl.peer.inbox import FloodBudget, Inbox
 from hfl.peer.ledger import RoundLedger
 from hfl.peer.outbox import Outbox
 from hfl.peer.procedures import ALONE, JOINED, RoundProcedures
@@ -127,9 +128,8 @@ class Node:
         self.rng = random.Random(f"{seed}:{peer_id}:{incarnation}")
         self.dropped: Counter[str] = Counter()
         self._repeats = Repeats()  # the same drop or refusal: one log line a minute
-        self._drops_seen = 0  # messages dropped or refused so far (DROP_BUDGET)
-        self._spent: dict[str, list] = {}  # sender -> [its window's start, drops in it]
-        self._pruned_at = float("-inf")  # when _spent was last rid of windows past
+        self._drops_seen = 0  # messages dropped or refused so far (the flood budget's)
+        self.floods = FloodBudget()
         # Failure detection (peer/membership.py): full heartbeats, or SWIM from SWIM_FROM
         # peers on (auto).
         self.swim = uses_swim(getattr(timing, "membership", "auto"), min_peers)
@@ -160,7 +160,9 @@ class Node:
         self.ledger = RoundLedger(peer_id, evaluate_every)
         self._stopping = False
         self.pauses = Pauses(peer_id)  # the times this peer stood still (SIGSTOP, a stalled loop)
-        self._reading_behind = False  # the receive loop holds (or left) messages unread
+        # The receive loop: each sender in turn (_handle may be swapped, by a test).
+        self.inbox = Inbox(lambda: self.transport, lambda i, f: self._handle(i, f),
+                           self._handler_failed)
         self._essential: set[asyncio.Task] = set()  # the receive and tick loops
         self._runner: asyncio.Task | None = None  # the task in run(), cancelled if one dies
         self._fatal: tuple[str, BaseException] | None = None  # (loop, what killed it)
@@ -187,7 +189,7 @@ class Node:
         # The round procedures decide; this shell carries their instructions out (_drive).
         self.procedures = RoundProcedures(
             self.core, now=self.clock.now, paused=lambda: self.pauses.total,
-            reading_behind=lambda: self._reading_behind, fanout=fanout,
+            reading_behind=lambda: self.inbox.reading_behind, fanout=fanout,
             plan_key=f"{cohort.name}:{cohort.seed}", overlap=getattr(cohort, "overlap", False),
             retry_aggregate=getattr(algorithm, "aggregate_is_pure", True))
         self._started: asyncio.Task | None = None  # a StartCompute's call (cohort.overlap)
@@ -218,7 +220,7 @@ class Node:
         log.info("%s listening on %s, reachable at %s (incarnation %d)", self.id,
                  self.transport.address, self.membership.self_address, self.incarnation)
         background = [
-            self._spawn(self._receive_loop(), "receive"),
+            self._spawn(self.inbox.run(), "receive"),
             self._spawn(self._tick_loop(), "tick"),
         ]
         self._essential = set(background)
@@ -291,43 +293,9 @@ class Node:
 
     # ================================================================ receiving
 
-    #: Messages read ahead of handling, at most (all senders together): beyond them the
-    #: transport's own buffers (ZeroMQ's high-water mark) hold the rest back.
-    READ_AHEAD = 64
-
-    async def _receive_loop(self) -> None:
-        """Handle what arrives, one message per sender in turn, and let the other tasks
-        run between turns. A member's flood then costs the others one turn each, not
-        its whole backlog, and never stops this peer's heartbeats: a message already
-        waiting made every ``await recv()`` return at once, so the loop never gave way
-        and a flooded peer went silent until the others declared it dead (issue 35).
-        Nothing is dropped here: what is not read ahead waits in the transport, which
-        takes from each connection in turn."""
-        queues: dict[str, deque] = {}
-        held = 0
-        while True:
-            if not queues:
-                identity, frames = await self.transport.recv()
-                queues[identity] = deque([frames])
-                held = 1
-            while held < self.READ_AHEAD and (got := self.transport.recv_nowait()) is not None:
-                queues.setdefault(got[0], deque()).append(got[1])
-                held += 1
-            # Read ahead to the limit: more may wait in the transport, unread (the
-            # aggregator does not ask for contributions that may be among them).
-            self._reading_behind = held >= self.READ_AHEAD
-            for identity in list(queues):
-                frames = queues[identity].popleft()
-                held -= 1
-                if not queues[identity]:
-                    del queues[identity]
-                try:
-                    self._handle(identity, frames)
-                except Exception:  # a bug in a handler must not kill the peer
-                    log.exception("%s: handler failed on a message from %s", self.id, identity)
-                    self.dropped["handler_error"] += 1
-            self._reading_behind = self._reading_behind or held > 0
-            await asyncio.sleep(0)
+    def _handler_failed(self, identity: str) -> None:
+        log.exception("%s: handler failed on a message from %s", self.id, identity)
+        self.dropped["handler_error"] += 1
 
     def _drop(self, code: str, reason: str) -> None:
         self.dropped[code] += 1
@@ -338,19 +306,11 @@ class Node:
             log.warning("%s: dropped message: %s%s", self.id, reason, Repeats.suffix(more))
         self._observe("dropped", self, code=str(code), reason=reason)
 
-    #: Messages of one sender (the connection's identity) dropped or refused within a
-    #: second, at most: beyond them its messages are dropped unread until that second
-    #: is over (``flooding``, said once a second). Each message dropped costs a decode
-    #: and its checks (a digest, a signature): a member's flood of knowledge with bad
-    #: signatures, 100,200 in 15 s at one peer, slowed every peer's rounds from about
-    #: 0.6 s to 11.6 s (an attack review, 2026-11-29). An honest member has a handful
-    #: of messages dropped in a minute (late, repeated), never dozens in a second.
-    DROP_BUDGET = 64
-
     def _handle(self, identity: str, frames: list) -> None:
+        """One message: decoded, then the core's instructions carried out. A sender past
+        its flood budget (peer/inbox.py) is dropped unread."""
         now = self.clock.now()
-        spent = self._spent.get(identity)
-        if spent is not None and spent[1] > self.DROP_BUDGET and now - spent[0] < 1.0:
+        if self.floods.muted(identity, now):
             self.dropped["flooding"] += 1  # unread: counted, not said again
             return
         before = self._drops_seen
@@ -361,22 +321,8 @@ class Node:
         else:
             log.debug("%s: <- %s from %s", self.id, msg.TYPE, msg.sender)
             self._execute(self.core.handle(identity, msg, now))
-        if self._drops_seen != before:
-            self._count_drop(identity, now, spent)
-
-    def _count_drop(self, identity: str, now: float, spent: list | None) -> None:
-        """One more message of ``identity`` dropped: past DROP_BUDGET within a second,
-        its next ones are not read until the second is over."""
-        if spent is None or now - spent[0] >= 1.0:
-            if len(self._spent) >= 1024 and now - self._pruned_at >= 1.0:
-                # (ids of a plaintext flood: windows past are kept no more; once a second,
-                # not at each new window: a review measured 2.9 s of CPU for 8,000 ids)
-                self._pruned_at = now
-                self._spent = {k: v for k, v in self._spent.items() if now - v[0] < 1.0}
-            spent = self._spent[identity] = [now, 0]
-        spent[1] += 1
-        if spent[1] == self.DROP_BUDGET + 1:
-            self._drop("flooding", f"{identity}: more than {self.DROP_BUDGET} of its messages "
+        if self._drops_seen != before and self.floods.charge(identity, now):
+            self._drop("flooding", f"{identity}: more than {self.floods.limit} of its messages "
                                    "dropped within a second: the rest of its messages that "
                                    "second are dropped unread")
 

@@ -106,3 +106,77 @@ def test_a_members_flood_does_not_make_its_target_look_dead_to_the_others(tmp_pa
     for p in ("p1", "p2"):
         assert not [c for c in changes[p] if c[0] == "p0"], (p, changes[p])
     assert all(len(res.metrics) == rounds for res in results.values())
+
+
+# ---------------------------------------------------------------- the inbox, bare
+
+
+def test_a_sender_past_its_flood_budget_is_muted_for_the_rest_of_that_second_only():
+    from hfl.peer.inbox import FloodBudget
+
+    b = FloodBudget(limit=3)
+    said = [b.charge("m", 10.0 + i * 0.01) for i in range(5)]
+    assert said == [False, False, False, True, False]  # said once, as the limit is passed
+    assert b.muted("m", 10.5) and not b.muted("other", 10.5)
+    assert not b.muted("m", 11.0)  # its second is over
+    assert [b.charge("m", 11.0 + i * 0.01) for i in range(4)] == [False, False, False, True]
+    # Drops spread thinner than the limit a second never mute anyone.
+    b = FloodBudget(limit=3)
+    assert not any(b.charge("m", t * 0.4) for t in range(40))
+    assert not b.muted("m", 16.0)
+
+
+def test_a_flood_of_sender_ids_keeps_the_budgets_memory_bounded():
+    # A plaintext flood can use a new id per message: windows past are pruned, once a
+    # second, so what is kept stays about one second's senders.
+    from hfl.peer.inbox import FloodBudget
+
+    b = FloodBudget(limit=2)
+    for i in range(5 * FloodBudget.KEEP):
+        b.charge(f"id{i}", i * 0.001)  # 1,000 new ids a second
+    assert len(b) <= FloodBudget.KEEP + 1000 + 1
+
+
+def test_the_inbox_takes_senders_in_turn_and_says_when_it_reads_behind():
+    # One sender's backlog waits in the transport; the other sender's one message is
+    # handled in the first turn, not after the backlog.
+    from collections import deque
+
+    from hfl.peer.inbox import Inbox
+
+    class Waiting:  # what a transport holds unread, in arrival order
+        def __init__(self, items):
+            self.items = deque(items)
+
+        def recv_nowait(self):
+            return self.items.popleft() if self.items else None
+
+        async def recv(self):
+            while not self.items:
+                await asyncio.sleep(0)
+            return self.items.popleft()
+
+    backlog = Inbox.READ_AHEAD + 20
+    transport = Waiting([("flooder", [b"%d" % i]) for i in range(backlog)] + [("other", [b"x"])])
+    handled, behind, failed = [], [], []
+    inbox = None
+
+    def handle(identity, frames):
+        handled.append(identity)
+        behind.append(inbox.reading_behind)
+        if frames == [b"7"]:
+            raise ValueError("a handler's bug")
+
+    inbox = Inbox(lambda: transport, handle, failed.append)
+
+    async def main():
+        task = asyncio.create_task(inbox.run())
+        while len(handled) < backlog + 1:
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert failed == ["flooder"]  # counted, and the loop went on
+    assert handled.index("other") < Inbox.READ_AHEAD  # read ahead: the second sender's turn
+    assert behind[0] is True and behind[-1] is False

@@ -210,20 +210,20 @@ def test_a_peer_knows_when_messages_wait_unread_so_an_aggregator_asks_for_none(t
     other = InMemoryTransport("p1", "mem://p1", hub)
     seen: list[bool] = []
     handle = node._handle
-    node._handle = lambda identity, frames: (seen.append(node._reading_behind),
+    node._handle = lambda identity, frames: (seen.append(node.inbox.reading_behind),
                                              handle(identity, frames))
-    n = node.READ_AHEAD + 10
+    n = node.inbox.READ_AHEAD + 10
 
     async def main():
         await node.transport.start()
         await other.start()
         for _ in range(n):  # all waiting before the loop reads any
             await other.send("mem://p0", encode(Heartbeat(sender="p1", incarnation=0, round=1)), 1.0)
-        loop = asyncio.create_task(node._receive_loop())
+        loop = asyncio.create_task(node.inbox.run())
         try:
             await until(lambda: len(seen) == n, "every message handled")
             await asyncio.sleep(0)  # the pass that handled the last one ends
-            return node._reading_behind
+            return node.inbox.reading_behind
         finally:
             loop.cancel()
             await asyncio.gather(loop, return_exceptions=True)
