@@ -81,10 +81,13 @@ def confidence_weights(previous_loss: dict[str, float], current_loss: dict[str, 
     sum_j quality_j, and w_k = softmax(amount)_k over all P peers. Only the
     weights of the other peers are used, so they sum to less than 1, as in that
     code. Returns None (use eq. 3's uniform weights) when a peer lacks last
-    round's loss, or when the qualities sum to zero or are not finite.
+    round's loss, when a loss this round is 0 (cross-entropy reaches exactly 0.0 in
+    float32 on a confident enough model: the quality divided by it, a review saw the
+    peer's absorb raise ZeroDivisionError), or when the qualities sum to zero or are
+    not finite.
     """
     peers = sorted(current_loss)
-    if len(peers) < 2 or any(p not in previous_loss for p in peers):
+    if len(peers) < 2 or any(p not in previous_loss or not current_loss[p] > 0 for p in peers):
         return None
     quality = torch.tensor([(previous_loss[p] - current_loss[p]) / current_loss[p] for p in peers],
                            dtype=torch.float64)

@@ -96,6 +96,9 @@ def test_confidence_weights_follow_the_authors_formula():
     assert [got[k] for k in "abc"] == pytest.approx(list(soft), rel=1e-12)
     assert confidence_weights({"a": 1.0}, cur) is None  # a peer without last round's loss
     assert confidence_weights({"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 1.0}) is None  # qualities sum to 0
+    # A loss of exactly 0.0 (float32 cross-entropy of a confident model) has no relative
+    # drop: uniform weights, not a ZeroDivisionError in the peer's absorb (a review).
+    assert confidence_weights({"a": 0.5, "b": 1.0}, {"a": 0.0, "b": 0.9}) is None
 
 
 # ---------------------------------------------------------------- mdhfl on tensors
