@@ -64,7 +64,20 @@ def load_builtin(name: str, **kwargs: object) -> ArrayDataset:
     missing = [r for r in required if r not in kwargs]
     if missing:
         raise ValueError(f"built-in dataset {name!r} needs option(s) {', '.join(missing)}")
+    if (flag := wrong_flag(fn, kwargs)) is not None:
+        raise ValueError(f"built-in dataset {name!r}: {flag[1]}")
     return fn(**kwargs)
+
+
+def wrong_flag(fn, options: dict) -> tuple[str, str] | None:
+    """(the option, why) where an option of ``fn`` whose default is true or false got
+    another value (a string "no" is true in Python: ``flatten: "no"`` flattened, a
+    review), else None."""
+    for prm in inspect.signature(fn).parameters.values():
+        value = options.get(prm.name, prm.default)
+        if isinstance(prm.default, bool) and not isinstance(value, bool):
+            return prm.name, f"option {prm.name!r}: got {value!r}; allowed: true, false"
+    return None
 
 
 @functools.cache

@@ -105,9 +105,12 @@ def load_npz(
             raise ValueError(f"{p}: array {y_key!r} holds label {int(y.max())}, but "
                              f"data.options.classes names {len(classes)} ({_shown(classes)})")
         num_classes = len(classes)
-    if scale is not None:
-        x = (np.asarray(x, dtype=np.float32) / np.float32(scale)).astype(np.float32)
-    _check_finite(x, f"{p}: array {x_key!r}")
+    if scale is not None:  # (float64 stays float64 until checked: 1e39 / 1e10 is fine)
+        wide = np.float64 if x.dtype == np.float64 else np.float32
+        with np.errstate(over="ignore"):  # (an overflow is named by the check below)
+            x = np.asarray(x, dtype=wide) / wide(scale)
+    _check_finite(x, f"{p}: array {x_key!r}" + ("" if scale is None else
+                                                 f" divided by data.options.scale {scale}"))
     try:
         return ArrayDataset(
             x=x, y=y, num_classes=_infer_num_classes(y, num_classes), name=name or p.stem,
@@ -183,15 +186,20 @@ def _memory_bytes() -> int | None:
 def _check_finite(x: np.ndarray, where: str) -> None:
     """Features that are NaN or infinite are an error: one such value turns every
     standardised feature and every weight it reaches into NaN (silently, on the
-    peer; the cohort then leaves the peer's contributions out)."""
+    peer; the cohort then leaves the peer's contributions out). So are values beyond
+    float32's range (3.4e38), which features are stored and trained in: they become
+    infinite there (a review: a float64 file with a pixel of 1e39 passed the check
+    and the run trained to NaN)."""
     if not np.issubdtype(x.dtype, np.floating):
         return
-    bad = ~np.isfinite(x)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(x) | (np.abs(x) > np.finfo(np.float32).max)
     if bad.any():
         first = np.unravel_index(int(np.argmax(bad)), x.shape)
-        raise ValueError(f"{where}: {int(bad.sum())} value(s) are NaN or infinite (the first at "
-                         f"index {tuple(int(i) for i in first)}, {x[first]!r}); fill or drop "
-                         "those samples")
+        raise ValueError(f"{where}: {int(bad.sum())} value(s) are NaN, infinite or beyond "
+                         f"float32's range of ±3.4e38 (the first at index "
+                         f"{tuple(int(i) for i in first)}, {x[first]!r}); fill, rescale or "
+                         "drop those samples")
 
 
 def load_csv(
@@ -314,7 +322,9 @@ def load_csv(
         names.extend(f"{col}={c}" for c in categories)
         columns.extend([col] * len(categories))
         numeric.extend([False] * len(categories))
-    x = np.concatenate(blocks, axis=1).astype(np.float32)  # (N, F)
+    x = np.concatenate(blocks, axis=1)  # (N, F)
+    _check_finite(x, str(p))
+    x = x.astype(np.float32)
     y, inferred, names_of_classes = _csv_labels(cells[t], line_nos, p, target, classes)
     if names_of_classes is not None and num_classes is not None and num_classes != inferred:
         raise ValueError(f"{p}: num_classes {num_classes} with text labels: name every class in "
@@ -556,8 +566,8 @@ def load_image_folder(
     images: list[np.ndarray] = []
     labels: list[int] = []
     first: Path | None = None
+    listed = []
     for folder in class_dirs:
-        label = index[folder.name]
         files = sorted(
             (f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES),
             key=lambda f: f.name,
@@ -566,6 +576,20 @@ def load_image_folder(
             raise FileNotFoundError(
                 f"{folder}: class folder {folder.name!r} holds no .png/.jpg/.jpeg image"
             )
+        listed.append((folder, files))
+    have = _memory_bytes()
+    if target is not None and have is not None:
+        # x as float32 and its images as bytes, before any is resized: a size the
+        # machine cannot hold is an error, not an allocation the kernel kills the peer for
+        # (a review: size 100000 took 22 GB before the OOM killer).
+        need = sum(len(f) for _, f in listed) * (1 if grayscale else 3) * target[0] * target[1] * 5
+        if need > have // 2:
+            raise ValueError(f"{p}: {sum(len(f) for _, f in listed)} image(s) resized to "
+                             f"{target[0]}x{target[1]} (data.options.size) need "
+                             f"{need / 2**30:.1f} GiB, more than half this machine's memory "
+                             f"({have / 2**30:.1f} GiB)")
+    for folder, files in listed:
+        label = index[folder.name]
         for f in files:
             try:
                 with Image.open(f) as im:

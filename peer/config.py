@@ -55,7 +55,11 @@ class NodeConfig:
                                       "with security: none a bare address also works); the rest is "
                                       "learned by gossip"}
     )
-    run_dir: str = field(default="runs/{id}", metadata={"help": "metrics, logs and checkpoints; {id} expands"})
+    run_dir: str = field(default="runs/{id}", metadata={
+        "help": "metrics, logs and checkpoints; {id} expands", "pattern": r"(?!\.?/?$)[^\x00]+",
+        # (as hfl-launch's run_dir: '' wrote checkpoint.pt and the rest into the current
+        # folder, a review)
+        "means": "a folder path other than '' or '.' (the peer writes its checkpoint there)"})
     device: str = field(default="cpu", metadata={"pattern": DEVICE_PATTERN,
                                                           "means": DEVICE_MEANS})
     threads: int | None = field(default=None, metadata={"min": 1, "max": 4096,

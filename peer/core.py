@@ -867,6 +867,19 @@ class PeerCore:
         return out
 
     def _on_hello(self, msg: Hello, now: float) -> list[Instruction]:
+        if msg.sender == self.id:
+            if msg.address == self.membership.self_address:
+                return []  # our own hello (a bootstrap list that names us)
+            # Another process runs with this peer's node.id: before, both sides took the
+            # other's hello and welcome for their own, and each stopped saying nobody
+            # answered at the bootstrap address (a review).
+            return [Dropped("address_conflict", f"hello from another peer with this peer's "
+                            f"id {self.id}, at {clip(msg.address, 80)}: every peer of a cohort "
+                            "needs a node.id of its own"),
+                    Reply(msg.address, Error(**self.envelope(), code=ErrorCode.COHORT_MISMATCH,
+                                             reason=f"{self.id} is this peer's id too: every "
+                                                    "peer needs a node.id of its own",
+                                             ref_type="hello"), msg.sender)]
         problem = self.incompatibility(msg)
         if problem:
             field_name, theirs, ours = problem

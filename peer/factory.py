@@ -105,10 +105,15 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
     try:
         if cfg.partition == "domain":
             import hfl.data
+            from hfl.data.builtin import wrong_flag
 
+            if (flag := wrong_flag(getattr(hfl.data, cfg.dataset), cfg.options)) is not None:
+                raise ValueError(flag[1])
             domains = getattr(hfl.data, cfg.dataset)(**cfg.options)
         else:
             full = _load_dataset(cfg.dataset, cfg.path, cfg.target, cfg.options)
+    except ConfigError:  # (an option named by its own path: not "cannot load" around it)
+        raise
     except (OSError, ValueError, KeyError, TypeError, EOFError, MemoryError) as exc:
         raise ConfigError("data", f"cannot load dataset {cfg.dataset!r}: {exc}") from exc
     public_set = None
@@ -144,6 +149,10 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
 
     global_test = None
     pool = full
+    if len(full) < 2:  # (a file with no row, or one: nothing to split, let alone learn)
+        raise ConfigError("data", f"dataset {cfg.dataset!r}"
+                          + (f" ({cfg.path})" if cfg.path else "")
+                          + f" holds {len(full)} sample(s): a cohort's data needs many")
     if cfg.global_test_fraction > 0:
         pool_idx, global_idx = train_test_split_indices(
             len(full), cfg.global_test_fraction, cfg.seed, stratify=full.y
@@ -171,6 +180,18 @@ def load_peer_data(cfg: DataConfig) -> PeerData:
         global_test = None if global_test is None else scaler(global_test)
         public_set = None if public_set is None else scaler(public_set)
     _warn_unscaled(split["private"], scaler is not None, cfg.dataset)
+    if _counted(full, cfg) and len(full.y) and (low := int(full.y.min())) > 0:
+        # (labels numbered from 1 are common: they count a class 0 that never occurs,
+        # an output that is only ever trained down; a review)
+        import logging
+
+        absent = "class 0 never occurs but counts" if low == 1 else \
+            f"classes 0-{low - 1} never occur but count"
+        logging.getLogger("hfl.peer").warning(
+            "%s: the lowest label is %d, so %s among the %d classes (labels are numbered "
+            "from 0; num_classes counted as the highest label + 1). Labels numbered from 1: "
+            "subtract 1. Meant (other peers hold them): set data.options.num_classes",
+            cfg.path, low, absent, full.num_classes)
     train, noise_rate = _noisy(split["private"], cfg)
     return PeerData(
         train=train, test=split["test"], global_test=global_test,
@@ -222,6 +243,10 @@ def _check_options(loader, options: dict[str, Any], dataset: str) -> None:
 
             raise ConfigError(f"data.options.{key}", f"not an option of dataset {dataset}; "
                               f"allowed: {', '.join(allowed)}{_did_you_mean(key, allowed)}")
+    from hfl.data.builtin import wrong_flag
+
+    if (flag := wrong_flag(loader, options)) is not None:
+        raise ConfigError(f"data.options.{flag[0]}", flag[1])
 
 
 def _load_public_set(cfg: PublicSetConfig, private):

@@ -115,8 +115,22 @@ def _check_same_model(cfg: PeerConfig, run_dir: Path, saved: dict[str, Any] | No
 
 
 def checkpoint_owner(cfg: PeerConfig) -> dict[str, Any]:
-    """Whose rounds a checkpoint holds: this peer of this cohort's run."""
-    return {"peer": cfg.node.id, "cohort": cfg.cohort.name, "run": cfg.cohort.run}
+    """Whose rounds a checkpoint holds: this peer of this cohort's run, on this data."""
+    return {"peer": cfg.node.id, "cohort": cfg.cohort.name, "run": cfg.cohort.run,
+            "data": checkpoint_data(cfg)}
+
+
+def checkpoint_data(cfg: PeerConfig) -> dict[str, Any]:
+    """The peer's ``data`` section as its checkpoint records it: all but where the
+    files are (``path``, ``options.root``: a dataset moved to another folder is the
+    same data)."""
+    import dataclasses
+
+    data = json.loads(json.dumps(dataclasses.asdict(cfg.data), default=str))
+    data.pop("path", None)
+    if isinstance(data.get("options"), dict):
+        data["options"].pop("root", None)
+    return data
 
 
 def _check_owner(cfg: PeerConfig, run_dir: Path, saved: Any) -> None:
@@ -127,7 +141,15 @@ def _check_owner(cfg: PeerConfig, run_dir: Path, saved: Any) -> None:
     if not isinstance(saved, dict):
         return
     mine = checkpoint_owner(cfg)
-    differs = [k for k in mine if saved.get(k) != mine[k]]
+    if "data" in saved and (changed := config_differences(saved["data"], mine["data"])):
+        # (a review: resumed on another partition, with label noise, and its rows went
+        # on in the same metrics.jsonl as the old data's)
+        raise ConfigError("data", f"the checkpoint in {run_dir} was trained on other data "
+                          f"({'; '.join(f'data.{c}' for c in changed[:4])}"
+                          f"{'; ...' if len(changed) > 4 else ''}): a peer's data cannot "
+                          "change on resume: node.resume: false (hfl-launch --fresh) starts "
+                          "over, or use another node.run_dir")
+    differs = [k for k in ("peer", "cohort", "run") if saved.get(k) != mine[k]]
     if differs:
         field = {"peer": "node.id", "cohort": "cohort.name", "run": "cohort.run"}[differs[0]]
         raise ConfigError(field, f"the checkpoint in {run_dir} holds the rounds of "

@@ -57,6 +57,22 @@ def test_the_core_imports_no_io():
         assert not imported & {"asyncio", "zmq", "socket", "time", "os", "threading"}, name
 
 
+def test_a_hello_from_another_peer_with_our_id_is_refused_naming_the_id():
+    # Two processes started with one node.id: each took the other's hello and welcome for
+    # its own, and both ended saying nobody answered at the bootstrap address (a review).
+    core = bare()
+    twin = dataclasses.replace(hello("p0"), address="mem://elsewhere")
+    out = core.handle("p0", twin, 1.0)
+    dropped = [i for i in out if isinstance(i, Dropped)]
+    assert [d.code for d in dropped] == ["address_conflict"]
+    assert "id p0" in dropped[0].reason and "node.id of its own" in dropped[0].reason
+    (reply,) = [i for i in out if isinstance(i, Reply)]
+    assert reply.address == "mem://elsewhere" and "node.id of its own" in reply.msg.reason
+    assert "p0" not in core.membership.members
+    # Our own hello, come back through a bootstrap list that names us: nothing.
+    assert core.handle("p0", dataclasses.replace(hello("p0"), address="mem://p0"), 1.0) == []
+
+
 def test_a_hello_that_disagrees_is_refused_naming_the_field_and_only_then_our_value():
     # PROTOCOL.md, hello: the reason names the field; only over an authenticated link does
     # it give the receiver's own value.

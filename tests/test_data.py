@@ -421,11 +421,11 @@ def test_features_that_are_nan_or_infinite_are_refused_naming_where(tmp_path: Pa
     x = np.ones((6, 3), dtype=np.float32)
     x[4, 2] = np.nan
     np.savez(tmp_path / "n.npz", x=x, y=np.arange(6) % 2)
-    with pytest.raises(ValueError, match=r"n\.npz: array 'x': 1 value\(s\) are NaN or infinite "
-                       r"\(the first at index \(4, 2\)"):
+    with pytest.raises(ValueError, match=r"n\.npz: array 'x': 1 value\(s\) are NaN, infinite or "
+                       r"beyond float32's range of ±3\.4e38 \(the first at index \(4, 2\)"):
         load_npz(tmp_path / "n.npz")
     np.savez(tmp_path / "f16.npz", x=np.array([[np.inf], [1.0]], dtype=np.float16), y=[0, 1])
-    with pytest.raises(ValueError, match="NaN or infinite"):
+    with pytest.raises(ValueError, match="NaN, infinite"):
         load_npz(tmp_path / "f16.npz")
     with pytest.raises(ValueError, match="scale: got inf; expected a finite number > 0"):
         load_npz(tmp_path / "n.npz", scale=float("inf"))
@@ -437,6 +437,29 @@ def test_features_that_are_nan_or_infinite_are_refused_naming_where(tmp_path: Pa
             load_csv(path, target="y")
     path.write_text("a,b,y\n1,2,0\n1,1_000,1\n")  # (float() reads it; a table means otherwise)
     with pytest.raises(ValueError, match="'1_000' is not a number"):
+        load_csv(path, target="y")
+
+
+def test_features_beyond_float32s_range_are_refused_before_they_turn_infinite(
+        tmp_path: Path) -> None:
+    # Features are stored and trained in float32: a float64 pixel of 1e39, or a CSV cell
+    # of 1e299 (finite as float64), passed the check and became inf; the run trained to
+    # NaN and exited 0 (a review).
+    x = np.ones((6, 3))
+    x[2, 1] = 1e39
+    np.savez(tmp_path / "big.npz", x=x, y=np.arange(6) % 2)
+    with pytest.raises(ValueError, match=r"big\.npz: array 'x': 1 value\(s\) are NaN, infinite or "
+                       r"beyond float32's range.*index \(2, 1\)"):
+        load_npz(tmp_path / "big.npz")
+    ds = load_npz(tmp_path / "big.npz", scale=1e10)  # divided first, it fits
+    assert np.isfinite(ds.x).all() and ds.x.max() == pytest.approx(1e29, rel=1e-6)
+    np.savez(tmp_path / "f32.npz", x=np.full((4, 2), 3e38, np.float32), y=[0, 1, 0, 1])
+    with pytest.raises(ValueError, match=r"divided by data\.options\.scale 0\.5"):
+        load_npz(tmp_path / "f32.npz", scale=0.5)  # (overflows as it is divided)
+    path = tmp_path / "t.csv"
+    path.write_text("a,b,y\n1,2,0\n1,1e299,1\n3,4,0\n")
+    with pytest.raises(ValueError, match=r"t\.csv: 1 value\(s\) are NaN, infinite or beyond "
+                       r"float32's range.*index \(1, 1\)"):
         load_csv(path, target="y")
 
 
@@ -477,6 +500,23 @@ def test_text_labels_are_named_and_numbered_alike_on_every_peer_with_classes(
     load_csv(tmp_path / "a.csv", "label")  # (numeric labels name no classes)
     a.write_text("f,label\n1,0\n2,1\n")
     assert load_csv(a, "label").classes is None
+
+
+def test_an_image_size_the_machine_cannot_hold_is_refused_before_any_image_is_resized(
+        tmp_path: Path) -> None:
+    # size 100000 made the peer allocate 22 GB and the kernel kill it, with no message
+    # (a review).
+    from PIL import Image
+
+    from hfl.data import load_image_folder
+
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        Image.new("RGB", (4, 4)).save(tmp_path / c / "0.png")
+    with pytest.raises(ValueError, match=r"2 image\(s\) resized to 100000x100000 "
+                       r"\(data\.options\.size\) need .* GiB, more than half"):
+        load_image_folder(tmp_path, size=100_000)
+    assert load_image_folder(tmp_path, size=6).x.shape == (2, 3, 6, 6)
 
 
 def test_an_image_folder_names_its_classes_and_takes_a_declared_list(tmp_path: Path) -> None:

@@ -48,6 +48,38 @@ def test_missing_files_name_what_is_missing(tmp_path):
                                 options={"angles": [0, 90], "per_class": 10, "size": 8}))
 
 
+def test_a_file_with_too_few_rows_and_a_flag_that_is_not_a_flag_are_named(tmp_path, caplog):
+    # A review: a file of 0 or 1 rows raised a traceback from the global test split; a
+    # string "no" for flatten flattened (it is true in Python).
+    for n in (0, 1):
+        np.savez(tmp_path / f"n{n}.npz", x=np.ones((n, 3), np.float32), y=np.zeros(n, np.int64))
+        with pytest.raises(ConfigError, match=rf"^data: dataset 'npz' \(.*n{n}\.npz\) holds {n} "
+                                              r"sample\(s\)"):
+            load_peer_data(data_cfg(dataset="npz", path=str(tmp_path / f"n{n}.npz")))
+    with pytest.raises(ConfigError, match=r"option 'flatten': got 'no'; allowed: true, false"):
+        load_peer_data(data_cfg(dataset="digits", options={"flatten": "no"}))
+    assert load_peer_data(data_cfg(dataset="digits", options={"flatten": False})).train.input_shape \
+        == (1, 8, 8)
+    from PIL import Image
+
+    for c in ("a", "b"):
+        (tmp_path / "img" / c).mkdir(parents=True)
+        for i in range(6):
+            Image.new("RGB", (4, 4), (40 * i, 0, 0)).save(tmp_path / "img" / c / f"{i}.png")
+    with pytest.raises(ConfigError, match=r"^data\.options\.grayscale: option 'grayscale': got "
+                                          r"'yes'; allowed: true, false"):
+        load_peer_data(data_cfg(dataset="image_folder", path=str(tmp_path / "img"),
+                                options={"grayscale": "yes"}))
+    # Labels numbered from 1 count a class 0 that never occurs: said, not refused.
+    x = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    np.savez(tmp_path / "one_based.npz", x=x, y=np.arange(40) % 3 + 1)
+    with caplog.at_level("WARNING", logger="hfl.peer"):
+        data = load_peer_data(data_cfg(dataset="npz", path=str(tmp_path / "one_based.npz")))
+    assert data.num_classes == 4
+    assert "the lowest label is 1, so class 0 never occurs but counts among the 4 classes" \
+        in caplog.text
+
+
 def test_bad_fraction_sums_and_domain_datasets_fail_at_load_time():
     with pytest.raises(ConfigError, match="leave private data"):
         data_cfg(public_fraction=0.5, val_fraction=0.3, test_fraction=0.2)

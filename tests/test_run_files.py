@@ -319,6 +319,42 @@ def test_stopping_waits_for_a_round_being_written_and_begins_none_after(tmp_path
     assert wrote == [("begun", 1), ("done", 1)]
 
 
+def test_a_checkpoint_trained_on_other_data_is_refused_and_a_moved_dataset_is_not(tmp_path):
+    # A review: hfl-peer resumed a checkpoint on another partition with label noise, and
+    # its rows went on in the same metrics.jsonl as the old data's.
+    from hfl.peer.configtools import ConfigError
+
+    run_dir = tmp_path / "p0"
+    base = cfg_dict(run_dir, rounds=1)
+    run(config_from_dict(base))
+    before = {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()}
+    other = {**base, "cohort": {**base["cohort"], "rounds": 2},
+             "data": {**base["data"], "seed": 7, "test_fraction": 0.3}}
+    with pytest.raises(ConfigError, match=r"^data: the checkpoint .* other data "
+                                          r"\(data\.seed: 0 -> 7; data\.test_fraction: "
+                                          r"0\.2 -> 0\.3\).*cannot change on resume"):
+        run(config_from_dict(other))
+    assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()} == before
+    # Where the files are is not what they hold: the same data elsewhere resumes.
+    from hfl.peer.runner import checkpoint_data
+
+    moved = config_from_dict({**base, "data": {**base["data"], "options": {"root": "/elsewhere"}}})
+    assert checkpoint_data(moved) == checkpoint_data(config_from_dict(base))
+    run(config_from_dict({**base, "cohort": {**base["cohort"], "rounds": 2}}))
+    assert [r["round"] for r in rows(run_dir)] == [1, 2]
+
+
+def test_a_run_dir_of_the_current_folder_is_refused(tmp_path):
+    # node.run_dir: '' wrote checkpoint.pt, metrics.jsonl and the rest into the current
+    # folder (a review); hfl-launch already refused it for its run_dir.
+    from hfl.peer.configtools import ConfigError
+
+    for rd in ("", ".", "./"):
+        with pytest.raises(ConfigError, match=r"node\.run_dir: got .*a folder path other than"):
+            config_from_dict(cfg_dict(rd))
+    assert config_from_dict(cfg_dict(tmp_path / "x")).run_dir == str(tmp_path / "x")
+
+
 def test_a_kill_before_the_first_checkpoint_does_not_list_round_1_twice(tmp_path):
     run_dir = tmp_path / "p0"
     run(config_from_dict(cfg_dict(run_dir, rounds=1)))
