@@ -306,9 +306,11 @@ def metrics_incarnation(path: str | Path) -> int:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON object lines of ``path`` (a torn last line is skipped)."""
+    """The JSON object lines of ``path`` (a torn last line is skipped, and a line a
+    damaged byte made no JSON; bytes that are not UTF-8 read as U+FFFD: they raised
+    UnicodeDecodeError, a traceback of hfl-peer and hfl-launch --resume, a review)."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -330,10 +332,12 @@ def trim_metrics(path: str | Path, last_round: int) -> int:
     The metrics line of a round is written before its checkpoint, so a peer
     killed between the two has a row for a round its checkpoint does not hold;
     that round runs again after the restart (or is skipped by catching up) and
-    must not appear twice. A torn last line goes too. Returns how many lines went."""
+    must not appear twice. A torn last line goes too, and a line a damaged byte made no
+    JSON (bytes that are not UTF-8 read as U+FFFD, as :func:`read_jsonl` reads them).
+    Returns how many lines went."""
     path = Path(path)
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
     except FileNotFoundError:
         return 0
     except OSError as exc:

@@ -36,6 +36,7 @@ from hfl.peer.checkpoint import (
 from hfl.peer.clock import MonotonicClock
 from hfl.peer.config import PeerConfig
 from hfl.peer.configtools import ConfigError, config_differences
+from hfl.peer.core import clip
 from hfl.peer.node import Node, NodeResult
 from hfl.peer.security import signing_of
 from hfl.peer.seeds import SeedStore
@@ -114,10 +115,33 @@ def _check_same_model(cfg: PeerConfig, run_dir: Path, saved: dict[str, Any] | No
         raise _model_changed(cfg, run_dir, "; ".join(config_differences(saved, spec)) or "it differs")
 
 
+def finished_short(cfg: PeerConfig, run_dir: Path) -> None:
+    """A finished run started again ends as it ended: a run that fell short of its cohort
+    (trained alone: exit 3) raises :class:`CohortTooSmall` again. Before, the second
+    start said "nothing to run" and exited 0, so a retry-on-failure wrapper turned a
+    failed run into a success (a review). A summary that is missing (the peer stopped
+    between its last checkpoint and its summary) is said."""
+    try:
+        summary = json.loads((run_dir / SUMMARY_NAME).read_bytes())
+    except FileNotFoundError:
+        log.warning("%s: %s has no %s (the peer stopped after its last round's checkpoint, "
+                    "before writing it): its rounds are in %s", cfg.node.id, run_dir,
+                    SUMMARY_NAME, METRICS_NAME)
+        return
+    except (OSError, ValueError):
+        log.warning("%s: %s in %s is damaged: its rounds are in %s", cfg.node.id, SUMMARY_NAME,
+                    run_dir, METRICS_NAME)
+        return
+    shortfall = summary.get("cohort_shortfall") if isinstance(summary, dict) else None
+    if shortfall and not cfg.node.allow_solo:
+        log.error("%s: %s", cfg.node.id, shortfall)
+        raise CohortTooSmall(str(shortfall))
+
+
 def checkpoint_owner(cfg: PeerConfig) -> dict[str, Any]:
     """Whose rounds a checkpoint holds: this peer of this cohort's run, on this data."""
     return {"peer": cfg.node.id, "cohort": cfg.cohort.name, "run": cfg.cohort.run,
-            "data": checkpoint_data(cfg)}
+            "data": checkpoint_data(cfg), "algorithm": cfg.cohort.algorithm}
 
 
 def checkpoint_data(cfg: PeerConfig) -> dict[str, Any]:
@@ -149,6 +173,13 @@ def _check_owner(cfg: PeerConfig, run_dir: Path, saved: Any) -> None:
                           f"{'; ...' if len(changed) > 4 else ''}): a peer's data cannot "
                           "change on resume: node.resume: false (hfl-launch --fresh) starts "
                           "over, or use another node.run_dir")
+    if "algorithm" in saved and saved["algorithm"] != mine["algorithm"]:
+        # (a fedavg checkpoint resumed as fedh2l raised KeyError from its state, a review)
+        raise ConfigError("cohort.algorithm", f"the checkpoint in {run_dir} holds the rounds "
+                          f"of {saved['algorithm']!r}, not of this config's "
+                          f"{mine['algorithm']!r}: a method cannot change on resume: "
+                          "node.resume: false (hfl-launch --fresh) starts over, or use "
+                          "another node.run_dir")
     differs = [k for k in ("peer", "cohort", "run") if saved.get(k) != mine[k]]
     if differs:
         field = {"peer": "node.id", "cohort": "cohort.name", "run": "cohort.run"}[differs[0]]
@@ -475,11 +506,12 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
             log.warning("%s: %s already finished round %d of %d (its checkpoint): nothing to "
                         "run; node.resume: false starts over, more cohort.rounds continues",
                         cfg.node.id, run_dir, resumed_after, cfg.cohort.rounds)
+            finished_short(cfg, run_dir)
             return NodeResult(rounds_completed=0, last_round=resumed_after)
         dropped = trim_metrics(metrics_path, resumed_after)
         if dropped:
             log.info("%s: dropped %d metrics line(s) past the checkpoint's round %d (that round "
-                     "runs again)", cfg.node.id, dropped, resumed_after)
+                     "runs again), or damaged", cfg.node.id, dropped, resumed_after)
     elif cfg.node.resume and cfg.node.checkpoint:
         # No checkpoint: killed (or the disk filled) between round 1's metrics line and
         # its checkpoint. Round 1 runs again: its row must not repeat. Rows of later
@@ -528,6 +560,12 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         except OptimizerChanged as exc:
             raise ConfigError("train.optimizer", f"{exc}: node.resume: false (hfl-launch "
                               "--fresh) starts over, or use another node.run_dir") from None
+        except (KeyError, TypeError, ValueError) as exc:  # another method's, or its options'
+            raise ConfigError("algorithm", f"the checkpoint in {run_dir} holds another state "
+                              f"than this config's {cfg.cohort.algorithm} builds "
+                              f"({type(exc).__name__}: {clip(str(exc), 120)}): node.resume: "
+                              "false (hfl-launch --fresh) starts over, or use another "
+                              "node.run_dir") from None
         torch.set_rng_state(state["torch_rng"])
         log.info("%s: resumed from checkpoint after round %d (incarnation %d)",
                  cfg.node.id, resumed_after, incarnation)

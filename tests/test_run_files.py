@@ -355,6 +355,50 @@ def test_a_run_dir_of_the_current_folder_is_refused(tmp_path):
     assert config_from_dict(cfg_dict(tmp_path / "x")).run_dir == str(tmp_path / "x")
 
 
+def test_a_finished_run_started_again_ends_as_it_ended(tmp_path, caplog):
+    # A review: a peer that trained alone exits 3; the same command again said "nothing
+    # to run" and exited 0, so a retry-on-failure wrapper turned the failure into a
+    # success.
+    from hfl.peer.status import CohortTooSmall
+
+    run_dir = tmp_path / "p0"
+    cfg = config_from_dict(cfg_dict(run_dir, algorithm="fedavg", rounds=2))
+    with pytest.raises(CohortTooSmall, match="this peer trained alone") as first:
+        run(cfg)
+    with pytest.raises(CohortTooSmall) as again:
+        run(cfg)
+    assert str(again.value) == str(first.value)
+    solo = config_from_dict({**cfg_dict(run_dir, algorithm="fedavg", rounds=2, allow_solo=True)})
+    assert run(solo).rounds_completed == 0  # told to accept it: nothing to run, status 0
+    (run_dir / "summary.json").unlink()  # stopped after its last checkpoint, before this
+    with caplog.at_level("WARNING", logger="hfl.peer"):
+        assert run(cfg).rounds_completed == 0
+    assert "has no summary.json (the peer stopped after its last round's checkpoint" in caplog.text
+
+
+def test_damaged_bytes_in_metrics_and_another_methods_checkpoint_are_one_line_each(tmp_path):
+    # A review: a byte that is not UTF-8 in metrics.jsonl raised UnicodeDecodeError (a
+    # traceback of hfl-peer and of hfl-launch --resume); a fedavg checkpoint resumed
+    # as fedh2l raised KeyError from the method's state.
+    from hfl.peer.checkpoint import read_jsonl
+    from hfl.peer.configtools import ConfigError
+
+    run_dir = tmp_path / "p0"
+    run(config_from_dict(cfg_dict(run_dir, rounds=2)))
+    raw = (run_dir / METRICS_NAME).read_bytes()
+    damaged = raw.replace(b'"round": 1', b'"round": \xb1', 1) + b"\xff"
+    assert damaged != raw + b"\xff"
+    (run_dir / METRICS_NAME).write_bytes(damaged)
+    assert [r["round"] for r in read_jsonl(run_dir / METRICS_NAME)] == [2]
+    run(config_from_dict(cfg_dict(run_dir, rounds=3)))
+    assert [r["round"] for r in rows(run_dir)] == [2, 3]  # the damaged line went, no other
+    before = {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()}
+    with pytest.raises(ConfigError, match=r"^cohort\.algorithm: the checkpoint .* holds the rounds "
+                                          r"of 'solo', not of this config's 'fedavg'"):
+        run(config_from_dict(cfg_dict(run_dir, algorithm="fedavg", rounds=4)))
+    assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()} == before
+
+
 def test_a_kill_before_the_first_checkpoint_does_not_list_round_1_twice(tmp_path):
     run_dir = tmp_path / "p0"
     run(config_from_dict(cfg_dict(run_dir, rounds=1)))
