@@ -88,6 +88,9 @@ class SimOptions:
     #: Byzantine twins (``--byzantine PEER:KIND``, :data:`TWIN_KINDS`): members running
     #: modified code. Any twin gives every peer signing keys (a signed cohort).
     byzantine: list[str] = field(default_factory=list)
+    #: signing keys for every peer without a twin (``--signed``): certified commits, and
+    #: their quorum (3 of 3 or 4, PROTOCOL.md), as hfl-launch's cohorts run
+    signed: bool = False
 
 
 def install_twin(node, kind: str, checker: Checker | None = None) -> None:
@@ -150,7 +153,7 @@ def _configs(opts: SimOptions, root: Path):
             "defaults.cohort.aggregate_at=aggregator",
             # A signed cohort (twins) runs as hfl-launch starts one: with a run id, which
             # what a peer signs binds to (and without which no result is relayed).
-            *(["defaults.cohort.run=1"] if opts.byzantine else []),
+            *(["defaults.cohort.run=1"] if opts.byzantine or opts.signed else []),
             *opts.overrides]
     exp = load_experiment(opts.experiment, sets)
     plans = expand(exp, gpus=[], ports=list(range(1, opts.peers + 1)))
@@ -207,7 +210,7 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     except ValueError as err:
         shutil.rmtree(root, ignore_errors=True)
         raise ConfigError("--byzantine", str(err)) from None
-    keys = sim_keys(seed, ids) if twins else {}
+    keys = sim_keys(seed, ids) if twins or opts.signed else {}
     checker = Checker(mode=mode, everywhere=False, bound_s=bound, twins=twins, rounds=opts.rounds)
     net = SimNetwork(seed, sc.network)
     transports: dict[str, SimTransport] = {}
@@ -481,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a Byzantine twin: that member runs modified code (repeatable; fewer "
                          f"than half the peers): kinds {', '.join(TWIN_KINDS)}; the cohort is "
                          "then signed (PROTOCOL.md, Certified commits, Equivocation)")
+    ap.add_argument("--signed", action="store_true",
+                    help="every peer with signing keys, as hfl-launch starts a cohort (certified "
+                         "commits: PROTOCOL.md); a twin implies it")
     ap.add_argument("--quiet", action="store_true", help="only violations and the summary")
     args = ap.parse_args(argv)
     if args.peers < 2:
@@ -491,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
 
     opts = SimOptions(experiment=args.experiment, overrides=args.set, peers=args.peers,
                       rounds=args.rounds, buggify=args.buggify, keep=args.keep,
-                      faults=args.fault, byzantine=args.byzantine)
+                      faults=args.fault, byzantine=args.byzantine, signed=args.signed)
     seeds = [args.seed] if args.seed is not None else args.seeds
     t0 = time.perf_counter()
     ran = peer_rounds = 0

@@ -235,8 +235,11 @@ class RoundProcedures:
     def wait_for_a_quorum(self, r: int) -> Generator[Instruction, Any, bool]:
         """A peer about to exchange in round r while fewer members are live (itself
         included) than a result needs, where a quorum was live before in this life and
-        the members that may come back (not those that said goodbye) would make one,
-        waits up to ``round_timeout_s`` for them; once per loss (the quorum must be live
+        the members that may come back would make one (all but those whose goodbye
+        came after the last round: one that said goodbye mid-run is most often
+        restarting, and three signed peers ran round after round without a result
+        while one restarted, a review), waits up to ``round_timeout_s`` for them;
+        once per loss (the quorum must be live
         at two exchanges in a row before a loss counts as new: a member back for a
         moment does not buy another wait). Returns whether it waited.
 
@@ -265,7 +268,7 @@ class RoundProcedures:
         self.quorum_streak = 0
         if not self.had_quorum or self.waited_for_quorum:
             return False
-        if mem.order_size() - mem.left_count() < core.quorum():
+        if mem.order_size() - len(core.finished_by) < core.quorum():
             return False  # (those that could come back are too few: nothing to wait for)
         self.waited_for_quorum = True
         quorum, timeout = core.quorum(), self.timing.round_timeout_s
