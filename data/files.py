@@ -28,6 +28,10 @@ def _labels_from(values: np.ndarray, where: str) -> np.ndarray:
     if np.issubdtype(values.dtype, np.floating):
         if not np.all(np.isfinite(values)) or not np.all(values == np.round(values)):
             raise ValueError(f"{where}: labels must be whole numbers >= 0")
+        if len(values) and float(np.abs(values).max()) >= 2.0**62:
+            # (cast, 1e20 wrapped to -9223372036854775808 and was named as negative)
+            raise ValueError(f"{where}: label {float(np.abs(values).max()):g} is not a class "
+                             "number (labels are 0, 1, 2, ...)")
         return values.astype(np.int64)
     raise ValueError(f"{where}: labels must be integers, got dtype {values.dtype}")
 

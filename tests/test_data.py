@@ -463,6 +463,14 @@ def test_features_beyond_float32s_range_are_refused_before_they_turn_infinite(
         load_csv(path, target="y")
 
 
+def test_a_label_too_large_for_a_class_number_is_named_as_it_is(tmp_path: Path) -> None:
+    # 1e20 wrapped to -9223372036854775808 in the cast and was refused as negative.
+    path = tmp_path / "t.csv"
+    path.write_text("a,y\n1,0\n2,1e20\n3,1\n")
+    with pytest.raises(ValueError, match=r"label 1e\+20 is not a class number"):
+        load_csv(path, target="y")
+
+
 def test_a_label_column_mixing_numbers_and_text_is_an_error_not_text_classes(
         tmp_path: Path) -> None:
     # One typo turned numeric labels 0..11 into 13 text classes sorted as strings
