@@ -42,18 +42,20 @@ def project(g: torch.Tensor, r: torch.Tensor, eps: float = 1e-20) -> tuple[torch
     """Closest vector to ``g`` (L2) with ``<z, r> >= 0``. Returns (z, projected?).
 
     ``g`` and ``r`` are flat (P,) tensors. A zero ``r`` constrains nothing. Where
-    ``||r||^2 <= eps`` (a gradient that has all but vanished) it is computed on ``r``
-    scaled to a largest entry of 1, which constrains the same and does not underflow:
+    ``||r||^2 <= eps`` (a gradient that has all but vanished) or overflows, it is
+    computed on ``r`` scaled to a largest entry of 1, which constrains the same and
+    neither underflows nor overflows:
     before, such an ``r`` counted as zero, and the result could break the constraint
     (a review: ``r = -1e-15 g`` gave ``<z, r> < 0``).
     """
     dot, norm2 = torch.dot(g, r), torch.dot(r, r)
-    if norm2 <= eps:
+    if norm2 <= eps or torch.isinf(norm2):  # (overflowed: r = -1e20 g in float32, a review)
         scale = r.abs().max()
         if scale == 0:
             return g, False
-        r = r / scale
-        dot, norm2 = torch.dot(g, r), torch.dot(r, r)
+        if torch.isfinite(scale):  # (an inf or NaN entry: left to propagate, as before)
+            r = r / scale
+            dot, norm2 = torch.dot(g, r), torch.dot(r, r)
     if dot >= 0:
         return g, False
     return g - (dot / norm2) * r, True  # v* = -dot / ||r||^2 > 0

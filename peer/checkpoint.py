@@ -333,8 +333,9 @@ def trim_metrics(path: str | Path, last_round: int) -> int:
     killed between the two has a row for a round its checkpoint does not hold;
     that round runs again after the restart (or is skipped by catching up) and
     must not appear twice. A torn last line goes too, and a line a damaged byte made no
-    JSON (bytes that are not UTF-8 read as U+FFFD, as :func:`read_jsonl` reads them).
-    Returns how many lines went."""
+    JSON (bytes that are not UTF-8 read as U+FFFD, as :func:`read_jsonl` reads them):
+    those are kept in ``<name>.damaged`` beside it, never deleted. Returns how many
+    lines went."""
     path = Path(path)
     try:
         lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
@@ -342,16 +343,19 @@ def trim_metrics(path: str | Path, last_round: int) -> int:
         return 0
     except OSError as exc:
         raise file_error(path, exc) from exc
-    kept = []
+    kept, damaged = [], []
     for line in lines:
         try:
             rec = json.loads(line)
             r = int(rec["round"])
         except (ValueError, TypeError, KeyError):
+            damaged.append(line)
             continue
         if r <= last_round:
             kept.append(line)
     dropped = len(lines) - len(kept)
+    if damaged:  # (before the file loses them)
+        append_line(path.with_name(path.name + ".damaged"), "".join(f"{d}\n" for d in damaged))
     if dropped:
         write_atomic(path, "".join(f"{line}\n" for line in kept).encode())
     return dropped

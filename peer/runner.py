@@ -146,15 +146,25 @@ def checkpoint_owner(cfg: PeerConfig) -> dict[str, Any]:
 
 def checkpoint_data(cfg: PeerConfig) -> dict[str, Any]:
     """The peer's ``data`` section as its checkpoint records it: all but where the
-    files are (``path``, ``options.root``: a dataset moved to another folder is the
-    same data)."""
+    files are (``path``, ``options.root``, the same of ``public_set``: a dataset moved
+    to another folder, a SLURM job's new scratch path, is the same data)."""
     import dataclasses
 
     data = json.loads(json.dumps(dataclasses.asdict(cfg.data), default=str))
-    data.pop("path", None)
-    if isinstance(data.get("options"), dict):
-        data["options"].pop("root", None)
+    for section in (data, data.get("public_set")):
+        if isinstance(section, dict):
+            section.pop("path", None)
+            if isinstance(section.get("options"), dict):
+                section["options"].pop("root", None)
     return data
+
+
+def _as_recorded(mine: Any, saved: Any) -> Any:
+    """``mine`` cut to the keys ``saved`` records (nested): a field a later hfl added
+    (at its default) is not a change of the data a checkpoint was trained on."""
+    if not isinstance(mine, dict) or not isinstance(saved, dict):
+        return mine
+    return {k: _as_recorded(v, saved[k]) for k, v in mine.items() if k in saved}
 
 
 def _check_owner(cfg: PeerConfig, run_dir: Path, saved: Any) -> None:
@@ -165,7 +175,18 @@ def _check_owner(cfg: PeerConfig, run_dir: Path, saved: Any) -> None:
     if not isinstance(saved, dict):
         return
     mine = checkpoint_owner(cfg)
-    if "data" in saved and (changed := config_differences(saved["data"], mine["data"])):
+    differs = [k for k in ("peer", "cohort", "run") if saved.get(k) != mine[k]]
+    if differs:
+        field = {"peer": "node.id", "cohort": "cohort.name", "run": "cohort.run"}[differs[0]]
+        raise ConfigError(field, f"the checkpoint in {run_dir} holds the rounds of "
+                          f"{'; '.join(f'{k} {saved.get(k)!r}' for k in differs)}, not of this "
+                          f"config's {'; '.join(f'{k} {mine[k]!r}' for k in differs)}: a new "
+                          "run starts with node.resume: false (hfl-launch --fresh) or in "
+                          "another node.run_dir")
+    # (after whose rounds they are: another peer's checkpoint differs in its data's
+    # partition_index too, and named so it hid a run_dir shared by mistake, a review)
+    if "data" in saved and (changed := config_differences(
+            saved["data"], _as_recorded(mine["data"], saved["data"]))):
         # (a review: resumed on another partition, with label noise, and its rows went
         # on in the same metrics.jsonl as the old data's)
         raise ConfigError("data", f"the checkpoint in {run_dir} was trained on other data "
@@ -179,14 +200,6 @@ def _check_owner(cfg: PeerConfig, run_dir: Path, saved: Any) -> None:
                           f"of {saved['algorithm']!r}, not of this config's "
                           f"{mine['algorithm']!r}: a method cannot change on resume: "
                           "node.resume: false (hfl-launch --fresh) starts over, or use "
-                          "another node.run_dir")
-    differs = [k for k in ("peer", "cohort", "run") if saved.get(k) != mine[k]]
-    if differs:
-        field = {"peer": "node.id", "cohort": "cohort.name", "run": "cohort.run"}[differs[0]]
-        raise ConfigError(field, f"the checkpoint in {run_dir} holds the rounds of "
-                          f"{'; '.join(f'{k} {saved.get(k)!r}' for k in differs)}, not of this "
-                          f"config's {'; '.join(f'{k} {mine[k]!r}' for k in differs)}: a new "
-                          "run starts with node.resume: false (hfl-launch --fresh) or in "
                           "another node.run_dir")
 
 

@@ -78,7 +78,7 @@ def test_a_reference_that_has_all_but_vanished_still_constrains():
     # r = -1e-15 g: the closest z with <z, r> >= 0 is 0. Before, ||r||^2 under 1e-20
     # counted as a zero reference and g came back unprojected, breaking the constraint.
     g = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64)
-    for r in (-1e-15 * g, -1e-23 * g.float()):
+    for r in (-1e-15 * g, -1e-23 * g.float(), -1e20 * g.float()):  # (1e20: ||r||^2 overflows)
         z, projected = project(g.to(r.dtype), r)
         assert projected and torch.allclose(z, torch.zeros_like(z), atol=1e-6), z
         assert float(torch.dot(z, r)) >= 0 or float(z.abs().max()) < 1e-6

@@ -340,6 +340,19 @@ def test_a_checkpoint_trained_on_other_data_is_refused_and_a_moved_dataset_is_no
 
     moved = config_from_dict({**base, "data": {**base["data"], "options": {"root": "/elsewhere"}}})
     assert checkpoint_data(moved) == checkpoint_data(config_from_dict(base))
+    public = {"dataset": "npz", "path": "/scratch/job1/pub.npz", "options": {"root": "/a"}}
+    assert checkpoint_data(config_from_dict({**base, "data": {**base["data"], "public_set": public}})) \
+        == checkpoint_data(config_from_dict({**base, "data": {**base["data"], "public_set": {
+            **public, "path": "/scratch/job2/pub.npz", "options": {"root": "/b"}}}}))
+    # Another peer's checkpoint is named as such (its partition differs too), and a data
+    # field a later hfl adds (at its default) is no change of the data.
+    with pytest.raises(ConfigError, match=r"^node\.id: .*peer 'p0'"):
+        run(config_from_dict(cfg_dict(run_dir, "p1", rounds=2, n=2, index=1)))
+    from hfl.peer.runner import _check_owner, checkpoint_owner
+
+    older = checkpoint_owner(config_from_dict(base))
+    del older["data"]["standardize"]
+    _check_owner(config_from_dict(base), run_dir, older)
     run(config_from_dict({**base, "cohort": {**base["cohort"], "rounds": 2}}))
     assert [r["round"] for r in rows(run_dir)] == [1, 2]
 
@@ -392,6 +405,8 @@ def test_damaged_bytes_in_metrics_and_another_methods_checkpoint_are_one_line_ea
     assert [r["round"] for r in read_jsonl(run_dir / METRICS_NAME)] == [2]
     run(config_from_dict(cfg_dict(run_dir, rounds=3)))
     assert [r["round"] for r in rows(run_dir)] == [2, 3]  # the damaged line went, no other
+    kept = (run_dir / (METRICS_NAME + ".damaged")).read_text(errors="replace").splitlines()
+    assert len(kept) == 2 and '"round": \ufffd' in kept[0]  # set aside, not deleted
     before = {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()}
     with pytest.raises(ConfigError, match=r"^cohort\.algorithm: the checkpoint .* holds the rounds "
                                           r"of 'solo', not of this config's 'fedavg'"):
