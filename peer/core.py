@@ -688,7 +688,10 @@ class PeerCore:
         mem = self.membership
         if peer_id is None:  # no security: the link names an address, the view a peer
             peer_id = next((m.peer_id for m in mem.members.values() if m.address == address), None)
-        if peer_id is None or peer_id == self.id:
+        if peer_id is None or peer_id == self.id or mem.address_of(peer_id) != address:
+            # (a link to another address than the member's: one a member's gossip named,
+            # greeted as a lead. Its drop is no news of the member: a member listened
+            # there, held our connections and cut them at will, a review)
             return []
         if up:
             mem.link_back(peer_id)

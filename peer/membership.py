@@ -227,6 +227,9 @@ class Membership:
     hint_dead_s: float = 0.0
     #: peer -> when our link to it dropped, while nothing has come from it since
     _hinted: dict[str, float] = field(default_factory=dict)
+    #: member -> when a hint last had it probed: a link that drops again and again (a
+    #: member that rebinds its socket, a forwarder) probes it once per hint_dead_s
+    _hint_probed: dict[str, float] = field(default_factory=dict)
 
     def _touch(self, rounds: bool = True) -> None:
         """A member joined, left, changed status or was vouched for: drop the caches
@@ -668,6 +671,12 @@ class Membership:
         if self.hint_dead_s <= 0 or m is None or not m.confirmed or m.status not in (ALIVE, SUSPECT):
             return False
         self._hinted.setdefault(peer_id, now)
+        last = self._hint_probed.get(peer_id)
+        if last is not None and now - last < self.hint_dead_s:
+            return False  # (probed for a hint lately: a member's churn multiplied probes 4x)
+        if len(self._hint_probed) > 2 * len(self.members):  # (members removed since)
+            self._hint_probed = {p: t for p, t in self._hint_probed.items() if p in self.members}
+        self._hint_probed[peer_id] = now
         return True
 
     def link_back(self, peer_id: str) -> None:

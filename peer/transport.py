@@ -132,7 +132,8 @@ class Transport(ABC):
 
     #: Called as ``on_link(address, peer_id, up)`` when one of our outgoing links drops
     #: (``up`` False: the connection to a peer we sent to ended, as when its process
-    #: dies: a hint, never proof) or is made again (True). ``peer_id`` is the peer the
+    #: dies: a hint, never proof) or is made again (True), counting only connections
+    #: whose handshake completed (ZeroMQ's, CURVE's where on). ``peer_id`` is the peer the
     #: link authenticates (None without security). Set by the node; None: not reported.
     on_link: Callable[[str, str | None, bool], None] | None = None
 
@@ -310,17 +311,27 @@ class ZmqTransport(Transport):
         address = key[0]
         our_key = self.security.public_key.decode() if self.security is not None else None
         broken = 0  # handshakes broken off in a row: one can be a peer dying mid-handshake
+        # Whether this connection completed its handshake: only such a link's drop, and
+        # its handshake again, are hints for failure detection (on_link). A TCP-level
+        # connect or drop is not the member's: a member gossiped another's address that
+        # it listened on, held the connections and cut them as that peer stalled for
+        # 1.6 s, which was declared dead; behind a forwarder that accepts and then closes
+        # (docker-proxy, ssh -L), each reconnect withdrew the crash hint, and a SIGKILL
+        # was seen after dead_after_s, with 10 probes a second meanwhile (a review).
+        shook = False
         try:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
                 if event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECTED):
                     # The link dropped (its process died, or the connection broke) or was
-                    # made again: a hint for failure detection, never proof of a death.
+                    # made again: a drop of a link that had shaken hands is a hint for
+                    # failure detection, never proof of a death.
                     up = event["event"] == zmq.EVENT_CONNECTED
                     if self._dealers.get(key) is sock:  # (not a link closed since)
                         (self._connected.add if up else self._connected.discard)(key)
-                        if self.on_link is not None:
-                            self.on_link(address, key[1], up)
+                        if not up and shook and self.on_link is not None:
+                            self.on_link(address, key[1], False)
+                    shook = False
                     continue
                 if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     # Watched on: a later reconnection (the other side restarted, or
@@ -328,6 +339,9 @@ class ZmqTransport(Transport):
                     self._dial_failures.pop(address, None)
                     self._refused.pop(key, None)
                     broken = 0
+                    shook = True
+                    if self._dealers.get(key) is sock and self.on_link is not None:
+                        self.on_link(address, key[1], True)
                     continue
                 kind, detail, final = dial_refusal(event["event"], event["value"],
                                                    curve=self.security is not None,

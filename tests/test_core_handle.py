@@ -576,6 +576,16 @@ def test_a_dropped_link_is_a_hint_that_probes_and_never_a_death():
     assert out[-1] == WAKE
     assert core.membership.is_live("p1")  # a hint is not a failure
     assert core.link_changed("mem://p1", "p1", up=True, now=1.2) == []  # the link is back
+    # Dropped again within hint_dead_s: hinted, but no second burst of probes (a member
+    # that rebinds its socket made every peer probe it 4x as often, a review) ...
+    assert core.link_changed("mem://p1", "p1", up=False, now=1.5) == []
+    assert [i.peer_id for i in core.link_changed("mem://p1", "p1", up=False, now=2.1)
+            if isinstance(i, SendTo)][0] == "p1"  # ... after it, probed again
+    # A link to another address than the member's (one a member's gossip named, greeted
+    # as a lead) says nothing of the member: its drop is no hint (a review: a member held
+    # such connections and cut them as the peer stalled, which was declared dead).
+    assert core.link_changed("tcp://elsewhere:1", "p2", up=False, now=2.2) == []
+    assert "p2" not in core.membership._hinted
 
 
 def test_a_goodbye_after_the_last_round_ends_the_last_round_for_a_straggler():

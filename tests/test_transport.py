@@ -794,3 +794,41 @@ def test_a_send_held_back_over_the_bound_keeps_its_place_and_ends_with_its_link(
             ctx.term()
 
     asyncio.run(main())
+
+
+def test_zmq_only_a_link_that_shook_hands_reports_its_drop():
+    # A failure-detection review: a member gossiped another peer's address that it
+    # listened on itself, held our connections without a handshake and cut them when
+    # that peer stalled (declared dead after 1.6 s); behind a forwarder that accepts and
+    # closes, each TCP reconnect withdrew the crash hint. Only connections whose
+    # handshake completed are reported (on_link), up and down.
+    import socket
+
+    async def main():
+        a, b = await started(ZmqTransport("a", "tcp://127.0.0.1:0"),
+                             ZmqTransport("b", "tcp://127.0.0.1:0"))
+        seen: list[tuple[str, bool]] = []
+        a.on_link = lambda address, peer_id, up: seen.append((address, up))
+        raw = socket.socket()
+        raw.bind(("127.0.0.1", 0))
+        raw.listen(16)
+        raw.setblocking(False)
+        fake = f"tcp://127.0.0.1:{raw.getsockname()[1]}"
+        loop = asyncio.get_running_loop()
+        try:
+            # A listener that takes connections and closes them before any handshake.
+            sending = asyncio.ensure_future(a.send(fake, [b"x"], 1.0))  # (never delivered)
+            for _ in range(3):
+                conn, _ = await asyncio.wait_for(loop.sock_accept(raw), 5.0)
+                conn.close()
+            assert await a.send(b.address, [b"hi"], 2.0)
+            await until_async(lambda: (b.address, True) in seen)
+            await b.close()  # the member's process ends: its link drops
+            await until_async(lambda: (b.address, False) in seen)
+            assert all(address == b.address for address, _ in seen), seen
+            await sending
+        finally:
+            raw.close()
+            await close_all(a)
+
+    asyncio.run(main())
