@@ -320,11 +320,12 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                     decision = Decision("new", f"--fresh: would delete {run_dir} and start anew")
             except RunDirError as err:
                 decision = Decision("new", f"a launch would be refused: {err}" if not args.fresh
-                                    else f"--fresh: would delete {run_dir} and start anew")
+                                    else f"--fresh: would delete {run_dir} and start anew",
+                                    refused=not args.fresh)
             try:  # (--fresh too: a job still running refuses it)
                 refuse_over_a_live_job(args, run_dir)
             except RunDirError as err:
-                decision = Decision("new", f"a launch would be refused: {err}")
+                decision = Decision("new", f"a launch would be refused: {err}", refused=True)
         else:
             hold_lock(args, run_dir)
             refuse_over_a_live_job(args, run_dir)
@@ -376,7 +377,7 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
             args.nothing_left = unsaved is None  # (every round ran: a seed of --seeds is done)
             if not args.dry_run:
                 raise RunDirError(why)
-            decision = Decision("new", f"a launch would be refused: {why}")
+            decision = Decision("new", f"a launch would be refused: {why}", refused=True)
         if args.in_process and exp.faults:
             raise ConfigError("faults", "process faults need a process per peer; drop "
                                         "--in-process or the faults")
@@ -445,7 +446,7 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         for p in plans:
             env = " ".join(f"{k}={v}" for k, v in p.env.items())
             _out(f"  {described[p.id]}\n      {env} hfl-peer --config {p.config_path}")
-        return 0
+        return 2 if decision.refused else 0  # (as the launch would: 0 said it would run)
 
     from hfl.launch.results import best_mean, mean_row, peer_row, round_one_after, write_results
     from hfl.launch.supervisor import Supervisor

@@ -145,6 +145,12 @@ class ExperimentConfig:
             if isinstance(rounds, int) and fault.at_round > rounds:
                 raise ConfigError(f"faults[{i}].at_round", f"got {fault.at_round} but the cohort "
                                   f"runs {rounds} rounds: the crash would never happen")
+            if isinstance(rounds, int) and (fault.restart_at_round or 0) > rounds:
+                # (the launcher waited for that round until timeout_s, then said "timeout"
+                # of a run whose peers had all finished; a review)
+                raise ConfigError(f"faults[{i}].restart_at_round", f"got "
+                                  f"{fault.restart_at_round} but the cohort runs {rounds} "
+                                  f"rounds: allowed {fault.at_round + 1} to {rounds}")
             target = self.fault_target(fault)
             if target in targets:
                 raise ConfigError(
@@ -325,6 +331,7 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
     addresses = [f"tcp://{exp.host}:{p}" for p in ports]
     threads = threads or exp.threads_per_peer or max(1, (os.cpu_count() or 1) // len(ids))
     plans = []
+    on_gpus = 0  # peers given a GPU so far: the round robin turns over those only
     for i, pid in enumerate(ids):
         data = deep_merge(exp.defaults, exp.peer_overrides.get(pid, {}))
         data = {k: {} if v is None else v for k, v in data.items()}  # (`node:` left empty)
@@ -355,7 +362,22 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
         env = {"OMP_NUM_THREADS": str(node["threads"]), "MKL_NUM_THREADS": str(node["threads"])}
         device = str(node.get("device", "auto"))
         if gpus and (device == "auto" or device.startswith("cuda")):
-            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]  # round-robin
+            # Round robin over the peers that use a GPU (by peer index, a peer kept on
+            # the CPU left its turn's GPU idle and doubled the next one's load); a peer
+            # that names cuda:N gets the launcher's GPU N (it became cuda:0 of the
+            # round robin's GPU without a word; a review).
+            index = device.partition(":")[2]
+            if index:
+                if not index.isdigit() or int(index) >= len(gpus):
+                    raise ConfigError(f"peer_overrides.{pid}.node.device" if pid in
+                                      exp.peer_overrides else "defaults.node.device",
+                                      f"got {device!r}; this launch uses {len(gpus)} GPU(s) "
+                                      f"({', '.join(gpus)}): allowed cuda, auto, cpu, or cuda:0 "
+                                      f"to cuda:{len(gpus) - 1}")
+                env["CUDA_VISIBLE_DEVICES"] = gpus[int(index)]
+            else:
+                env["CUDA_VISIBLE_DEVICES"] = gpus[on_gpus % len(gpus)]
+                on_gpus += 1
             node["device"] = "cuda:0"  # the one GPU this process sees
         else:
             if device == "auto":
@@ -436,6 +458,21 @@ def _refuse_model_changes(plans: list[PeerPlan]) -> None:
                 f"peer {plan.id}'s checkpoint holds the model it was launched with, and resuming "
                 f"would change it ({'; '.join(changed)}); a model cannot change on --resume: "
                 "use --fresh or another --run-dir")
+        # Its method and data too, which the peer refuses itself (runner._check_owner):
+        # asked here, before the run's record and configs are rewritten (a review: a
+        # refused resume left a finished run recorded as failed, under the new values).
+        from hfl.peer.runner import resume_changes
+
+        try:
+            recorded = build(PeerConfig, old)
+        except ConfigError:
+            continue  # (a config an older hfl wrote: the peer checks its checkpoint)
+        if changed := resume_changes(recorded, plan.config):
+            raise ConfigError(
+                changed[0].split(":")[0],
+                f"peer {plan.id}'s checkpoint was trained with the method and data it was "
+                f"launched with, and resuming would change them ({'; '.join(changed[:4])}); "
+                "they cannot change on --resume: use --fresh or another --run-dir")
 
 
 def aggregator_of(ids: list[str], round: int, communicate_every: int = 1) -> str:

@@ -142,7 +142,8 @@ def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
     peers = peer_dirs(runs[0])
     row: dict[str, Any] = {"run": label or str(run_dir), "algorithm": _algorithm(runs[0], peers),
                            "data": _data(runs[0], peers),
-                           "peers": len(peers), "short": sum(r.get("short", 0) for r in per_run)}
+                           "peers": len(peers), "short": sum(r.get("short", 0) for r in per_run),
+                           "diverged": sorted({p for r in per_run for p in r.get("diverged", ())})}
     for key in SEED_AVERAGED:
         values = [r.get(key, math.nan) for r in per_run]
         row[key] = mean_std(values) if seeds else values[0] if values else math.nan
@@ -232,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if any(r["short"] for r in rows):
         print("short peers: shared with fewer peers than expected (see hfl-launch --allow-solo)")
+    for r in rows:
+        if r.get("diverged"):
+            print(f"note: {r['run']}: training diverged on {', '.join(r['diverged'])} (a "
+                  "non-finite train_loss); its numbers are in the means")
     unlike = unlike_runs(rows)
     if unlike:
         print(f"note: {unlike}")

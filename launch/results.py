@@ -239,7 +239,13 @@ def mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not math.isnan(out["restarts"]):
         out["restarts"] = round(out["restarts"], 2)  # the mean, like every column of this row
     short = sum(1 for r in basis if r.get("short"))
-    out["cohort"] = f"{short} short {SHORT_MARK}" if short else ""
+    # (a diverged peer's numbers are in the mean: said on the row, not only under the
+    # table; the seeds table and hfl-report said nothing of it, a review)
+    out["diverged"] = [r["peer"] for r in basis if r.get("diverged_at") is not None]
+    out["cohort"] = " ".join(filter(None, [
+        f"{short} short" if short else "",
+        f"{len(out['diverged'])} diverged" if out["diverged"] else ""]))
+    out["cohort"] += f" {SHORT_MARK}" if out["cohort"] else ""
     return out
 
 
@@ -385,6 +391,13 @@ def render_seeds_table(per_seed: dict[int, dict[str, Any]]) -> str:
     notes += [f"seed {seed}: the mean of {len(row['over'])} of its {row['peers']} peers (the "
               "others stopped before its last round)" for seed, row in sorted(per_seed.items())
               if isinstance(row.get("over"), list) and len(row["over"]) < row.get("peers", 0)]
+    # (each seed's own table marked them; this one, what most read, did not: a review)
+    notes += [f"seed {seed}: {row['short']} of its peers shared with fewer peers than expected "
+              "(short: see its own table)" for seed, row in sorted(per_seed.items())
+              if row.get("short")]
+    notes += [f"seed {seed}: training diverged on {', '.join(row['diverged'])} (a non-finite "
+              "train_loss), in its mean" for seed, row in sorted(per_seed.items())
+              if row.get("diverged")]
     return "\n".join([markdown_table(header, body), *notes])
 
 

@@ -62,6 +62,8 @@ class Decision:
     # --fresh: the old run, moved aside until the new one is known to start
     # (:func:`restore` puts it back if it does not, :func:`discard` deletes it).
     aside: Path | None = None
+    #: a dry run's answer where the launch would be refused (it exits 2, as the launch)
+    refused: bool = False
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:

@@ -159,6 +159,21 @@ def checkpoint_data(cfg: PeerConfig) -> dict[str, Any]:
     return data
 
 
+def data_changes(saved: dict[str, Any], mine: dict[str, Any]) -> list[str]:
+    """``data.field: old -> new`` for each field of a checkpoint's data record
+    (:func:`checkpoint_data`) that ``mine`` changes; fields ``saved`` lacks (added by a
+    later hfl) are no change."""
+    return [f"data.{c}" for c in config_differences(saved, _as_recorded(mine, saved))]
+
+
+def resume_changes(old: PeerConfig, new: PeerConfig) -> list[str]:
+    """What a peer's checkpoint of ``old`` cannot be resumed under ``new`` with: its
+    method, its data (hfl-launch --resume asks before it rewrites anything)."""
+    out = [] if old.cohort.algorithm == new.cohort.algorithm else [
+        f"cohort.algorithm: {old.cohort.algorithm!r} -> {new.cohort.algorithm!r}"]
+    return out + data_changes(checkpoint_data(old), checkpoint_data(new))
+
+
 def _as_recorded(mine: Any, saved: Any) -> Any:
     """``mine`` cut to the keys ``saved`` records (nested): a field a later hfl added
     (at its default) is not a change of the data a checkpoint was trained on."""
@@ -185,12 +200,11 @@ def _check_owner(cfg: PeerConfig, run_dir: Path, saved: Any) -> None:
                           "another node.run_dir")
     # (after whose rounds they are: another peer's checkpoint differs in its data's
     # partition_index too, and named so it hid a run_dir shared by mistake, a review)
-    if "data" in saved and (changed := config_differences(
-            saved["data"], _as_recorded(mine["data"], saved["data"]))):
+    if "data" in saved and (changed := data_changes(saved["data"], mine["data"])):
         # (a review: resumed on another partition, with label noise, and its rows went
         # on in the same metrics.jsonl as the old data's)
         raise ConfigError("data", f"the checkpoint in {run_dir} was trained on other data "
-                          f"({'; '.join(f'data.{c}' for c in changed[:4])}"
+                          f"({'; '.join(changed[:4])}"
                           f"{'; ...' if len(changed) > 4 else ''}): a peer's data cannot "
                           "change on resume: node.resume: false (hfl-launch --fresh) starts "
                           "over, or use another node.run_dir")

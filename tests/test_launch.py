@@ -70,6 +70,17 @@ def test_gpus_are_assigned_round_robin_one_visible_device_per_peer(tmp_path):
     plans = expand(make(tmp_path, peers=5), gpus=["0", "1"], ports=list(range(7000, 7005)))
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0", "1", "0", "1", "0"]
     assert all(p.config.node.device == "cuda:0" for p in plans)
+    # The round robin turns over the peers that use a GPU, and cuda:N names the launch's
+    # GPU N (a review: p1 on the CPU left GPU 1 idle and put p0 and p2 on GPU 0; cuda:1
+    # became the round robin's cuda:0 without a word).
+    exp = make(tmp_path, peers=4, peer_overrides={"p1": {"node": {"device": "cpu"}},
+                                                  "p3": {"node": {"device": "cuda:0"}}})
+    plans = expand(exp, gpus=["0", "1"], ports=list(range(7000, 7004)))
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0", "", "1", "0"]
+    with pytest.raises(ConfigError, match=r"peer_overrides\.p3\.node\.device: got 'cuda:2'.*"
+                                          r"cuda:0 to cuda:1"):
+        expand(make(tmp_path, peers=4, peer_overrides={"p3": {"node": {"device": "cuda:2"}}}),
+               gpus=["0", "1"], ports=list(range(7000, 7004)))
 
 
 def test_without_gpus_peers_run_on_cpu_and_share_the_cores(tmp_path, monkeypatch):
@@ -209,6 +220,15 @@ def test_a_diverged_peer_is_named_and_results_json_is_strict(tmp_path):
     rows.append(mean_row(rows))
     table = write_results(tmp_path, rows, {"best_mean_test_acc": float("nan")})
     assert "training diverged (a non-finite train_loss): p1 from round 2" in table
+    # ... and the mean row says a diverged peer is in it, as the seeds table does (a
+    # review: the mean over seeds and hfl-report said nothing of it)
+    assert rows[-1]["diverged"] == ["p1"] and rows[-1]["cohort"] == "1 diverged !"
+    from hfl.launch.results import cohort_row, render_seeds_table
+
+    seed = cohort_row(tmp_path, [(p, tmp_path / p) for p in ("p0", "p1")])
+    seeds = render_seeds_table({0: seed, 1: {**seed, "diverged": [], "short": 1}})
+    assert "seed 0: training diverged on p1 (a non-finite train_loss), in its mean" in seeds
+    assert "seed 1: 1 of its peers shared with fewer peers than expected" in seeds
     strict = json.loads((tmp_path / "results.json").read_text(),
                         parse_constant=lambda c: pytest.fail(f"bare {c} in results.json"))
     assert strict["best_mean_test_acc"] is None and strict["peers"][0]["sel_acc"] is None
@@ -665,6 +685,11 @@ def test_hfl_report_leaves_a_failed_seed_out_of_the_mean_as_the_seeds_table_does
     assert row["seeds"] == 3 and row["seeds_counted"] == 2
     assert row["test_acc"][0] == pytest.approx(0.85) and row["state"] == "failed"
     assert "(2 of 3 seeds: failed ones left out)" in render([row])
+    # A peer whose training diverged is named under the report too (a review).
+    d = tmp_path / "run" / "seed2" / "p0"
+    (d / "metrics.jsonl").write_text(json.dumps(
+        {"round": 1, "time": 1.0, "round_time_s": 1.0, "test_acc": 0.8, "train_loss": float("nan")}) + "\n")
+    assert run_row(tmp_path / "run")["diverged"] == ["p0"]
 
 
 def test_resume_checks_count_every_peer_and_an_existing_checkpoint(tmp_path):

@@ -169,8 +169,9 @@ def test_a_job_still_running_is_not_deleted_by_fresh_nor_run_again_here(fake_slu
             assert f"its SLURM job 4242 is still {state.lower()}" in err
             assert ("scancel 4242 first" in err and ("without --fresh" in err) == ("--fresh" in flags))
             assert (fake_slurm / "run" / "launch.json").read_text() == before
-        # A dry run says so (it said --fresh would delete the folder and start anew).
-        assert main([path, "--quiet", "--dry-run", "--fresh"]) == 0
+        # A dry run says so (it said --fresh would delete the folder and start anew), and
+        # exits as the launch would (0 said it would run, a review).
+        assert main([path, "--quiet", "--dry-run", "--fresh"]) == 2
         assert "a launch would be refused" in capsys.readouterr().out
     assert sbatch_calls(fake_slurm) == 1
     # Once it ended, --fresh starts over (here: submits anew).

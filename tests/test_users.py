@@ -871,7 +871,7 @@ def test_resume_of_a_run_without_checkpoints_is_refused_and_its_rows_stay_as_the
         err = capsys.readouterr().err
         assert "cannot resume" in err and "node.checkpoint is off for p0, p1" in err, err
         assert "--fresh starts over" in err
-    assert main([str(path), *off, "--resume", "--dry-run"]) == 0
+    assert main([str(path), *off, "--resume", "--dry-run"]) == 2  # (as the launch: 0 said it ran)
     assert "a launch would be refused: cannot resume" in capsys.readouterr().out
     assert (tmp_path / "run" / "p0" / "metrics.jsonl").read_bytes() == rows
     assert main([str(path), *off, "--fresh"]) == 0  # starting over is one flag away
@@ -948,6 +948,16 @@ def test_resume_refuses_another_model_and_leaves_the_run_record_as_it_was(tmp_pa
             err = capsys.readouterr().err
             assert "model.options.hidden: [16] -> [32]" in err and "--fresh" in err, err
             assert "peer p0's checkpoint" in err and "Traceback" not in err
+    # Its data and method too, before anything is rewritten (a review: the peers refused
+    # them, after the launcher had recorded the finished run as failed under the new
+    # values, and the original command was then refused as another experiment).
+    for change, said in (("defaults.data.seed=7", "data.seed: 0 -> 7"),
+                         ("defaults.cohort.algorithm=solo", "cohort.algorithm: 'fedavg' -> 'solo'")):
+        for flags in (["--resume"], ["--resume", "--dry-run"]):
+            assert main([str(path), "--in-process", "--quiet", "--set", change,
+                         "--set", "defaults.cohort.rounds=3", *flags]) == 2
+            err = capsys.readouterr().err
+            assert said in err and "cannot change on --resume" in err, err
     assert {f: f.read_bytes() for f in record} == record  # the run's record does not lie
     assert main([str(path), "--in-process", "--quiet", "--resume",
                  "--set", "defaults.cohort.rounds=3"]) == 0  # the same model: resumed
