@@ -74,6 +74,7 @@ from hfl.algorithms.dp import Accountant, PrivacyLedger, add_noise
 from hfl.algorithms.fedproto import FedProto
 from hfl.algorithms.registry import register
 from hfl.algorithms.robust import WeightedRobustOptions
+from hfl.models.heads import ProtoHead, build_head  # noqa: F401  (ProtoHead: its old home)
 
 log = logging.getLogger("hfl.algorithms")
 
@@ -149,31 +150,6 @@ class FedHPConfig(WeightedRobustOptions):
             raise ValueError("epsilon_max needs noise_multiplier > 0 (without noise epsilon is infinite)")
         if self.secure_sum == "paillier" and not self.key_dir:
             raise ValueError("secure_sum: paillier needs key_dir (python -m hfl.peer.he_keys)")
-
-
-class ProtoHead(nn.Module):
-    """Projection ``u = proj(f)`` to the prototype space, whose L2-normalised
-    ``z = u / ||u||`` the prototypes and the contrastive loss use, and the decision
-    head on ``u`` (or on ``z`` with ``normalize_decision``)."""
-
-    def __init__(self, embedding_dim: int, proto_dim: int, num_classes: int, layers: int = 1,
-                 normalize_decision: bool = False):
-        super().__init__()
-        self.normalize_decision = normalize_decision
-        self.proj = nn.Linear(embedding_dim, proto_dim)
-        blocks: list[nn.Module] = []
-        for _ in range(layers - 1):
-            blocks += [nn.Linear(proto_dim, proto_dim), nn.ReLU()]
-        self.decision = nn.Sequential(*blocks, nn.Linear(proto_dim, num_classes))
-
-    def parts(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(z (B, d) unit norm, logits (B, C))."""
-        u = self.proj(feats)
-        z = nn.functional.normalize(u, dim=1)
-        return z, self.decision(z if self.normalize_decision else u)
-
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        return self.parts(feats)[1]  # (B, C)
 
 
 def load_backbone(features: nn.Module, path: str | Path) -> tuple[list[str], list[str]]:
@@ -317,6 +293,14 @@ class FedHP(FedProto):
     name = "fedhp"
     Config = FedHPConfig
 
+    @staticmethod
+    def head_spec(cfg: FedHPConfig) -> dict:
+        """The head this method puts on the model (a checkpoint's model description
+        names it, so hfl-export and hfl-eval rebuild the model; they refused every
+        fedhp run, a review)."""
+        return {"kind": "proto", "proto_dim": cfg.proto_dim, "layers": cfg.head_layers,
+                "normalize_decision": cfg.normalize_decision}
+
     def __init__(self, ctx, cfg=None):
         cfg = cfg if cfg is not None else self.Config()
         # The privacy rules hold for a method built in code too (a plugin, a test, a
@@ -330,8 +314,7 @@ class FedHP(FedProto):
                      ctx.peer_id, len(loaded), cfg.backbone_weights, len(skipped))
         if cfg.freeze_backbone:
             model.features.requires_grad_(False)
-        model.head = ProtoHead(model.embedding_dim, cfg.proto_dim, ctx.num_classes, cfg.head_layers,
-                               cfg.normalize_decision)
+        model.head = build_head(model.embedding_dim, ctx.num_classes, self.head_spec(cfg))
         super().__init__(ctx, cfg)
         if cfg.freeze_backbone:  # SGD over the heads only (weight decay must not shrink the encoder)
             from hfl.algorithms.training import make_optimizer

@@ -68,6 +68,8 @@ def build_model(
     ``torch.manual_seed`` before calling for a reproducible model.
     """
     fn = _lookup(arch)
+    # A head a method put in place of the linear one (models/heads.py), by its spec.
+    head = arch_kwargs.pop("head", None)
     allowed = arch_options(arch)
     unknown = sorted(set(arch_kwargs) - set(allowed))
     if unknown:
@@ -83,4 +85,9 @@ def build_model(
         raise ValueError("input_shape must have at least one dimension, got ()")
     num_classes = _positive_int(num_classes, "num_classes")
     embedding_dim = _positive_int(embedding_dim, "embedding_dim")
-    return fn(shape, num_classes, embedding_dim, **arch_kwargs)
+    model = fn(shape, num_classes, embedding_dim, **arch_kwargs)
+    if head is not None:
+        from .heads import build_head
+
+        model.head = build_head(model.embedding_dim, num_classes, head)
+    return model

@@ -357,10 +357,21 @@ def _check_class_count(data: PeerData, source: str) -> None:
 
 def model_spec(cfg: PeerConfig, input_shape: tuple[int, ...], num_classes: int) -> dict[str, Any]:
     """What rebuilds this peer's model: ``hfl.models.build_model(arch, input_shape,
-    num_classes, embedding_dim, **options)`` (checkpoints carry it for hfl-export)."""
+    num_classes, embedding_dim, **options)`` (checkpoints carry it for hfl-export),
+    ``options`` with the ``head`` a method puts in place of the linear one (FedHP's
+    prototype head: every fedhp run was refused by hfl-export and hfl-eval, a review)."""
+    from hfl.algorithms.registry import get_algorithm
+
+    options = model_options(cfg)
+    try:
+        alg_cls = get_algorithm(cfg.cohort.algorithm)
+    except (ValueError, ImportError):  # (named where the algorithm is built)
+        alg_cls = None
+    if (head_spec := getattr(alg_cls, "head_spec", None)) is not None:
+        options["head"] = head_spec(build(alg_cls.Config, cfg.algorithm, "algorithm"))
     return {"arch": cfg.model.arch, "input_shape": [int(d) for d in input_shape],
             "num_classes": int(num_classes), "embedding_dim": cfg.model.embedding_dim,
-            "options": model_options(cfg)}
+            "options": options}
 
 
 def build_algorithm(cfg: PeerConfig, data: PeerData | None = None):

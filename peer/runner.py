@@ -110,7 +110,12 @@ def _model_changed(cfg: PeerConfig, run_dir: Path, what: str) -> ConfigError:
 
 def _check_same_model(cfg: PeerConfig, run_dir: Path, saved: dict[str, Any] | None,
                       spec: dict[str, Any]) -> None:
-    """Refuse to resume a checkpoint of another model (architecture, sizes, classes)."""
+    """Refuse to resume a checkpoint of another model (architecture, sizes, classes). A
+    description written before it named a method's head (``options.head``) is compared
+    without it."""
+    if isinstance(saved, dict) and "head" not in (saved.get("options") or {}) \
+            and "head" in spec.get("options", {}):
+        spec = {**spec, "options": {k: v for k, v in spec["options"].items() if k != "head"}}
     if saved is not None and saved != spec:
         raise _model_changed(cfg, run_dir, "; ".join(config_differences(saved, spec)) or "it differs")
 

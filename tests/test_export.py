@@ -363,3 +363,34 @@ def test_hfl_eval_of_one_hfl_peer_run_asks_for_its_config(solo, tmp_path, capsys
         "model": {"arch": "mlp", "options": {"hidden": [8]}}, "train": {"max_batches": 1}}))
     assert hfl_eval([str(solo), "--peer", "a", "--config", str(config)]) == 0
     assert "the same as the run recorded" in capsys.readouterr().out
+
+
+def test_a_fedhp_peers_prototype_head_is_rebuilt_from_its_model_description(tmp_path, capsys):
+    # A review: hfl-export and hfl-eval refused every fedhp run ("does not rebuild the
+    # checkpoint's weights": FedHP puts a prototype head in place of the linear one).
+    # The description names the head, and the public builder rebuilds it.
+    from hfl.peer.config import config_from_dict
+    from hfl.peer.factory import build_algorithm, model_spec
+
+    run_dir = tmp_path / "p0"
+    cfg = config_from_dict({
+        "security": {"mode": "none"},
+        "node": {"id": "p0", "listen": "mem://p0", "run_dir": str(run_dir)},
+        "cohort": {"algorithm": "fedhp", "rounds": 1},
+        "algorithm": {"proto_dim": 12, "head_layers": 2},
+        "model": {"arch": "mlp", "options": {"hidden": [16]}}, "train": {"max_batches": 1}})
+    alg, num_classes = build_algorithm(cfg)
+    data = alg.ctx
+    spec = model_spec(cfg, data.train.input_shape, num_classes)
+    assert spec["options"]["head"] == {"kind": "proto", "proto_dim": 12, "layers": 2,
+                                       "normalize_decision": False}
+    run_dir.mkdir()
+    save_checkpoint(run_dir, {"round": 1, "model": spec, "algorithm": alg.state_dict(),
+                              "incarnation": 0, "torch_rng": torch.get_rng_state(),
+                              "members": [], "owner": None, "saved_at": 0.0})
+    assert main([str(run_dir), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr()
+    model, _ = rebuilt(tmp_path / "out" / "p0.pt")
+    x = torch.as_tensor(data.test.x[:8])
+    alg.model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x), alg.model(x))  # the same predictions as the peer's
