@@ -353,6 +353,7 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         plans = expand(exp, ports=decision.ports, resume=decision.action == "resume",
                        run=run, write=False,
                        gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None,
+                       pin_devices=not slurm,
                        # on SLURM a peer has its task's cores, not a share of this login node's
                        threads=exp.slurm.cpus_per_task if slurm else None)
         unsaved = left = earlier_job = follow = None
@@ -438,7 +439,7 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         from hfl.launch.slurm import batch_script
 
         _out(f"hfl-launch: the batch script --on slurm would submit:\n{batch_script(exp, plans, run_dir)}")
-        return 0
+        return 2 if decision.refused else 0
     if args.dry_run:
         if not written:  # (a folder that holds a run)
             _out(f"hfl-launch: a dry run writes nothing into {run_dir}, which holds a run: the "

@@ -312,7 +312,7 @@ def write_run_id(run_dir: Path, run: int) -> None:
 
 def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int] | None = None,
            resume: bool = False, threads: int | None = None, run: int = 0,
-           write: bool = True) -> list[PeerPlan]:
+           write: bool = True, pin_devices: bool = True) -> list[PeerPlan]:
     """Per-peer configs, validated, written under ``<run_dir>/peers/`` (with the cohort's
     keys) unless ``write`` is False: then nothing is written, and :func:`write_plans`
     writes them once the launch's checks passed (a dry run, or a launch refused, rewrote
@@ -320,6 +320,8 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
     peer: default ``threads_per_peer``, else this machine's cores / peers. ``run``: the
     run's id (:func:`run_id_of`), set as every peer's ``cohort.run`` unless the
     experiment sets one (0: none; the simulator and the benchmarks run without).
+    ``pin_devices`` False (a SLURM job: each task sees its own GPUs) leaves a peer's
+    ``cuda:N`` to the task's devices.
 
     With ``resume``, a peer whose model would change (:data:`MODEL_FIELDS`) against the
     config it was launched with is refused before any file is written: its checkpoint
@@ -364,13 +366,14 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
         if gpus and (device == "auto" or device.startswith("cuda")):
             # Round robin over the peers that use a GPU (by peer index, a peer kept on
             # the CPU left its turn's GPU idle and doubled the next one's load); a peer
-            # that names cuda:N gets the launcher's GPU N (it became cuda:0 of the
-            # round robin's GPU without a word; a review).
-            index = device.partition(":")[2]
+            # whose own override names cuda:N gets the launcher's GPU N (it became
+            # cuda:0 of the round robin's GPU without a word; a review). A cuda:N of the
+            # defaults is every peer's: spread as before, not all on GPU N.
+            own = (exp.peer_overrides.get(pid) or {}).get("node") or {}
+            index = str(own.get("device", "")).partition(":")[2] if pin_devices else ""
             if index:
-                if not index.isdigit() or int(index) >= len(gpus):
-                    raise ConfigError(f"peer_overrides.{pid}.node.device" if pid in
-                                      exp.peer_overrides else "defaults.node.device",
+                if not (index.isascii() and index.isdigit()) or int(index) >= len(gpus):
+                    raise ConfigError(f"peer_overrides.{pid}.node.device",
                                       f"got {device!r}; this launch uses {len(gpus)} GPU(s) "
                                       f"({', '.join(gpus)}): allowed cuda, auto, cpu, or cuda:0 "
                                       f"to cuda:{len(gpus) - 1}")

@@ -107,7 +107,7 @@ def _check_rebuilds(peer: str, spec: dict[str, Any], weights: dict[str, Any]) ->
         model = build_model(spec["arch"], tuple(spec["input_shape"]), spec["num_classes"],
                             spec["embedding_dim"], **spec["options"])
         model.load_state_dict(weights)
-    except (ValueError, RuntimeError, KeyError, TypeError) as exc:
+    except (ValueError, RuntimeError, KeyError, TypeError, MemoryError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(f"{peer}: the model description {spec} does not rebuild the "
                           f"checkpoint's weights: {first}") from None
@@ -136,6 +136,13 @@ def collect(peer: str, peer_dir: Path, which: str) -> tuple[dict[str, Any], dict
     metrics = _metrics(row) or ({**alg.get("selected", {}), "val_acc": alg.get("best_val")}
                                 if which == "selected" else {})
     spec = state.get("model") or _legacy_spec(peer, peer_dir)
+    if "head" not in spec.get("options", {}) and any(k.startswith("head.proj.") for k in weights):
+        # (a FedHP checkpoint written before descriptions named its head: described
+        # again from the peer's config, where hfl-launch wrote one)
+        try:
+            spec = _legacy_spec(peer, peer_dir)
+        except ExportError:
+            pass
     _check_rebuilds(peer, spec, weights)
     meta = {"peer": peer, "which": which, "round": round_, "model": spec, "metrics": metrics,
             "hfl_version": _version(), "source": str((peer_dir / CHECKPOINT_NAME).resolve())}

@@ -242,10 +242,9 @@ def mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     # (a diverged peer's numbers are in the mean: said on the row, not only under the
     # table; the seeds table and hfl-report said nothing of it, a review)
     out["diverged"] = [r["peer"] for r in basis if r.get("diverged_at") is not None]
-    out["cohort"] = " ".join(filter(None, [
-        f"{short} short" if short else "",
+    out["cohort"] = ", ".join(filter(None, [
+        f"{short} short {SHORT_MARK}" if short else "",  # (the mark's legend: short)
         f"{len(out['diverged'])} diverged" if out["diverged"] else ""]))
-    out["cohort"] += f" {SHORT_MARK}" if out["cohort"] else ""
     return out
 
 

@@ -44,5 +44,11 @@ def build_head(embedding_dim: int, num_classes: int, spec: dict) -> nn.Module:
     if unknown:
         raise ValueError(f"head: unknown field(s) {', '.join(unknown)}; allowed: proto_dim, "
                          "layers, normalize_decision")
-    return ProtoHead(embedding_dim, int(params["proto_dim"]), num_classes,
-                     int(params.get("layers", 1)), bool(params.get("normalize_decision", False)))
+    dim, layers = params.get("proto_dim"), params.get("layers", 1)
+    decide_on_z = params.get("normalize_decision", False)
+    for name, value, top in (("proto_dim", dim, 65536), ("layers", layers, 16)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            raise ValueError(f"head: {name} must be an int from 1 to {top}, got {value!r}")
+    if not isinstance(decide_on_z, bool):
+        raise ValueError(f"head: normalize_decision must be true or false, got {decide_on_z!r}")
+    return ProtoHead(embedding_dim, dim, num_classes, layers, decide_on_z)

@@ -68,9 +68,10 @@ def build_model(
     ``torch.manual_seed`` before calling for a reproducible model.
     """
     fn = _lookup(arch)
-    # A head a method put in place of the linear one (models/heads.py), by its spec.
-    head = arch_kwargs.pop("head", None)
     allowed = arch_options(arch)
+    # A head a method put in place of the linear one (models/heads.py), by its spec;
+    # not where an architecture has an option of that name itself (a plugin's).
+    head = None if "head" in allowed else arch_kwargs.pop("head", None)
     unknown = sorted(set(arch_kwargs) - set(allowed))
     if unknown:
         raise ValueError(

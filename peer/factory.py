@@ -330,9 +330,15 @@ def model_options(cfg: PeerConfig) -> dict[str, Any]:
 
     options = dict(cfg.model.options)
     try:
-        takes_seed = "seed" in arch_options(cfg.model.arch)
+        allowed = arch_options(cfg.model.arch)
     except ValueError as exc:
         raise ConfigError("model.arch", str(exc)) from exc
+    takes_seed = "seed" in allowed
+    if "head" in options and "head" not in allowed:
+        # (build_model's head is what a method puts on the model, named by its checkpoint:
+        # a fedavg config with model.options.head trained a prototype head, a review)
+        raise ConfigError("model.options.head", f"not an option of model {cfg.model.arch!r}: "
+                          "a method that puts its own head on the model (fedhp) sets it")
     if takes_seed and options.get("seed") is None:
         options["seed"] = zlib.crc32(f"{cfg.cohort.seed}:{cfg.node.id}".encode())
     return options

@@ -670,10 +670,14 @@ class Membership:
         m = self.members.get(peer_id)
         if self.hint_dead_s <= 0 or m is None or not m.confirmed or m.status not in (ALIVE, SUSPECT):
             return False
-        self._hinted.setdefault(peer_id, now)
         last = self._hint_probed.get(peer_id)
         if last is not None and now - last < self.hint_dead_s:
-            return False  # (probed for a hint lately: a member's churn multiplied probes 4x)
+            # Probed for a hint lately (a member's churn multiplied probes 4x): no new
+            # hint either, whose deadline no probe would answer (a review: a member that
+            # answered the first, then dropped its link again, died unprobed); an
+            # unanswered hint under way stands.
+            return False
+        self._hinted.setdefault(peer_id, now)
         if len(self._hint_probed) > 2 * len(self.members):  # (members removed since)
             self._hint_probed = {p: t for p, t in self._hint_probed.items() if p in self.members}
         self._hint_probed[peer_id] = now

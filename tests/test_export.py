@@ -394,3 +394,12 @@ def test_a_fedhp_peers_prototype_head_is_rebuilt_from_its_model_description(tmp_
     alg.model.eval()
     with torch.no_grad():
         assert torch.equal(model(x), alg.model(x))  # the same predictions as the peer's
+    # The head is the method's to set: a fedavg config's model.options.head is refused (a
+    # review: a plain hfl-peer trained a prototype head for fedavg).
+    from hfl.peer.configtools import ConfigError
+    from hfl.peer.factory import model_options
+
+    with pytest.raises(ConfigError, match=r"^model\.options\.head: not an option"):
+        model_options(config_from_dict({"node": {"id": "p0"}, "cohort": {"algorithm": "fedavg"},
+                                        "model": {"arch": "mlp", "options": {"head": {
+                                            "kind": "proto", "proto_dim": 4}}}}))

@@ -77,6 +77,11 @@ def test_gpus_are_assigned_round_robin_one_visible_device_per_peer(tmp_path):
                                                   "p3": {"node": {"device": "cuda:0"}}})
     plans = expand(exp, gpus=["0", "1"], ports=list(range(7000, 7004)))
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0", "", "1", "0"]
+    # cuda:N in the defaults is every peer's: spread, not all on GPU N (a review)
+    every = make(tmp_path, peers=3, defaults={"cohort": {"algorithm": "fedavg", "rounds": 3},
+                                              "node": {"device": "cuda:1"}})
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in expand(
+        every, gpus=["0", "1"], ports=[7000, 7001, 7002])] == ["0", "1", "0"]
     with pytest.raises(ConfigError, match=r"peer_overrides\.p3\.node\.device: got 'cuda:2'.*"
                                           r"cuda:0 to cuda:1"):
         expand(make(tmp_path, peers=4, peer_overrides={"p3": {"node": {"device": "cuda:2"}}}),
@@ -222,7 +227,7 @@ def test_a_diverged_peer_is_named_and_results_json_is_strict(tmp_path):
     assert "training diverged (a non-finite train_loss): p1 from round 2" in table
     # ... and the mean row says a diverged peer is in it, as the seeds table does (a
     # review: the mean over seeds and hfl-report said nothing of it)
-    assert rows[-1]["diverged"] == ["p1"] and rows[-1]["cohort"] == "1 diverged !"
+    assert rows[-1]["diverged"] == ["p1"] and rows[-1]["cohort"] == "1 diverged"
     from hfl.launch.results import cohort_row, render_seeds_table
 
     seed = cohort_row(tmp_path, [(p, tmp_path / p) for p in ("p0", "p1")])

@@ -406,3 +406,24 @@ def test_importing_hfl_models_does_not_import_torchvision() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"], "torchvision comes with its models only"
+
+
+def test_a_methods_head_is_rebuilt_by_its_spec_and_odd_values_are_refused():
+    # build_model(head=...) rebuilds the prototype head FedHP puts on a model (hfl-export
+    # and hfl-eval refused every fedhp run before); a review of that fed it odd values:
+    # a string "false" decided on z, proto_dim 0 built empty layers, layers 1e7 ran out
+    # of memory.
+    from hfl.models import build_model
+    from hfl.models.heads import ProtoHead
+
+    m = build_model("mlp", (6,), 3, 8, hidden=[4], head={"kind": "proto", "proto_dim": 5,
+                                                          "layers": 2, "normalize_decision": True})
+    assert isinstance(m.head, ProtoHead) and m(torch.zeros(2, 6)).shape == (2, 3)
+    for bad, said in (({"kind": "proto", "proto_dim": 0}, "proto_dim must be an int from 1"),
+                      ({"kind": "proto", "proto_dim": "12"}, "proto_dim must be an int"),
+                      ({"kind": "proto", "proto_dim": 4, "layers": 10**7}, "layers must be an int"),
+                      ({"kind": "proto", "proto_dim": 4, "normalize_decision": "false"},
+                       "normalize_decision must be true or false"),
+                      ({"kind": "mlp"}, "allowed: {kind: proto"), ("x", "allowed: {kind: proto")):
+        with pytest.raises(ValueError, match=said):
+            build_model("mlp", (6,), 3, 8, hidden=[4], head=bad)
