@@ -247,6 +247,11 @@ def _check_options(loader, options: dict[str, Any], dataset: str) -> None:
 
     if (flag := wrong_flag(loader, options)) is not None:
         raise ConfigError(f"data.options.{flag[0]}", flag[1])
+    n = options.get("num_classes")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
+        # (named "data" before, from inside the loader: a review)
+        raise ConfigError("data.options.num_classes", f"got {n!r}; allowed: an int >= 2 (the "
+                          "cohort's number of classes)")
 
 
 def _load_public_set(cfg: PublicSetConfig, private):

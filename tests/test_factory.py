@@ -56,6 +56,10 @@ def test_a_file_with_too_few_rows_and_a_flag_that_is_not_a_flag_are_named(tmp_pa
         with pytest.raises(ConfigError, match=rf"^data: dataset 'npz' \(.*n{n}\.npz\) holds {n} "
                                               r"sample\(s\)"):
             load_peer_data(data_cfg(dataset="npz", path=str(tmp_path / f"n{n}.npz")))
+    np.savez(tmp_path / "ok.npz", x=np.ones((20, 3), np.float32), y=np.arange(20) % 2)
+    with pytest.raises(ConfigError, match=r"^data\.options\.num_classes: got '10'; allowed: an int"):
+        load_peer_data(data_cfg(dataset="npz", path=str(tmp_path / "ok.npz"),
+                                options={"num_classes": "10"}))
     with pytest.raises(ConfigError, match=r"option 'flatten': got 'no'; allowed: true, false"):
         load_peer_data(data_cfg(dataset="digits", options={"flatten": "no"}))
     assert load_peer_data(data_cfg(dataset="digits", options={"flatten": False})).train.input_shape \
