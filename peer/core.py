@@ -167,6 +167,7 @@ class PeerCore:
         self.communicate_every = communicate_every
         self.last_round = last_round
         self.finished_by: set[str] = set()  # members whose goodbye came after the last round
+        self.revoked: set[str] = set()  # members the allow-list removed, until put back
         # Signed acks and certified commits (the allow-list's signing keys; see "Commit").
         self.cohort = cohort  # signed statements name their cohort: never valid in another
         self.signer = signer  # bytes -> 64-byte Ed25519 signature (None: acks go unsigned)
@@ -469,7 +470,16 @@ class PeerCore:
         for peer in sorted(removed):
             m = self.membership.members.get(peer)
             if m is not None and self.membership.left(peer, m.incarnation):
+                self.revoked.add(peer)
                 out += [Say(logging.WARNING, "%s: %s removed from the allow-list: no longer a member",
+                            (self.id, peer)), WAKE]
+        for peer in sorted(self.revoked & allowed):
+            # Put back on the list: its life did not end, so its next message at the same
+            # incarnation must bring it back (it stayed gone until it restarted, while
+            # the docs promise a key added joins without a restart: a review).
+            self.revoked.discard(peer)
+            if self.membership.readmit(peer):
+                out += [Say(logging.INFO, "%s: %s back on the allow-list: greeting it",
                             (self.id, peer)), WAKE]
         return out
 

@@ -412,6 +412,17 @@ class Membership:
             m.greeted = greeted
         self._count(m, +1)
 
+    def readmit(self, peer_id: str) -> bool:
+        """A member ended by the allow-list (:meth:`left`) is on it again: held dead,
+        not left, so that its next message at the same incarnation brings it back (a
+        goodbye's end is for good), and greeted anew. Returns whether it changed."""
+        m = self.members.get(peer_id)
+        if m is None or m.status != LEFT:
+            return False
+        self._set(m, status=DEAD, greeted=False)
+        self._touch()
+        return True
+
     def set_status(self, peer_id: str, status: str) -> None:
         """Force a member's status, as a test or a tool sets up a view (the protocol
         itself changes it only on evidence: heard_from, tick, hear_news, left)."""

@@ -206,7 +206,12 @@ def load_secret_key(path: str | Path, peer_id: str | None = None) -> tuple[bytes
         raise SecurityError(f"{path} is not a CURVE certificate: {exc}") from None
     if not secret:
         raise SecurityError(f"{path} holds no secret key (is it the public .key file?)")
-    if zmq.curve_public(secret) != public:
+    try:
+        derived = zmq.curve_public(secret)
+    except ValueError as exc:  # (a truncated or edited key: it raised past this check)
+        raise SecurityError(f"{path}: its secret key is damaged ({exc}); make a new one with "
+                            "hfl-keys new, or copy back the file") from None
+    if derived != public:
         raise SecurityError(f"{path}: its public key does not belong to its secret key")
     return public, secret
 
@@ -309,6 +314,9 @@ def load_identity(peer_id: str, key_file: str | Path, allow_list: str | Path) ->
             f"--dir {shlex.quote(str(Path(allow_list).parent))}", "allow_list") from None
     except OSError as exc:
         raise SecurityError(f"cannot read {allow_list}: {exc.strerror}", "allow_list") from None
+    except UnicodeDecodeError as exc:
+        raise SecurityError(f"{allow_list} is not UTF-8 text (byte {exc.start})",
+                            "allow_list") from None
     except SecurityError as exc:
         raise SecurityError(str(exc), "allow_list") from None
     if allowed.get(peer_id) != public:
@@ -348,6 +356,8 @@ def reread_allow_list(identity: CurveIdentity) -> tuple[dict[str, bytes], dict[s
         allowed, signs = _parse_allow_list(Path(path).read_text(), str(path))
     except OSError as exc:
         raise SecurityError(f"cannot read {path}: {exc.strerror}", "allow_list") from None
+    except UnicodeDecodeError as exc:  # (it raised from the peer's tick, a review)
+        raise SecurityError(f"{path} is not UTF-8 text (byte {exc.start})", "allow_list") from None
     if allowed.get(identity.peer_id) != identity.public_key:
         raise SecurityError(f"{path} no longer lists this peer ({identity.peer_id}) with its own "
                             "public key", "allow_list")

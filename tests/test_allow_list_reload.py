@@ -116,12 +116,34 @@ def test_a_broken_edit_keeps_the_list_in_force(tmp_path, caplog):
             write_allow_list(path, {"p1": pub["p1"]})  # this peer itself left out
             a.housekeeping()
             assert a.take_allow_list_change() is None and set(a.security.allowed) == {"p0", "p1"}
+            # A byte that is not UTF-8: the tick raised UnicodeDecodeError (a review)
+            write_allow_list(path, pub)
+            path.write_bytes(path.read_bytes() + b"# caf\xe9\n")
+            a.housekeeping()
+            assert a.take_allow_list_change() is None and set(a.security.allowed) == {"p0", "p1"}
         finally:
             await a.close()
 
     asyncio.run(main())
     assert "not a 40-character Z85 public key" in caplog.text
     assert "no longer lists this peer (p0)" in caplog.text
+    assert "is not UTF-8 text" in caplog.text
+
+
+def test_a_member_put_back_on_the_allow_list_is_taken_back_without_a_restart():
+    # A review: removed, then put back (an edit undone), p2 stayed gone until its process
+    # restarted: its end was a goodbye's, for good at its incarnation.
+    from tests.test_core_handle import bare
+
+    core = bare(members=("p1", "p2"))
+    core.allowed_peers = frozenset({"p0", "p1", "p2"})
+    core.allow_list_changed(frozenset({"p0", "p1"}), frozenset({"p2"}))
+    assert core.membership.members["p2"].status == "left"
+    assert core.membership.heard_from("p2", 0, 1.0) is None  # removed: nothing of it counts
+    core.allow_list_changed(frozenset({"p0", "p1", "p2"}), frozenset())
+    change = core.membership.heard_from("p2", 0, 2.0, address="mem://p2")
+    assert change is not None and change.new == "alive"  # its next message brings it back
+    assert not core.revoked
 
 
 # ----------------------------------------------------------------------------- two hfl-peer processes
@@ -222,8 +244,17 @@ def test_two_running_peers_admit_and_revoke_each_within_seconds(tmp_path):
         p1_lost_p0 = lambda: any("p0 alive -> suspect" in e.get("msg", "") or "p0 alive -> dead"  # noqa: E731
                                  in e.get("msg", "") for e in events(tmp_path, "p1"))
         wait_for(p1_lost_p0, 30, procs)
+        # Put back (the edit undone), neither restarted: they learn together again (p1
+        # stayed gone until its process restarted, a review).
+        t2 = time.time()
+        path.write_text(text)
+        procs[0].send_signal(signal.SIGHUP)
+        back = lambda: last_metrics(tmp_path, "p0").get("learned_from", 0) >= 1  # noqa: E731
+        wait_for(back, 30, procs)
+        readmit_s = time.time() - t2
         print(f"admitted in {admit_s:.2f} s (file change to learning together); "
-              f"revoked in {revoke_s:.2f} s (SIGHUP to membership ended)")
+              f"revoked in {revoke_s:.2f} s (SIGHUP to membership ended); "
+              f"put back in {readmit_s:.2f} s")
         assert admit_s < 15 and revoke_s < 5
     finally:
         for p in procs:

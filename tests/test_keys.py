@@ -124,3 +124,19 @@ def test_an_allow_list_line_without_its_signing_key_beside_lines_with_one_is_ref
     none = [" ".join(ln.split()[:2]) if not ln.startswith("#") else ln for ln in lines]
     allow.write_text("\n".join(none) + "\n")
     assert load_identity("p0", tmp_path / "keys" / "p0.key_secret", allow).sign_keys == {}
+
+
+def test_a_damaged_secret_key_is_named_with_its_file(tmp_path):
+    # A truncated secret key raised zmq's ValueError past the certificate check: "secret
+    # key must be a 40 byte z85 encoded string", naming neither the file nor the fix.
+    import os
+    import re
+
+    from hfl.peer.security import SecurityError, create_key_pair, load_secret_key
+
+    create_key_pair(tmp_path, "p1")
+    path = tmp_path / "p1.key_secret"
+    path.write_text(re.sub(r'secret-key = "(.{10}).*"', r'secret-key = "\1"', path.read_text()))
+    os.chmod(path, 0o600)
+    with pytest.raises(SecurityError, match=r"p1\.key_secret: its secret key is damaged.*hfl-keys new"):
+        load_secret_key(path)
