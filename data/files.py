@@ -586,9 +586,10 @@ def load_image_folder(
         # The images as bytes, then x as float32 twice over (cast, divided), before any
         # is resized: a size the machine cannot hold is an error, not an allocation the
         # kernel kills the peer for (a review: size 100000 took 22 GB before the OOM killer).
-        need = sum(len(f) for _, f in listed) * (1 if grayscale else 3) * target[0] * target[1] * 9
+        count = sum(len(f) for _, f in listed)
+        need = count * (1 if grayscale else 3) * target[0] * target[1] * 9
         if need > have // 2:
-            raise ValueError(f"{p}: {sum(len(f) for _, f in listed)} image(s) resized to "
+            raise ValueError(f"{p}: {count} image(s) resized to "
                              f"{target[0]}x{target[1]} (data.options.size) need "
                              f"{need / 2**30:.1f} GiB, more than half this machine's memory "
                              f"({have / 2**30:.1f} GiB)")

@@ -700,8 +700,8 @@ class PeerCore:
             # (a live one first: a dead member's old address reused by a live one had the
             # live one's drop hint the dead one, a review)
             at = [m for m in mem.members.values() if m.address == address]
-            peer_id = next((m.peer_id for m in sorted(at, key=lambda m: m.status not in (
-                "alive", "suspect"))), None)
+            peer_id = min(at, key=lambda m: m.status not in ("alive", "suspect")).peer_id \
+                if at else None
         if peer_id is None or peer_id == self.id or mem.address_of(peer_id) != address:
             # (a link to another address than the member's: one a member's gossip named,
             # greeted as a lead. Its drop is no news of the member: a member listened

@@ -1023,10 +1023,6 @@ class Membership:
             self._digest = (self._order_changes, zlib.crc32("\n".join(self._order).encode()) + 1)
         return self._digest[1]
 
-    def left_count(self) -> int:
-        """Members that said goodbye (O(N): asked only while a quorum is out of reach)."""
-        return sum(1 for m in self.members.values() if m.status == LEFT)
-
     def order_version(self) -> int:
         """A number that changes whenever :meth:`rotation_order` does (in O(1))."""
         self._order_current()

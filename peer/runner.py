@@ -203,6 +203,13 @@ def _check_owner(cfg: PeerConfig, run_dir: Path, saved: Any) -> None:
                           f"config's {'; '.join(f'{k} {mine[k]!r}' for k in differs)}: a new "
                           "run starts with node.resume: false (hfl-launch --fresh) or in "
                           "another node.run_dir")
+    if "algorithm" in saved and saved["algorithm"] != mine["algorithm"]:
+        # (a fedavg checkpoint resumed as fedh2l raised KeyError from its state, a review)
+        raise ConfigError("cohort.algorithm", f"the checkpoint in {run_dir} holds the rounds "
+                          f"of {saved['algorithm']!r}, not of this config's "
+                          f"{mine['algorithm']!r}: a method cannot change on resume: "
+                          "node.resume: false (hfl-launch --fresh) starts over, or use "
+                          "another node.run_dir")
     # (after whose rounds they are: another peer's checkpoint differs in its data's
     # partition_index too, and named so it hid a run_dir shared by mistake, a review)
     if "data" in saved and (changed := data_changes(saved["data"], mine["data"])):
@@ -213,13 +220,6 @@ def _check_owner(cfg: PeerConfig, run_dir: Path, saved: Any) -> None:
                           f"{'; ...' if len(changed) > 4 else ''}): a peer's data cannot "
                           "change on resume: node.resume: false (hfl-launch --fresh) starts "
                           "over, or use another node.run_dir")
-    if "algorithm" in saved and saved["algorithm"] != mine["algorithm"]:
-        # (a fedavg checkpoint resumed as fedh2l raised KeyError from its state, a review)
-        raise ConfigError("cohort.algorithm", f"the checkpoint in {run_dir} holds the rounds "
-                          f"of {saved['algorithm']!r}, not of this config's "
-                          f"{mine['algorithm']!r}: a method cannot change on resume: "
-                          "node.resume: false (hfl-launch --fresh) starts over, or use "
-                          "another node.run_dir")
 
 
 def _save(run_dir: Path, r: int, node: Node, model: dict[str, Any] | None,
