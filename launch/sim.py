@@ -162,7 +162,19 @@ def _configs(opts: SimOptions, root: Path):
 
 def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> SimResult:
     """Run one seed in a fresh virtual loop; never raises for what the peers do.
-    ``scenario`` replaces the seed's drawn faults (a regression pinned as found)."""
+    ``scenario`` replaces the seed's drawn faults (a regression pinned as found). Its
+    peers' run folders live in a temporary folder, removed however the run ends (an
+    interrupt or a bad experiment left one behind in /tmp per run); ``opts.keep`` or
+    a violation keeps a copy."""
+    root = Path(tempfile.mkdtemp(prefix=f"hfl-sim-{seed}-"))
+    try:
+        return _run_seed_in(root, seed, opts, scenario)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_seed_in(root: Path, seed: int, opts: SimOptions, scenario: Scenario | None
+                 ) -> SimResult:
     import numpy as np
     import torch
 
@@ -179,7 +191,6 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    root = Path(tempfile.mkdtemp(prefix=f"hfl-sim-{seed}-"))
     exp, plans = _configs(opts, root)
     ids = [p.id for p in plans]
     base_timing = to_dict(plans[0].config.timing)
@@ -190,7 +201,6 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
             given = sorted((parse_fault(text, ids) for text in opts.faults),
                            key=lambda f: (f.t, f.kind, f.peers))
         except ValueError as err:
-            shutil.rmtree(root, ignore_errors=True)
             raise ConfigError("--fault", str(err)) from None
         sc = Scenario(seed, sc.network, given, sc.timing,
                       max((f.t + f.duration for f in given), default=1.0))
@@ -208,7 +218,6 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
     try:
         twins = parse_twins(opts.byzantine, ids)
     except ValueError as err:
-        shutil.rmtree(root, ignore_errors=True)
         raise ConfigError("--byzantine", str(err)) from None
     keys = sim_keys(seed, ids) if twins or opts.signed else {}
     checker = Checker(mode=mode, everywhere=False, bound_s=bound, twins=twins, rounds=opts.rounds)
@@ -390,7 +399,6 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         hfl_log.setLevel(old_level)
         hfl_log.propagate = old_propagate
     if bad_config:
-        shutil.rmtree(root, ignore_errors=True)
         raise bad_config[0]
     violations = checker.check({p: Path(cfgs[p].run_dir) for p in ids}, outcomes, calm[0], end_t)
     h = hashlib.sha256(net.digest().encode())
@@ -402,7 +410,6 @@ def run_seed(seed: int, opts: SimOptions, scenario: Scenario | None = None) -> S
         shutil.rmtree(kept, ignore_errors=True)
         shutil.copytree(root, kept)
         (kept / "events.json").write_text(json.dumps(checker.events, default=str, indent=0))
-    shutil.rmtree(root, ignore_errors=True)
     return SimResult(
         seed=seed, violations=violations, history=h.hexdigest()[:16],
         peer_rounds=sum(1 for e in checker.events if e["event"] == "round"),

@@ -427,7 +427,8 @@ class Interrupt(BaseException):
     """What a signal handler raises inside a run (pytest-timeout's Failed is one)."""
 
 
-def test_an_interrupt_inside_a_peer_ends_the_run_instead_of_changing_its_history(monkeypatch):
+def test_an_interrupt_inside_a_peer_ends_the_run_instead_of_changing_its_history(
+        monkeypatch, tmp_path):
     # Issue 30's seed 28: pytest-timeout's SIGALRM raised its Failed (a BaseException) in
     # one peer's receive loop. The runtime logged the dead task and the peer ran on, deaf:
     # every peer "learned from no other peer in 5 of its 6 round(s)". Here the same, at a
@@ -445,9 +446,16 @@ def test_an_interrupt_inside_a_peer_ends_the_run_instead_of_changing_its_history
         return on_heartbeat(self, msg, now)
 
     monkeypatch.setattr(PeerCore, "_on_heartbeat", interrupted)
+    monkeypatch.setattr(sim.tempfile, "tempdir", str(tmp_path))
     with pytest.raises(Interrupt):
         sim.run_seed(28, sim.SimOptions())
     assert heard["p3"] == 200
+    # ... and leaves no run folder behind (each one was left in /tmp: 5 peers' files)
+    assert list(tmp_path.glob("hfl-sim-*")) == []
+    from hfl.peer.configtools import ConfigError
+    with pytest.raises(ConfigError, match="config file not found"):
+        sim.run_seed(0, sim.SimOptions(experiment=str(tmp_path / "missing.yaml")))
+    assert list(tmp_path.glob("hfl-sim-*")) == []
     monkeypatch.undo()
     again = sim.run_seed(28, sim.SimOptions())  # and the process is fit for the next run
     assert not again.violations
