@@ -456,6 +456,10 @@ def _set_path(root: dict[str, Any], tokens: list[str | int], value: Any, item: s
             cur[tok] = value
         else:
             nxt = cur.get(tok) if isinstance(cur, dict) else cur[tok]
+            if nxt is None and isinstance(tokens[n + 1], int):
+                raise ConfigError(step, f"override {item!r}: {step} is not set, so it has "
+                                        f"no item {tokens[n + 1]}; give the whole list: "
+                                        f"{step}=[...]")
             if nxt is None:
                 nxt = cur[tok] = {}
             cur = nxt

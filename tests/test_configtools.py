@@ -318,6 +318,9 @@ def test_overrides_create_replace_and_parse_types() -> None:
         ("peers[5].lr=0.1", "peers[5]", "peers has 2 items"),
         ("peers.x=1", "peers", "use peers[N]"),
         ("timing[0]=1", "timing", "is a mapping, not a list"),
+        # a list not set yet (it said "node.bootstrap is a mapping", a config review)
+        ("node.bootstrap[3]=x", "node.bootstrap", "node.bootstrap is not set, so it has no "
+                                                  "item 3; give the whole list"),
         ("rounds.x=1", "rounds", "not a mapping or list"),
         ("rounds=[1, 2", "rounds", "cannot parse value"),
     ],
