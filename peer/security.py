@@ -293,16 +293,49 @@ def _parse_allow_list(text: str, source: str) -> tuple[dict[str, bytes], dict[st
 
 def write_allow_list(path: str | Path, allowed: dict[str, bytes],
                      sign_keys: dict[str, bytes] | None = None) -> None:
+    """The allow-list file, writable by its owner only whatever the umask
+    (:func:`allow_list_exposure`)."""
     sign_keys = sign_keys or {}
     lines = ["# hfl allow-list: <peer id> <CURVE public key, Z85> <signing key, Ed25519 hex>"]
     lines += [f"{peer} {key.decode()}" + (f" {sign_keys[peer].hex()}" if peer in sign_keys else "")
               for peer, key in sorted(allowed.items())]
     Path(path).write_text("\n".join(lines) + "\n")
+    Path(path).chmod(0o644)
+
+
+def allow_list_exposure(path: str | Path) -> str | None:
+    """Why another local user could change the allow-list at ``path``, or None.
+
+    The allow-list decides who is a member, and a peer rereads it while it runs: a
+    file others may write (or that another user owns), or a folder others may write
+    without the sticky bit (they could put another file in its place), would let any
+    user of the machine add a key of their own (the checks of OpenSSH's StrictModes
+    for authorized_keys). It was read without a word (a keys review)."""
+    path = Path(path)
+    try:
+        st, folder = path.stat(), path.resolve().parent.stat()
+    except OSError:
+        return None  # (reading it says what is wrong)
+    me = os.geteuid() if hasattr(os, "geteuid") else None
+    fix = f"chmod go-w {shlex.quote(str(path))}"
+    if me is not None and st.st_uid not in (me, 0):
+        return f"{path} belongs to another user (uid {st.st_uid}), who could change who is a member"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), who "
+                f"could add a key of their own: {fix}")
+    if folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not folder.st_mode & stat.S_ISVTX:
+        where = shlex.quote(str(path.resolve().parent))
+        return (f"{path} is in a folder other users may write to (mode "
+                f"{stat.S_IMODE(folder.st_mode):o}), who could put another allow-list in its "
+                f"place: chmod go-w {where}, or keep it in a folder of its own")
+    return None
 
 
 def load_identity(peer_id: str, key_file: str | Path, allow_list: str | Path) -> CurveIdentity:
     """Our keys plus the cohort's allow-list, checked against each other."""
     public, secret = load_secret_key(key_file, peer_id)
+    if (exposed := allow_list_exposure(allow_list)) is not None:
+        raise SecurityError(exposed, "allow_list")
     try:
         allowed, signs = _parse_allow_list(Path(allow_list).read_text(), str(allow_list))
     except FileNotFoundError as exc:
@@ -349,9 +382,12 @@ def signing_of(peer_id: str, identity: CurveIdentity | None):
 
 def reread_allow_list(identity: CurveIdentity) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """The allow-list file of ``identity`` as it is now; SecurityError when it cannot be
-    used (unreadable, malformed, or no longer listing this peer with its own key), so
+    used (unreadable, malformed, open to other users' edits, or no longer listing this
+    peer with its own key), so
     that a half-written or mistaken edit never locks the peer out of its cohort."""
     path = identity.allow_list_path
+    if (exposed := allow_list_exposure(path)) is not None:
+        raise SecurityError(exposed, "allow_list")
     try:
         allowed, signs = _parse_allow_list(Path(path).read_text(), str(path))
     except OSError as exc:

@@ -121,6 +121,12 @@ def test_a_broken_edit_keeps_the_list_in_force(tmp_path, caplog):
             path.write_bytes(path.read_bytes() + b"# caf\xe9\n")
             a.housekeeping()
             assert a.take_allow_list_change() is None and set(a.security.allowed) == {"p0", "p1"}
+            # A list any user of the machine could have written (a keys review: read
+            # without a word): whatever it says, not taken
+            write_allow_list(path, {**pub, "p2": pub["p1"]})
+            path.chmod(0o666)
+            a.housekeeping()
+            assert a.take_allow_list_change() is None and set(a.security.allowed) == {"p0", "p1"}
         finally:
             await a.close()
 
@@ -128,6 +134,7 @@ def test_a_broken_edit_keeps_the_list_in_force(tmp_path, caplog):
     assert "not a 40-character Z85 public key" in caplog.text
     assert "no longer lists this peer (p0)" in caplog.text
     assert "is not UTF-8 text" in caplog.text
+    assert "is writable by other users (mode 666), who could add a key of their own" in caplog.text
 
 
 def test_a_member_put_back_on_the_allow_list_is_taken_back_without_a_restart():

@@ -140,3 +140,42 @@ def test_a_damaged_secret_key_is_named_with_its_file(tmp_path):
     os.chmod(path, 0o600)
     with pytest.raises(SecurityError, match=r"p1\.key_secret: its secret key is damaged.*hfl-keys new"):
         load_secret_key(path)
+
+
+def test_an_allow_list_other_users_could_change_is_refused(tmp_path):
+    # A keys review: a group- or world-writable allow-list (or one in a folder others may
+    # write to) was loaded without a word, so any user of the machine could make a key
+    # of their own a member (the peer rereads the file while it runs). Refused as
+    # OpenSSH's StrictModes refuses such an authorized_keys, with the fix; a sticky
+    # folder such as /tmp is fine (nobody can put a file in place of another's there).
+    import os
+
+    from hfl.peer.security import SecurityError, load_identity
+
+    keys = tmp_path / "keys"
+    assert hfl_keys(["cohort", "p0", "p1", "--dir", str(keys)]) == 0
+    allow, secret = keys / "allow_list", keys / "p0.key_secret"
+    assert stat.S_IMODE(allow.stat().st_mode) == 0o644
+    assert set(load_identity("p0", secret, allow).allowed) == {"p0", "p1"}
+    for mode in (0o664, 0o646):
+        allow.chmod(mode)
+        with pytest.raises(SecurityError, match=f"is writable by other users \\(mode {mode:o}\\)"
+                           f".*chmod go-w {allow}") as info:
+            load_identity("p0", secret, allow)
+        assert info.value.field == "allow_list"
+    allow.chmod(0o644)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shutil.copy(allow, shared / "allow_list")
+    shared.chmod(0o777)
+    with pytest.raises(SecurityError, match="in a folder other users may write to \\(mode 777\\)"):
+        load_identity("p0", secret, shared / "allow_list")
+    shared.chmod(0o1777)
+    assert set(load_identity("p0", secret, shared / "allow_list").allowed) == {"p0", "p1"}
+    # hfl-keys writes it 644 whatever the umask (a umask of 002 made it group-writable)
+    old = os.umask(0o002)
+    try:
+        assert hfl_keys(["cohort", "p0", "p1", "--dir", str(tmp_path / "k2")]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "k2" / "allow_list").stat().st_mode) == 0o644
