@@ -227,15 +227,33 @@ def free_ports(n: int, host: str) -> list[int]:
             s.close()
 
 
+def visible_gpus() -> list[str] | None:
+    """The GPUs this process may use by its ``CUDA_VISIBLE_DEVICES``, or None where it
+    does not restrict them."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+
+
 def detect_gpus(spec: str) -> list[str]:
-    """GPU indices to spread peers over: from the spec, CUDA_VISIBLE_DEVICES or nvidia-smi."""
+    """GPU indices to spread peers over: from the spec, CUDA_VISIBLE_DEVICES or nvidia-smi.
+    A spec naming a GPU that this shell's CUDA_VISIBLE_DEVICES leaves out is refused: its
+    peers would run on a GPU the shell was kept off (a job's, another user's)."""
     if spec == "cpu":
         return []
+    visible = visible_gpus()
     if spec != "auto":
-        return [d.strip() for d in spec.split(",") if d.strip()]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        named = [d.strip() for d in spec.split(",") if d.strip()]
+        outside = [d for d in named if visible is not None and d not in visible]
+        if outside:
+            raise ConfigError("devices", f"got {spec!r}, but this shell may use only "
+                                         f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}"
+                                         f" ({', '.join(outside)} left out): name GPUs from it "
+                                         "(or devices: auto, which spreads peers over them)")
+        return named
     if visible is not None:
-        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+        return visible
     import shutil
     import subprocess
 

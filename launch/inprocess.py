@@ -9,8 +9,9 @@ is then its data, its model and its optimizer, not an interpreter: 50-200 peers
 fit on a laptop. The results table, plots and ``hfl-report`` are the same.
 
 Not here: process faults (a crash would end every peer: use the process mode),
-transport security (nothing leaves the process), GPUs spread over peers (all
-peers use the device their configs name).
+transport security (nothing leaves the process). GPUs are spread over peers as
+in the process mode, each peer naming its GPU as ``cuda:N`` of this process
+(:func:`device_here`; all peers were on ``cuda:0``).
 """
 
 from __future__ import annotations
@@ -40,9 +41,28 @@ def in_memory(plans: list[PeerPlan]) -> list[PeerPlan]:
         data["node"].update(listen=f"mem://{p.id}", bootstrap=boot, advertise=None)
         if "security" in data:
             data["security"] = {"mode": "none"}
+        gpu = p.env.get("CUDA_VISIBLE_DEVICES")
+        if gpu:  # the GPU the launcher gave it, as a device of this one process
+            data["node"]["device"] = device_here(gpu)
         cfg = build(PeerConfig, data)
         out.append(PeerPlan(p.id, p.index, cfg, p.config_path, p.env))
     return out
+
+
+def device_here(gpu: str) -> str:
+    """``cuda:N`` naming, in this process, the GPU ``gpu`` that the launcher gave a peer
+    (for a process of its own it would be that process's CUDA_VISIBLE_DEVICES): its
+    place in this process's CUDA_VISIBLE_DEVICES, or its index where that is not set."""
+    from hfl.launch.experiment import visible_gpus
+
+    visible = visible_gpus()
+    if visible is not None and gpu in visible:
+        return f"cuda:{visible.index(gpu)}"
+    if visible is None and gpu.isdigit():
+        return f"cuda:{int(gpu)}"
+    raise ConfigError("devices", f"GPU {gpu!r} is not one this process sees by index "
+                                 "(an in-process cohort names GPUs as cuda:N): set "
+                                 "CUDA_VISIBLE_DEVICES to the GPUs to use, or devices: auto")
 
 
 class Progress:

@@ -88,6 +88,39 @@ def test_gpus_are_assigned_round_robin_one_visible_device_per_peer(tmp_path):
                gpus=["0", "1"], ports=list(range(7000, 7004)))
 
 
+def test_gpus_named_outside_the_shells_visible_devices_are_refused(tmp_path, monkeypatch):
+    # A launcher review: with CUDA_VISIBLE_DEVICES=2,3 (a job's GPUs, a shared box),
+    # devices: 0,1 put the peers on GPUs 0 and 1 without a word.
+    from hfl.launch.experiment import detect_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert detect_gpus("auto") == ["2", "3"] and detect_gpus("3") == ["3"]
+    with pytest.raises(ConfigError, match=r"devices: got '0,3', but this shell may use only "
+                                          r"CUDA_VISIBLE_DEVICES='2,3' \(0 left out\)"):
+        detect_gpus("0,3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert detect_gpus("auto") == []
+    with pytest.raises(ConfigError, match="0 left out"):
+        detect_gpus("0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert detect_gpus("0,1") == ["0", "1"]
+
+
+def test_an_in_process_cohort_spreads_its_peers_over_the_gpus(tmp_path, monkeypatch):
+    # A launcher review: in one process every peer ran on cuda:0 (the launcher's spread
+    # lives in each process's CUDA_VISIBLE_DEVICES, which one process cannot have per peer).
+    from hfl.launch.inprocess import in_memory
+
+    plans = expand(make(tmp_path, peers=5, peer_overrides={"p1": {"node": {"device": "cpu"}}}),
+                   gpus=["2", "3"], ports=list(range(7000, 7005)))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")  # this process's cuda:0 is GPU 3
+    assert [p.config.node.device for p in in_memory(plans)] == [
+        "cuda:1", "cpu", "cuda:0", "cuda:1", "cuda:0"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert [p.config.node.device for p in in_memory(plans)] == [
+        "cuda:2", "cpu", "cuda:3", "cuda:2", "cuda:3"]
+
+
 def test_without_gpus_peers_run_on_cpu_and_share_the_cores(tmp_path, monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     plans = expand(make(tmp_path), gpus=[], ports=[7000, 7001, 7002, 7003])
