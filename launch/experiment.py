@@ -467,7 +467,11 @@ def _origin(path: str, over: dict[str, Any], defaults: dict[str, Any]) -> str | 
 
 
 def _refuse_model_changes(plans: list[PeerPlan]) -> None:
+    from hfl.peer.checkpoint import CHECKPOINT_NAME
+
     for plan in plans:
+        if not (Path(plan.config.run_dir) / CHECKPOINT_NAME).exists():
+            continue  # nothing trained to keep (a peer that failed before its first one)
         try:
             old = yaml.safe_load(plan.config_path.read_text()) or {}
         except (OSError, yaml.YAMLError):

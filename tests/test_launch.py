@@ -121,6 +121,21 @@ def test_an_in_process_cohort_spreads_its_peers_over_the_gpus(tmp_path, monkeypa
         "cuda:2", "cpu", "cuda:3", "cuda:2", "cuda:3"]
 
 
+def test_resume_refuses_a_change_only_for_peers_with_a_checkpoint(tmp_path):
+    # A review: --resume refused another model or data for a peer that had no checkpoint
+    # (one that failed before its first round, say with the very data being fixed).
+    from hfl.peer.checkpoint import CHECKPOINT_NAME
+
+    expand(make(tmp_path, peers=2), gpus=[], ports=[7000, 7001])
+    changed = make(tmp_path, peers=2, peer_overrides={"p1": {"data": {"seed": 7}}})
+    assert [p.id for p in expand(changed, gpus=[], ports=[7000, 7001], resume=True,
+                                 write=False)] == ["p0", "p1"]
+    (tmp_path / "run" / "p1").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "run" / "p1" / CHECKPOINT_NAME).write_bytes(b"trained")
+    with pytest.raises(ConfigError, match=r"peer p1's checkpoint .*data.seed: 0 -> 7"):
+        expand(changed, gpus=[], ports=[7000, 7001], resume=True, write=False)
+
+
 def test_without_gpus_peers_run_on_cpu_and_share_the_cores(tmp_path, monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     plans = expand(make(tmp_path), gpus=[], ports=[7000, 7001, 7002, 7003])
