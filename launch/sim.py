@@ -297,6 +297,15 @@ def _run_seed_in(root: Path, seed: int, opts: SimOptions, scenario: Scenario | N
         start(peer)
         followers.append(asyncio.ensure_future(finish(peer, tasks[peer])))
 
+    def wipe(peer: str) -> None:
+        """The peer's run folder lost with its disk: it restarts with none. Its files go
+        aside (``<run_dir>.lost``): the checker still reads what its earlier life did."""
+        run_dir = Path(cfgs[peer].run_dir)
+        lost = run_dir.with_name(run_dir.name + ".lost")
+        shutil.rmtree(lost, ignore_errors=True)
+        if run_dir.exists():
+            run_dir.rename(lost)
+
     async def roll(f: Fault) -> None:
         """A rolling restart: each peer in turn is stopped and restarted ``f.duration``
         later; the next goes once the last has recorded a round in its new life (or
@@ -325,9 +334,11 @@ def _run_seed_in(root: Path, seed: int, opts: SimOptions, scenario: Scenario | N
                 rolls.append(asyncio.ensure_future(roll(f)))
                 continue
             for peer in f.peers:
-                if f.kind in ("crash", "leave") and phase == "begin":
-                    stop(peer, "kill" if f.kind == "crash" else "term")
-                elif f.kind in ("crash", "leave") and peer in down:  # its restart
+                if f.kind in ("crash", "leave", "wipe") and phase == "begin":
+                    stop(peer, "term" if f.kind == "leave" else "kill")
+                elif f.kind in ("crash", "leave", "wipe") and peer in down:  # its restart
+                    if f.kind == "wipe":
+                        wipe(peer)
                     await restart(peer)
                 elif f.kind == "pause" and phase == "begin":
                     loop.freeze(peer, t + f.duration)

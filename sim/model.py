@@ -58,6 +58,7 @@ class Fault:
     def __str__(self) -> str:
         what = {"crash": "SIGKILL, restart after", "pause": "SIGSTOP for",
                 "leave": "SIGTERM (goodbye), restart after",
+                "wipe": "SIGKILL, its run folder lost, restart after",
                 "partition": "cut off from the rest for",
                 "rolling": f"rolling restart with SIG{self.signal.upper()}, each restarted after",
                 "slow": f"{self.factor:.0f}x slower for"}[self.kind]
@@ -154,7 +155,8 @@ def plan_scenario(seed: int, peers: list[str], rounds: int, timing: dict[str, fl
 
 
 FAULT_SYNTAX = "KIND:PEERS@T+SECONDS, e.g. leave:p2@6.3+0.5 or rolling-term:all@4+0.3"
-FAULT_KINDS = ("crash", "leave", "pause", "partition", "slow", "rolling-term", "rolling-kill")
+FAULT_KINDS = ("crash", "leave", "wipe", "pause", "partition", "slow", "rolling-term",
+               "rolling-kill")
 
 
 def parse_fault(text: str, peers: list[str]) -> Fault:
@@ -300,7 +302,10 @@ class Checker:
         self._liveness({p: o for p, o in outcomes.items() if p not in self.twins}, calm_at)
         self._named(outcomes)
         for peer, run_dir in sorted(run_dirs.items()):
-            rows = _read_rows(run_dir / "metrics.jsonl")
+            # (a peer whose run folder was lost, hfl-sim's wipe fault: its earlier
+            # life's rows first, kept aside)
+            rows = (_read_rows(run_dir.with_name(run_dir.name + ".lost") / "metrics.jsonl")
+                    + _read_rows(run_dir / "metrics.jsonl"))
             self._metrics(peer, rows)
             if peer in self.twins:
                 continue

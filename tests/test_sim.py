@@ -478,6 +478,18 @@ def test_peers_restarted_with_a_goodbye_are_waited_for_where_the_quorum_needs_th
     assert lost <= 6, lost  # (one a restart at most: the round under way when it left)
 
 
+def test_a_peer_restarted_without_its_run_folder_catches_up_without_a_second_result():
+    # A peer whose disk was lost restarts with no checkpoint and no record of the rounds
+    # its earlier life entered (rule 6's sit-out needs that record): it must neither
+    # make a round's result twice nor stop its cohort learning. p2 is killed in the
+    # middle of a round it aggregates or contributes to, in a signed cohort of 4.
+    for seed, t in ((0, 2.7), (1, 5.2)):
+        res = sim.run_seed(seed, sim.SimOptions(peers=4, rounds=10, signed=True,
+                                                faults=[f"wipe:p2@{t}+0.05"]))
+        assert not res.violations, [str(v) for v in res.violations]
+        assert res.outcomes == {p: "ok" for p in ("p0", "p1", "p2", "p3")}
+
+
 def test_a_peer_whose_receive_loop_dies_stops_loudly_instead_of_running_on_deaf(monkeypatch):
     # The same at the runtime's level: a failure that ends the receive loop (its transport
     # broke; a handler's exception is already caught per message) used to be logged while
