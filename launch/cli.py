@@ -155,9 +155,9 @@ def launch_seeds(args: argparse.Namespace) -> int:
         seeds_counted,
         seeds_summary,
     )
-    from hfl.peer.configtools import ConfigError
+    from hfl.peer.configtools import ConfigError, literal_override
 
-    base_sets = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir is not None else [])
+    base_sets = list(args.overrides) + ([literal_override("run_dir", args.run_dir)] if args.run_dir is not None else [])
     try:
         exp = load_experiment(args.experiment, base_sets)
     except ConfigError as err:
@@ -177,7 +177,7 @@ def launch_seeds(args: argparse.Namespace) -> int:
     for i, seed in enumerate(args.seeds):
         _out(f"hfl-launch: seed {seed} ({i + 1} of {len(args.seeds)})")
         sets = [*args.overrides, f"defaults.data.seed={seed}", f"defaults.cohort.seed={seed}",
-                f"defaults.node.seed={seed}", f"run_dir={seed_dir(base, seed)}"]
+                f"defaults.node.seed={seed}", literal_override("run_dir", seed_dir(base, seed))]
         args.nothing_left = False
         rc = launch_once(args, sets)
         if rc == 2 and args.nothing_left and args.resume:
@@ -297,10 +297,10 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         set_state,
         write_record,
     )
-    from hfl.peer.configtools import ConfigError, to_dict
+    from hfl.peer.configtools import ConfigError, literal_override, to_dict
 
     if args.run_dir is not None and args.seeds is None:
-        overrides.append(f"run_dir={args.run_dir}")
+        overrides.append(literal_override("run_dir", args.run_dir))
     if args.allow_solo:
         overrides.append("defaults.node.allow_solo=true")
     decision = run_dir = None

@@ -144,8 +144,10 @@ class SimResult:
 def _configs(opts: SimOptions, root: Path):
     from hfl.launch.experiment import expand, load_experiment
     from hfl.launch.inprocess import in_memory
+    from hfl.peer.configtools import literal_override
 
-    sets = [f"peers={opts.peers}", f"run_dir={root}", f"defaults.cohort.rounds={opts.rounds}",
+    sets = [f"peers={opts.peers}", literal_override("run_dir", root),
+            f"defaults.cohort.rounds={opts.rounds}",
             "defaults.security.mode=none", "defaults.node.threads=1", "defaults.node.device=cpu",
             # The commit protocol is what the simulator explores: an elected aggregator,
             # although cohort.aggregate_at auto has every peer aggregate in small cohorts

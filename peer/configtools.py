@@ -413,6 +413,14 @@ def apply_overrides(data: Mapping[str, Any] | None, overrides: Iterable[str]) ->
     return result
 
 
+def literal_override(key: str, value: object) -> str:
+    """``key=value`` with ``value`` taken as a string whatever it holds: overrides are
+    read as YAML, and a path given by a flag (``--run-dir "runs/exp #2"``) lost what
+    followed a `` #`` as a comment (``--fresh`` then deleted ``runs/exp``, another run:
+    a launcher review). A JSON string is a YAML double-quoted scalar."""
+    return f"{key}={json.dumps(str(value))}"
+
+
 def _parse_key(key: str, item: str) -> list[str | int]:
     tokens: list[str | int] = []
     for part in key.split("."):

@@ -406,6 +406,13 @@ def test_a_run_dir_that_holds_the_users_files_is_never_used_or_deleted(tmp_path,
     for bad in ("", "."):
         assert main([str(path), "--dry-run", "--run-dir", bad]) == 2
         assert "run_dir: got" in capsys.readouterr().err
+    # --run-dir is a path, not YAML (a launcher review: "exp #2" was exp, " #2" taken as
+    # a comment, and --fresh would have deleted that other run; "2024" was refused as
+    # a number, a newline became a space)
+    for name in ("exp #2", "2024", "yes", "a: b", "*x", "x\ny"):
+        assert main([str(path), "--dry-run", "--fresh", "--run-dir", str(tmp_path / name)]) == 0
+        said = capsys.readouterr()
+        assert f"run dir {tmp_path / name}," in said.out + said.err, said
     # A project folder that looks like a run in parts (keys/, a model's checkpoint.pt)
     # is still the user's (a review: --fresh would have deleted it); so is a --seeds base.
     proj = tmp_path / "proj"
