@@ -95,9 +95,19 @@ def evaluate(run_dir: str | Path, peer: str, which: str = "final",
     model.load_state_dict(weights)
     recorded = meta["metrics"]
     out = {}
+    shape, classes = tuple(m["input_shape"]), int(m["num_classes"])
     for name, (x, y) in peer_splits(run_dir, peer, config).items():
         if name not in RECORDED:
             continue
+        # Data the model cannot read, or labels it can never give: said, not a
+        # traceback from a matrix product, nor an accuracy that cannot reach 1 (a review)
+        source = f"the {name} split of {peer_config_path(run_dir, peer, config)}"
+        if tuple(x.shape[1:]) != shape:
+            raise ExportError(f"{peer}: {source} has samples of shape {tuple(x.shape[1:])}; the "
+                              f"model takes {shape}: not the data it was trained on")
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= classes):
+            raise ExportError(f"{peer}: {source} has labels {int(y.min())} to {int(y.max())}; "
+                              f"the model gives classes 0 to {classes - 1}")
         key = "head_test_acc" if name == "test" and "head_test_acc" in recorded else RECORDED[name]
         out[name] = (accuracy(model, x, y), recorded.get(key))
     return meta, out

@@ -29,11 +29,13 @@ import importlib.util
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from hfl.launch.results import seed_dirs
+from hfl.peer.config import ID_MEANS, ID_PATTERN
 from hfl.peer.checkpoint import (
     CHECKPOINT_NAME,
     INCARNATION_NAME,
@@ -63,7 +65,12 @@ def peer_dirs(run_dir: Path) -> dict[str, Path]:
         raise ExportError(f"no such run directory: {run_dir}")
     if _is_peer_dir(run_dir):
         rows = read_jsonl(run_dir / METRICS_NAME)
-        return {str(next((r["peer"] for r in rows if "peer" in r), run_dir.name)): run_dir}
+        peer = str(next((r["peer"] for r in rows if "peer" in r), run_dir.name))
+        if not re.fullmatch(ID_PATTERN, peer):  # (it names the files written: "../../x"
+            #                                      wrote outside --out, a review)
+            raise ExportError(f"{run_dir / METRICS_NAME} names its peer {peer!r}, not a peer "
+                              f"id ({ID_MEANS}): a damaged or edited file")
+        return {peer: run_dir}
     peers = {d.name: d for d in sorted(run_dir.iterdir()) if d.is_dir() and _is_peer_dir(d)}
     if not peers:
         seeds = [d.name for _, d in seed_dirs(run_dir)]
@@ -78,7 +85,7 @@ def _metrics(row: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in row.items()
             if (k.endswith(("_acc", "_loss")) or k in EXTRA_METRICS) and not k.startswith("sel_")
             and isinstance(v, (int, float)) and not isinstance(v, bool)
-            and not math.isnan(v)}
+            and math.isfinite(v)}  # (inf was written as Infinity: not JSON)
 
 
 def _legacy_spec(peer: str, peer_dir: Path) -> dict[str, Any]:
@@ -113,14 +120,52 @@ def _check_rebuilds(peer: str, spec: dict[str, Any], weights: dict[str, Any]) ->
                           f"checkpoint's weights: {first}") from None
 
 
+def _check_owner(peer: str, peer_dir: Path, owner: Any) -> None:
+    """Refuse a checkpoint that is not this peer's of this run: its model would be
+    exported (and evaluated) under this peer's metrics (a review: another run's,
+    another method's checkpoint copied in was exported with p0's accuracies). Whose
+    rounds it holds is in the checkpoint (``runner.checkpoint_owner``); the run's are in
+    the config hfl-launch wrote beside it (``peers/<id>.yaml``), where there is one."""
+    from hfl.peer.config import ConfigError, load_config
+    from hfl.peer.runner import checkpoint_owner
+
+    if not isinstance(owner, dict):
+        return  # (a checkpoint from before the record)
+    where = peer_dir / CHECKPOINT_NAME
+    if owner.get("peer", peer) != peer:
+        raise ExportError(f"{peer}: {where} holds the rounds of peer {owner.get('peer')!r}, "
+                          f"not of {peer}: another peer's checkpoint (copied by mistake?)")
+    path = peer_dir.parent / "peers" / f"{peer_dir.name}.yaml"
+    if not path.exists():
+        return
+    try:
+        mine = checkpoint_owner(load_config(str(path)))
+    except ConfigError as exc:
+        raise ExportError(f"{peer}: {path}: {exc}") from None
+    # (not its data: a config edited since, hfl-eval names the split that moved)
+    differs = [f"{k} {owner[k]!r}, this run's {mine[k]!r}" for k in ("cohort", "run", "algorithm")
+               if k in owner and owner[k] != mine[k]]
+    if differs:
+        raise ExportError(f"{peer}: {where} is not of this run ({path}): {'; '.join(differs)}; "
+                          "its model would be exported with this run's metrics")
+
+
+def _round_of(row: dict[str, Any]) -> int | None:
+    """A metrics line's round, or None where it holds no round number (a damaged line)."""
+    r = row.get("round")
+    return r if isinstance(r, int) and not isinstance(r, bool) else None
+
+
 def collect(peer: str, peer_dir: Path, which: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(state dict, metadata) of ``peer``'s ``which`` model ("final" or "selected")."""
     state = load_checkpoint(peer_dir)
     if state is None:
         raise ExportError(f"{peer}: no checkpoint yet in {peer_dir} (no round finished, or the "
                           "peer runs with node.checkpoint: false)")
+    _check_owner(peer, peer_dir, state.get("owner"))
     alg = state["algorithm"]
-    rows = [r for r in read_jsonl(peer_dir / METRICS_NAME) if int(r.get("round", 0)) <= state["round"]]
+    rows = [r for r in read_jsonl(peer_dir / METRICS_NAME)
+            if (n := _round_of(r)) is not None and n <= state["round"]]
     if which == "final":
         weights, round_ = alg["model"], int(state["round"])
     else:

@@ -403,3 +403,73 @@ def test_a_fedhp_peers_prototype_head_is_rebuilt_from_its_model_description(tmp_
         model_options(config_from_dict({"node": {"id": "p0"}, "cohort": {"algorithm": "fedavg"},
                                         "model": {"arch": "mlp", "options": {"head": {
                                             "kind": "proto", "proto_dim": 4}}}}))
+
+
+def test_a_checkpoint_of_another_peer_or_run_is_refused_not_exported_as_this_one(
+        launched, solo, tmp_path, capsys):
+    # A review: another run's (or method's, or peer's) checkpoint copied into p0's folder
+    # was exported, with p0's accuracies, and hfl-eval blamed the data, or raised.
+    from hfl.launch.evaluate import main as hfl_eval
+
+    run = copy_run(launched, tmp_path)
+    shutil.copy(run / "p1" / "checkpoint.pt", run / "p0" / "checkpoint.pt")
+    assert main([str(run), "--peer", "p0", "--out", str(tmp_path / "x")]) == 2
+    assert "holds the rounds of peer 'p1', not of p0" in one_line_error(capsys)
+    assert not (tmp_path / "x").exists()
+    shutil.copy(solo / "checkpoint.pt", run / "p0" / "checkpoint.pt")  # peer "a"
+    for peer_dir in (run / "p1", run / "p0"):
+        state = load_checkpoint(peer_dir)
+        state["owner"] = {**state["owner"], "peer": peer_dir.name}
+        save_checkpoint(peer_dir, state)
+    assert main([str(run), "--peer", "p0"]) == 2
+    err = one_line_error(capsys)
+    assert "is not of this run" in err
+    assert re.search(r"cohort '[^']+', this run's 'export'.*algorithm 'solo', this run's "
+                     r"'fedavg'", err), err
+    assert hfl_eval([str(run), "--peer", "p0"]) != 0
+    assert "is not of this run" in capsys.readouterr().err
+    assert main([str(run), "--peer", "p1"]) == 0  # its own: exported
+
+
+def test_a_peer_id_that_is_not_one_is_refused_before_any_file_is_written(solo, tmp_path, capsys):
+    # A review: a single peer's folder whose metrics name its peer "../../x" exported to
+    # <out>/../../x.pt, outside the folder asked for.
+    peer = Path(shutil.copytree(solo, tmp_path / "a"))
+    metrics = peer / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace('"peer": "a"', '"peer": "../../pwned"'))
+    assert main([str(peer), "--out", str(tmp_path / "out")]) == 2
+    assert "names its peer '../../pwned', not a peer id" in one_line_error(capsys)
+    assert not list(tmp_path.rglob("pwned*"))
+
+
+def test_damaged_metrics_values_are_skipped_not_a_traceback(launched, tmp_path, capsys):
+    # A review: a line whose round is "x", null or NaN raised from int(); an inf accuracy
+    # was written into the export's JSON as Infinity (not JSON).
+    run = copy_run(launched, tmp_path)
+    metrics = run / "p0" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    last = json.loads(lines[-1])
+    bad = [json.dumps({**last, "round": v}) for v in ("x", None)] + ['{"round": NaN}']
+    metrics.write_text("\n".join(lines[:-1] + bad + [json.dumps({**last, "test_acc": 1e999})])
+                       + "\n")
+    assert main([str(run), "--peer", "p0", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr()
+    meta = json.loads((tmp_path / "out" / "p0.json").read_text())  # strict JSON: no Infinity
+    assert "test_acc" not in meta["metrics"] and meta["round"] == ROUNDS
+
+
+def test_hfl_eval_on_data_the_model_cannot_read_names_the_split_and_shapes(
+        launched, tmp_path, capsys):
+    # A review: another dataset's config gave a traceback from the model's matrix product
+    # ("mat1 and mat2 shapes cannot be multiplied"); labels beyond the model's classes an
+    # accuracy that could never be 1.
+    import yaml
+
+    from hfl.launch.evaluate import main as hfl_eval
+
+    cfg = yaml.safe_load((launched / "peers" / "p0.yaml").read_text())
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({**cfg, "data": {**cfg["data"], "dataset": "breast_cancer"}}))
+    assert hfl_eval([str(launched), "--peer", "p0", "--config", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"the test split of {other} has samples of shape (30,); the model takes (1, 8, 8)" in err
+    assert err.startswith("hfl-eval: ") and "Traceback" not in err
