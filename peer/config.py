@@ -94,7 +94,10 @@ class NodeConfig:
                                     "need quorums of floor((n + f) / 2) + 1 (3 of 4, 4 of 5), and "
                                     "f + 1 members must report a round ahead (to catch up to) or "
                                     "a member no one heard from (default 1 with signing keys; 0 "
-                                    "without, or for crash faults only: a majority, one report)"},
+                                    "without, or for crash faults only: a majority, one report). "
+                                    "Commits go on while f members are silent only where n >= "
+                                    "3f + 1 (4 for f = 1, 7 for f = 2); more than f colluding "
+                                    "members can certify two results for a round"},
     )
     seed_chunk_bytes: int = field(
         default=1 << 20, metadata={"min": 256, "help": "size of the chunks a public seed set travels in"}
@@ -107,6 +110,14 @@ class NodeConfig:
                                        "cohort sets the same"})
 
     def validate(self) -> None:
+        if self.byzantine is not None and self.quorum is None and self.min_peers > 1:
+            n, f = self.min_peers, self.byzantine
+            if f > n - 1:  # (it was taken: 9 of 4 made commits need 7 of 4, a review)
+                raise ValueError(
+                    f"byzantine: got {f} for a cohort of {n} (min_peers): a commit would need "
+                    f"{(n + f) // 2 + 1} of its {n} members, so nothing could ever be "
+                    f"committed; at most {n - 1}, and at most {(n - 1) // 3} for the cohort to "
+                    "go on while that many members are silent (n >= 3f + 1)")
         scheme, _, rest = self.listen.partition("://")
         if scheme not in ("tcp", "ipc", "mem") or not rest:
             raise ValueError(

@@ -1603,6 +1603,14 @@ class PeerCore:
                 return f"{clip(peer, 40)} promised epoch {pe}, below {epoch}"
             if not self.signed_by(peer, "promise", r, pe, ad or NO_DIGEST, sig, ae):
                 return f"{clip(peer, 40)}'s promise does not check against its signing key"
+            if ae > epoch:
+                # (no honest promise that a proposal of this epoch can use reports a later
+                # one: one that accepted at a later epoch refuses this epoch's result;
+                # taken, a report moved one epoch up escaped the check that a proof does
+                # not refer to itself, and two colluders' acks certified a second value
+                # for a round: an attack review, 2026-11-29)
+                return (f"{clip(peer, 40)} reports a result accepted at epoch {ae}, after "
+                        f"this proposal's epoch {epoch}")
             if ae >= 0:
                 if (why := self._unproven(r, ae, ad, proofs, memo, stack)) is not None:
                     return f"{clip(peer, 40)}'s report: {why}"

@@ -669,6 +669,17 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         if observer is not None:
             observer(event, node, **fields)
 
+    node_signing = signing or signing_of(cfg.node.id, identity)
+    f, n = (1 if cfg.node.byzantine is None else cfg.node.byzantine), cfg.node.min_peers
+    if node_signing and cfg.node.quorum is None and n < 3 * f + 1 and (n + f) // 2 > n // 2:
+        # (f costs liveness here: a quorum larger than a majority, and fewer than 3f + 1
+        # members; a signed cohort of 3 stopped committing while one member restarted)
+        log.warning("%s: node.byzantine %d (f) in a cohort of %d: a commit needs %d of the %d "
+                    "members, so %d silent member(s) (a crash, a restart) stop every commit "
+                    "until back; a cohort commits with f members silent from 3f + 1 = %d; "
+                    "node.byzantine: 0 trusts the members (crash faults only) and commits with "
+                    "a majority, %d", cfg.node.id, f, n, (n + f) // 2 + 1, n, n - (n + f) // 2,
+                    3 * f + 1, n // 2 + 1)
     node = Node(
         peer_id=cfg.node.id, transport=transport, algorithm=algorithm, cohort=cfg.cohort,
         num_classes=num_classes, timing=cfg.timing, bootstrap=cfg.node.bootstrap,
@@ -676,7 +687,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         known_members=members, on_round=recorder.round, on_checkpoint=recorder.checkpoint,
         clock=clock, seed=cfg.node.seed, fault=cfg.fault, advertise=cfg.node.advertise,
         seeds=seeds, shared=shared, allowed_peers=frozenset(identity.allowed) if identity else None,
-        signing=signing or signing_of(cfg.node.id, identity), byzantine=cfg.node.byzantine,
+        signing=node_signing, byzantine=cfg.node.byzantine,
         quorum=cfg.node.quorum, evaluate_every=cfg.node.evaluate_every,
         stop_if_alone=stop_if_alone, run_blocking=run_blocking, hold_round=recorder.hold,
         observer=observe, on_enter_round=enter_round if cfg.node.checkpoint else None,

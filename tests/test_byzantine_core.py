@@ -742,6 +742,23 @@ def test_a_later_epochs_result_must_be_the_value_its_signed_promises_report():
                                                             sig=""))
 
 
+def test_a_report_of_an_epoch_after_the_proposals_own_justifies_nothing():
+    # An attack review (two colluders, default f = 1): p3, elected at epoch 1, published
+    # its own value w and had it "reported" by p1's promise for epoch 2 as accepted at
+    # epoch 2, proven by the two colluders' acks (f + 1); the self-reference check did not
+    # see it (another epoch), and w was certified beside epoch 0's committed value. No
+    # honest promise a proposal of epoch 1 can use reports a later epoch.
+    c = signed_core("p0")
+    w = result("p3", 1, 0.0)
+    dw = payload_digest(w)
+    acks = {p: sig(p, c, R, 2, dw) for p in ("p1", "p3")}
+    promises = {"p3": promise(c, "p3", 1), "p0": promise(c, "p0", 1),
+                "p1": promise(c, "p1", 2, 2, dw)}
+    drop = c.admit_result(at_epoch(w, c, "p3", 1, promises, {f"2:{dw}": {"acks": acks}}))
+    assert drop is not None and drop.code == "unjustified_result"
+    assert "p1 reports a result accepted at epoch 2, after this proposal's epoch 1" in drop.reason
+
+
 def test_a_proof_that_refers_to_itself_or_carries_too_much_is_refused():
     c = signed_core("p0")
     c.round = R

@@ -462,7 +462,7 @@ def test_an_interrupt_inside_a_peer_ends_the_run_instead_of_changing_its_history
     assert again.history == HISTORIES.get((28, False), again.history)
 
 
-def test_peers_restarted_with_a_goodbye_are_waited_for_where_the_quorum_needs_them():
+def test_peers_restarted_with_a_goodbye_are_waited_for_where_the_quorum_needs_them(tmp_path):
     # A restart review: three signed peers (commits need 3 of 3), one stopped with SIGTERM
     # and restarted; its goodbye made the others stop waiting for a quorum, and they ran
     # round after round without a result until it was back (real processes: 21 of 30
@@ -472,10 +472,15 @@ def test_peers_restarted_with_a_goodbye_are_waited_for_where_the_quorum_needs_th
     faults = ["leave:p1@4+3", "leave:p1@12+3", "leave:p2@20+3"]
     lost = 0
     for seed in (0, 8):
-        res = sim.run_seed(seed, sim.SimOptions(peers=3, rounds=10, signed=True, faults=faults))
+        res = sim.run_seed(seed, sim.SimOptions(peers=3, rounds=10, signed=True, faults=faults,
+                                                keep=tmp_path))
         assert not res.violations, [str(v) for v in res.violations]
         lost += len(res.rounds_without_result)
     assert lost <= 6, lost  # (one a restart at most: the round under way when it left)
+    # Each peer said at its start what f = 1 costs in a cohort of 3 (3 of 3; a review)
+    log = (tmp_path / "hfl-sim-seed0" / "sim.log").read_text()
+    assert log.count("node.byzantine 1 (f) in a cohort of 3: a commit needs 3 of the 3 members, "
+                     "so 1 silent member(s)") >= 3, log[:2000]
 
 
 def test_a_peer_restarted_without_its_run_folder_catches_up_without_a_second_result():
