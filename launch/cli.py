@@ -309,6 +309,10 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         exp = load_experiment(args.experiment, overrides)
         run_dir = exp.resolved_run_dir
         exp_dict = to_dict(exp)
+        if args.on == "slurm":  # (before anything is written there)
+            from hfl.launch.slurm import check_run_dir
+
+            check_run_dir(run_dir)
         if args.dry_run:  # changes nothing: says what a launch would do
             # (it writes peer configs and keys: never into a folder of the user's, which
             # decide's refusal, taken as "a launch would be refused" below, would allow)
@@ -355,7 +359,10 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
                        gpus=(["0"] if exp.slurm.gpus_per_task else []) if slurm else None,
                        pin_devices=not slurm,
                        # on SLURM a peer has its task's cores, not a share of this login node's
-                       threads=exp.slurm.cpus_per_task if slurm else None)
+                       # (the default was this machine's cores / peers: 16 on a 64-core login
+                       # node, then asked of every task; a review)
+                       threads=(exp.slurm.cpus_per_task or exp.threads_per_peer or 1)
+                       if slurm else None)
         unsaved = left = earlier_job = follow = None
         if slurm and decision.action == "resume":
             # A job a detached (or disconnected) launch submitted and nobody collected is

@@ -90,6 +90,56 @@ class SlurmConfig:
         default=(), metadata={"help": "shell lines the job runs before its tasks, e.g. "
                                       "['module load python/3.11', 'source /shared/venv/bin/activate']"})
 
+    #: sbatch options hfl sets itself (the job's tasks, their cores and GPUs, its log, its
+    #: signal) -> the field to use instead, or None: given in ``sbatch`` they overrode
+    #: hfl's (--ntasks=2 for 4 peers started 2, and the cohort waited out join_timeout_s;
+    #: --gres=gpu:1 gave GPUs the peers, told none, left idle: a review)
+    OWN_OPTIONS = {"-n": None, "--ntasks": None, "-c": "cpus_per_task", "--cpus-per-task":
+                   "cpus_per_task", "-o": None, "--output": None, "-e": None, "--error": None,
+                   "-a": None, "--array": None, "--signal": "signal_s", "-p": "partition",
+                   "--partition": "partition", "-t": "time", "--time": "time",
+                   "-G": "gpus_per_task", "--gpus": "gpus_per_task", "--gres": "gpus_per_task",
+                   "--gpus-per-task": "gpus_per_task", "--gpus-per-node": "gpus_per_task"}
+    #: sbatch's --time: minutes, m:s, h:m:s, d-h, d-h:m, d-h:m:s, or no limit
+    TIME = r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|(?i:unlimited|infinite)"
+
+    def validate(self) -> None:
+        # Each goes into a #SBATCH line as it is: a newline there put a shell line in the
+        # script and ended sbatch's reading of its options (the time limit was lost); a
+        # space made more options of one ("00:20:00 --account=x"; a review).
+        for name in ("partition", "time"):
+            value = getattr(self, name)
+            if value is not None and not re.fullmatch(r"[^\s\x00-\x1f\x7f]+", value):
+                raise ValueError(f"{name}: got {value!r}; one sbatch value: no spaces, no line "
+                                 "breaks or control characters")
+        if self.time is not None and not re.fullmatch(self.TIME, self.time):
+            raise ValueError(f"time: got {self.time!r}; sbatch --time takes minutes, "
+                             "minutes:seconds, hours:minutes:seconds, days-hours, "
+                             "days-hours:minutes or days-hours:minutes:seconds (e.g. 02:00:00)")
+        for i, option in enumerate(self.sbatch):
+            if not re.fullmatch(r"-[^\s\x00-\x1f\x7f]+", option):
+                raise ValueError(f"sbatch[{i}]: got {option!r}; one sbatch option a line, "
+                                 "starting with '-', with no spaces, line breaks or control "
+                                 "characters (e.g. --account=lab)")
+            name = option.split("=", 1)[0]
+            name = name[:2] if re.fullmatch(r"-[A-Za-z].*", name) else name
+            if name == "--gres" and "gpu" not in option.lower():
+                continue  # (other generic resources: a local disk, a licence)
+            if name in self.OWN_OPTIONS:
+                instead = self.OWN_OPTIONS[name]
+                raise ValueError(
+                    f"sbatch[{i}]: got {option!r}; "
+                    + ("hfl-launch asks for GPUs itself, and places each peer on its task's: "
+                       "use slurm.gpus_per_task" if instead == "gpus_per_task" else
+                       f"hfl-launch sets {name} itself"
+                       + (f": use slurm.{instead}" if instead else
+                          " (one task per peer, the job's log in the run folder)")))
+        if self.python is not None and not re.fullmatch(r"[^-\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*",
+                                                        self.python):
+            raise ValueError(f"python: got {self.python!r}; the path (or command name) of the "
+                             "Python with hfl installed on the nodes, taken as it is (no ~ or $ "
+                             "expansion; not an srun option)")
+
 
 @dataclass(frozen=True)
 class ExperimentConfig:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -38,6 +39,7 @@ from pathlib import Path
 
 from hfl.launch.experiment import ExperimentConfig, PeerPlan
 from hfl.launch.supervisor import LaunchOutcome
+from hfl.peer.configtools import ConfigError
 
 JOB_FILE = "slurm.json"  # what the tasks need: peer ids, the first peer's port
 SCRIPT_FILE = "slurm.sh"
@@ -57,13 +59,27 @@ def cpus_per_task(exp: ExperimentConfig, plans: list[PeerPlan]) -> int:
     return exp.slurm.cpus_per_task or max(p.config.node.threads or 1 for p in plans)
 
 
+def check_run_dir(run_dir: Path) -> str:
+    """The run folder as the batch script names it; refused where an #SBATCH line cannot
+    hold it (sbatch failed with "Invalid directive found", naming no field: a review)."""
+    where = str(run_dir.resolve())
+    if re.search(r"[\s\x00-\x1f\x7f]", where):
+        raise ConfigError("run_dir", f"got {where!r}; on SLURM the run folder goes into the "
+                                     "job's #SBATCH --output line, which takes no spaces or "
+                                     "control characters: use a path without them")
+    return where
+
+
 def batch_script(exp: ExperimentConfig, plans: list[PeerPlan], run_dir: Path) -> str:
     """The sbatch script of this cohort (also what ``--dry-run`` prints)."""
     s = exp.slurm
     python = s.python or sys.executable
+    # (a % is sbatch's pattern character: "100%x" sent the log to a folder that is not
+    # there; %% is a literal one)
+    log_file = check_run_dir(run_dir).replace("%", "%%") + "/slurm-%j.out"
     options = [f"--job-name=hfl-{exp.name}", f"--ntasks={len(plans)}",
                f"--cpus-per-task={cpus_per_task(exp, plans)}",
-               f"--output={run_dir.resolve() / 'slurm-%j.out'}", f"--signal=TERM@{s.signal_s}"]
+               f"--output={log_file}", f"--signal=TERM@{s.signal_s}"]
     if s.gpus_per_task:
         options.append(f"--gpus-per-task={s.gpus_per_task}")
     if s.partition:

@@ -108,6 +108,50 @@ def test_setup_lines_run_before_the_tasks_and_a_peer_has_its_tasks_cores(tmp_pat
     assert yaml.safe_load((tmp_path / "run" / "peers" / "p0.yaml").read_text())["node"]["threads"] == 3
 
 
+@pytest.mark.parametrize(("slurm", "needle"), [
+    # each went into the #SBATCH lines as given (a launcher review): a line break put a
+    # shell line in the script and sbatch stopped reading options there (the time limit
+    # lost); a space made more options; sbatch options hfl sets itself overrode them
+    ({"partition": "cpu\ntouch /tmp/x"}, "slurm: partition: got 'cpu\\ntouch /tmp/x'; one "
+                                         "sbatch value: no spaces"),
+    ({"time": "00:20:00 --account=x"}, "slurm: time: got '00:20:00 --account=x'"),
+    ({"time": "2h"}, "slurm: time: got '2h'; sbatch --time takes minutes"),
+    ({"sbatch": ["--ntasks=2"]}, "slurm: sbatch[0]: got '--ntasks=2'; hfl-launch sets --ntasks"),
+    ({"sbatch": ["--account=lab", "-c4"]}, "sbatch[1]: got '-c4'; hfl-launch sets -c itself: use "
+                                           "slurm.cpus_per_task"),
+    ({"sbatch": ["--gres=gpu:1"]}, "hfl-launch asks for GPUs itself, and places each peer on "
+                                   "its task's: use slurm.gpus_per_task"),
+    ({"sbatch": ["--comment=a b"]}, "sbatch[0]: got '--comment=a b'; one sbatch option a line"),
+    ({"python": "--export=NONE"}, "slurm: python: got '--export=NONE'"),
+])
+def test_a_slurm_value_that_would_change_the_batch_script_is_refused(tmp_path, capsys, slurm,
+                                                                      needle):
+    assert main([str(experiment(tmp_path, **slurm)), "--on", "slurm", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err
+
+
+def test_the_batch_script_takes_sbatch_values_and_run_folders_as_they_are(tmp_path, capsys,
+                                                                           monkeypatch):
+    # What is fine stays fine: options of their own, a --gres that is no GPU, sbatch's
+    # time forms. A task's cores are 1 by default, not the login node's cores / peers
+    # (16 with 4 peers on a 64-core login node, then asked of every task: a review).
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    path = experiment(tmp_path, time="1-02:00", partition="gpu,cpu",
+                      sbatch=["--account=lab", "--gres=nvme:1", "--qos=normal"])
+    assert main([str(path), "--on", "slurm", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for line in ("--time=1-02:00", "--partition=gpu,cpu", "--gres=nvme:1", "--cpus-per-task=1"):
+        assert f"#SBATCH {line}\n" in out, out
+    # a % is sbatch's pattern character (the log went to a folder that is not there)
+    odd = tmp_path / "100%x"
+    assert main([str(path), "--on", "slurm", "--dry-run", "--run-dir", str(odd)]) == 0
+    assert f"#SBATCH --output={tmp_path}/100%%x/slurm-%j.out\n" in capsys.readouterr().out
+    # a space cannot be in an #SBATCH line (sbatch: "Invalid directive found")
+    assert main([str(path), "--on", "slurm", "--dry-run", "--run-dir", str(tmp_path / "a b")]) == 2
+    assert "run_dir: got" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("example", ["slurm_cpu", "slurm_gpu"])
 def test_the_example_experiments_make_a_batch_script(tmp_path, capsys, example):
     root = Path(__file__).resolve().parent.parent
