@@ -283,7 +283,12 @@ def visible_gpus() -> list[str] | None:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return None
-    return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    out = []
+    for d in (d.strip() for d in visible.split(",")):
+        if not d or d.startswith("-"):  # CUDA ignores the rest from an entry such as -1
+            break  #                       ("0,-1,1" is GPU 0 only: GPU 1 was handed out)
+        out.append(d)
+    return out
 
 
 def detect_gpus(spec: str) -> list[str]:
@@ -401,7 +406,16 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
     addresses = [f"tcp://{exp.host}:{p}" for p in ports]
     threads = threads or exp.threads_per_peer or max(1, (os.cpu_count() or 1) // len(ids))
     plans = []
-    on_gpus = 0  # peers given a GPU so far: the round robin turns over those only
+    # Peers on each GPU: a peer pinned to one (its own cuda:N) counts from the start, and
+    # each other peer that uses a GPU takes the least loaded, the lowest index first (a
+    # round robin where nothing is pinned; it ignored the pinned ones: with 0,1 and p0
+    # on cuda:0, GPU 0 had three of four peers, a review)
+    load = [0] * len(gpus)
+    for pid in ids if pin_devices else ():
+        own = str(((exp.peer_overrides.get(pid) or {}).get("node") or {}).get("device", ""))
+        index = own.partition(":")[2] if own.startswith("cuda") else ""
+        if index.isascii() and index.isdigit() and int(index) < len(gpus):
+            load[int(index)] += 1
     for i, pid in enumerate(ids):
         data = deep_merge(exp.defaults, exp.peer_overrides.get(pid, {}))
         data = {k: {} if v is None else v for k, v in data.items()}  # (`node:` left empty)
@@ -432,8 +446,8 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
         env = {"OMP_NUM_THREADS": str(node["threads"]), "MKL_NUM_THREADS": str(node["threads"])}
         device = str(node.get("device", "auto"))
         if gpus and (device == "auto" or device.startswith("cuda")):
-            # Round robin over the peers that use a GPU (by peer index, a peer kept on
-            # the CPU left its turn's GPU idle and doubled the next one's load); a peer
+            # Spread over the peers that use a GPU (by peer index, a peer kept on the
+            # CPU left its turn's GPU idle and doubled the next one's load); a peer
             # whose own override names cuda:N gets the launcher's GPU N (it became
             # cuda:0 of the round robin's GPU without a word; a review). A cuda:N of the
             # defaults is every peer's: spread as before, not all on GPU N.
@@ -447,10 +461,17 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
                                       f"to cuda:{len(gpus) - 1}")
                 env["CUDA_VISIBLE_DEVICES"] = gpus[int(index)]
             else:
-                env["CUDA_VISIBLE_DEVICES"] = gpus[on_gpus % len(gpus)]
-                on_gpus += 1
+                k = load.index(min(load))
+                env["CUDA_VISIBLE_DEVICES"] = gpus[k]
+                load[k] += 1
             node["device"] = "cuda:0"  # the one GPU this process sees
         else:
+            if exp.devices == "cpu" and device.startswith("cuda"):
+                # (devices: cpu kept only "auto" peers there; a cuda one took the
+                # launcher's GPUs, on a GPU machine without a word: a review)
+                raise ConfigError("devices", f"cpu keeps every peer on the CPU, but peer {pid}'s "
+                                             f"node.device is {device!r}: set devices: auto (or "
+                                             "GPU indices), or node.device: cpu")
             if device == "auto":
                 node["device"] = "cpu"
             if node["device"] == "cpu":

@@ -76,7 +76,12 @@ def test_gpus_are_assigned_round_robin_one_visible_device_per_peer(tmp_path):
     exp = make(tmp_path, peers=4, peer_overrides={"p1": {"node": {"device": "cpu"}},
                                                   "p3": {"node": {"device": "cuda:0"}}})
     plans = expand(exp, gpus=["0", "1"], ports=list(range(7000, 7004)))
-    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0", "", "1", "0"]
+    # (p3 pinned to GPU 0 counts from the start: the others fill GPU 1 first; the round
+    # robin put p0, p2 and p3 on GPU 0, a review)
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["1", "", "0", "0"]
+    pinned = make(tmp_path, peers=4, peer_overrides={"p0": {"node": {"device": "cuda:0"}}})
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in expand(
+        pinned, gpus=["0", "1"], ports=list(range(7000, 7004)))] == ["0", "1", "0", "1"]
     # cuda:N in the defaults is every peer's: spread, not all on GPU N (a review)
     every = make(tmp_path, peers=3, defaults={"cohort": {"algorithm": "fedavg", "rounds": 3},
                                               "node": {"device": "cuda:1"}})
@@ -104,6 +109,16 @@ def test_gpus_named_outside_the_shells_visible_devices_are_refused(tmp_path, mon
         detect_gpus("0")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert detect_gpus("0,1") == ["0", "1"]
+    # CUDA ignores what follows an invalid entry: "0,-1,1" is GPU 0 only (GPU 1 was used)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,-1,1")
+    assert detect_gpus("auto") == ["0"]
+    # devices: cpu keeps every peer there: a peer asking for cuda is refused (it took the
+    # launcher's GPUs)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    exp = make(tmp_path, devices="cpu", peer_overrides={"p1": {"node": {"device": "cuda:1"}}})
+    with pytest.raises(ConfigError, match=r"devices: cpu keeps every peer on the CPU, but peer "
+                                          r"p1's node.device is 'cuda:1'"):
+        expand(exp, ports=[7000, 7001, 7002, 7003])
 
 
 def test_an_in_process_cohort_spreads_its_peers_over_the_gpus(tmp_path, monkeypatch):
