@@ -20,6 +20,7 @@ built-in algorithm already uses is an error.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import re
 from typing import TYPE_CHECKING
@@ -141,7 +142,7 @@ def _import_module(module: str, spec: str):
     except ImportError as exc:
         raise ValueError(f"{spec!r}: cannot import module {module!r} ({exc}); is it installed "
                          "or on PYTHONPATH (the working directory counts)?") from exc
-    except Exception as exc:  # (the plugin's own code failed as it was imported)
+    except (Exception, SystemExit) as exc:  # (the plugin's own code failed as imported)
         raise ValueError(f"{spec!r}: importing module {module!r} failed: "
                          f"{type(exc).__name__}: {exc}") from exc
 
@@ -155,7 +156,10 @@ def _import_file(path: str):
     if not file.is_file():
         raise ValueError(f"{path}: no such file (a path/file.py:Class algorithm is relative to the "
                          "working directory)")
-    mod_name = "hfl_plugin_" + re.sub(r"\W", "_", str(file))
+    # the file's name, and a hash of its whole path: a/b_c.py and a_b/c.py made one name,
+    # and the second one's class was the first's, a review
+    digest = hashlib.sha256(str(file).encode()).hexdigest()[:16]
+    mod_name = "hfl_plugin_" + re.sub(r"\W", "_", file.stem) + "_" + digest
     if mod_name in sys.modules:
         return sys.modules[mod_name]
     spec = importlib.util.spec_from_file_location(mod_name, file)
@@ -163,8 +167,8 @@ def _import_file(path: str):
     sys.modules[mod_name] = module  # dataclasses and pickling look the module up
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # a syntax error, or the plugin's code raised as it ran
-        del sys.modules[mod_name]
+    except (Exception, SystemExit) as exc:  # a syntax error, or the plugin's code raised
+        del sys.modules[mod_name]  #            (a sys.exit() there ended hfl-launch unsaid)
         where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
         raise ValueError(f"{path}: loading the plugin failed{where}: {type(exc).__name__}: "
                          f"{exc}") from exc

@@ -82,6 +82,22 @@ def test_bad_specs_name_the_field(tmp_path):
         build(tmp_path, algorithm="no_such_pkg.fedmedian:FedMedian")
 
 
+def test_two_plugin_files_are_two_modules_and_one_that_exits_is_an_error(tmp_path):
+    # A plugin review: a/b_c.py and a_b/c.py made one module name, and the second file's
+    # class was the first's; a plugin calling sys.exit(7) as it loaded ended the launcher
+    # with status 7 and no word.
+    for folder, file, attr in (("a", "b_c.py", "One"), ("a_b", "c.py", "Two")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / file).write_text(
+            f"from hfl.algorithms.fedavg import FedAvg\nclass {attr}(FedAvg):\n"
+            f"    name = '{attr.lower()}'\n")
+    assert get_algorithm(f"{tmp_path / 'a' / 'b_c.py'}:One").__name__ == "One"
+    assert get_algorithm(f"{tmp_path / 'a_b' / 'c.py'}:Two").__name__ == "Two"
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(7)\n")
+    with pytest.raises(ValueError, match=r"exits.py: loading the plugin failed: SystemExit: 7"):
+        get_algorithm(f"{tmp_path / 'exits.py'}:Alg")
+
+
 def test_a_plugin_cannot_take_a_built_in_name(tmp_path):
     (tmp_path / "clash.py").write_text(
         "from hfl.algorithms.fedavg import FedAvg\n"
