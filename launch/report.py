@@ -31,6 +31,7 @@ from hfl.launch.results import (
     read_summary,
     seed_dirs,
 )
+from hfl.peer.checkpoint import RunFileError
 
 COLUMNS = [
     ("run", "run", "{}"),
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     names = labels(run_dirs)
     try:
         rows = [run_row(d, name) for d, name in zip(run_dirs, names, strict=True)]
-    except ValueError as err:  # (mixed_seeds)
+    except (ValueError, RunFileError) as err:  # (mixed_seeds; a metrics file unreadable)
         print(f"hfl-report: {err}", file=sys.stderr)
         return 2
     table = render(rows)

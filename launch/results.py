@@ -41,10 +41,34 @@ SHORT_NOTE = (f"{SHORT_MARK} = this peer shared with fewer peers than expected "
               "its numbers are not a federated result")
 
 
+#: Fields of a metrics line the tables compute with, and what a value must be: a line
+#: with another value there has it left out (a string test_acc or byte count, an
+#: incarnation "x", raised TypeError or ValueError in hfl-report; a review)
+NUMBERS = ("test_acc", "global_acc", "val_acc", "time", "round_time_s", "bytes_sent",
+           "bytes_received", "total_bytes_sent", "total_bytes_received")
+COUNTS = ("span", "incarnation", "live_peers")
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """A peer's round records: the metrics lines that are objects with a round (a line of
-    ``null`` raised in the table, after the run, and cost its results: a review)."""
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if isinstance(r.get("round"), int)]
+    ``null`` raised in the table, after the run, and cost its results: a review), each
+    without the values of :data:`NUMBERS` that are no finite number and of
+    :data:`COUNTS` that are no count (``train_loss`` is kept as it is: a NaN there is
+    a diverged peer, named)."""
+    out = []
+    for r in read_jsonl(run_dir / "metrics.jsonl"):
+        if not (isinstance(r.get("round"), int) and not isinstance(r["round"], bool)
+                and r["round"] >= 0):
+            continue
+        out.append({k: v for k, v in r.items()
+                    if not (k in NUMBERS and not _finite(v))
+                    and not (k in COUNTS and not (isinstance(v, int) and not isinstance(v, bool)
+                                                  and v >= (1 if k == "span" else 0)))})
+    return out
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _timed(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -126,7 +150,9 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
     summary = read_summary(run_dir)
     arch = summary.get("arch", arch)  # the model the peer built (a random_mlp: its widths)
     by_round = {r["round"]: r for r in records}  # a restarted peer may repeat a round
-    last = records[-1] if records else {}
+    # (the line of the last round, not the file's last line: a repeated earlier round
+    # after it changed "test acc" without a word, a review)
+    last = by_round[max(by_round)] if by_round else {}
     global_accs = [r["global_acc"] for r in records if isinstance(r.get("global_acc"), (int, float))
                    and not math.isnan(r["global_acc"])]  # (max() after a NaN returned NaN)
     seen = max((int(r.get("live_peers", 1)) for r in records), default=None)

@@ -67,16 +67,39 @@ class Decision:
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
+    """The run's launch record, or None where there is none or it is damaged
+    (:func:`damaged_record` tells which): JSON that is not an object of the fields
+    hfl-launch writes raised AttributeError and TypeError in hfl-launch and hfl-report
+    (a review)."""
     try:
-        return json.loads((run_dir / RECORD_NAME).read_text())
+        record = json.loads((run_dir / RECORD_NAME).read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(record, dict) or not isinstance(record.get("state", ""), str) \
+            or not isinstance(record.get("experiment", {}), dict) \
+            or not isinstance(record.get("ports", []), list) \
+            or not all(isinstance(p, int) and not isinstance(p, bool)
+                       for p in record.get("ports", [])):
+        return None
+    return record
+
+
+def damaged_record(run_dir: Path) -> str | None:
+    """What is wrong with a launch record that is there but cannot be read, or None."""
+    path = run_dir / RECORD_NAME
+    if not path.exists() or read_record(run_dir) is not None:
+        return None
+    return (f"its launch record {path} is damaged (not the JSON object hfl-launch writes), "
+            f"so its ports and state are unknown (a launch keeps it as {path.name}.damaged)")
 
 
 def write_record(run_dir: Path, experiment: dict[str, Any], ports: list[int], state: str,
                  **extra: Any) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     from hfl.peer.status import process_started
+
+    if damaged_record(run_dir) is not None:  # (it was overwritten without a word, a review)
+        os.replace(run_dir / RECORD_NAME, run_dir / (RECORD_NAME + ".damaged"))
 
     record = {"experiment": experiment, "ports": ports, "state": state, "pid": os.getpid(),
               "pid_started": process_started(os.getpid()), "updated": time.time(), **extra}
@@ -215,14 +238,16 @@ def decide(run_dir: Path, experiment: dict[str, Any], *, fresh: bool, resume: bo
             run_dir.rename(aside)
         return Decision("new", f"--fresh: deleted and started {run_dir} anew", aside=aside)
     if record is None:
-        if not _has_peer_dirs(run_dir):
+        damaged = damaged_record(run_dir)
+        if not _has_peer_dirs(run_dir) and damaged is None:
             return Decision("new", f"new run in {run_dir}")
         if resume:
             return Decision("resume", f"--resume: continuing the peers' checkpoints in {run_dir} "
-                                      "(no launch record: new ports)")
+                                      f"({damaged or 'no launch record'}: new ports)")
         raise RunDirError(
-            f"{run_dir} holds a run without a launch record (an older hfl or another tool); "
-            "add --resume to continue it or --fresh to delete it and start over"
+            f"{run_dir} holds a run " + (f"whose {damaged.removeprefix('its ')}" if damaged else
+                                         "without a launch record (an older hfl or another tool)")
+            + "; add --resume to continue it or --fresh to delete it and start over"
         )
     ports = [int(p) for p in record.get("ports", [])] or None
     changed = differences(record.get("experiment", {}), experiment)

@@ -854,3 +854,41 @@ def test_hfl_peer_writes_its_plots_and_hfl_report_names_its_algorithm(tmp_path, 
     # hfl-launch plots the whole run itself: its peers are started with --no-plot.
     assert cli.main(["--config", str(config), "--set", "cohort.rounds=4", "--no-plot"]) == 0
     assert not plots.exists()
+
+
+def test_hfl_report_takes_damaged_metrics_values_and_records_without_a_traceback(
+        tmp_path, capsys):
+    # A results review: a test_acc, byte count or incarnation of the wrong type raised
+    # TypeError or ValueError in hfl-report (or named no field); a launch.json of JSON that
+    # is no object raised AttributeError; the table took "test acc" from the file's last
+    # line, a repeated earlier round, not from the last round.
+    import shutil
+
+    from hfl.launch.report import main as report
+    from hfl.launch.results import peer_row
+
+    config, run_dir = write_config(tmp_path, rounds=3)
+    assert cli.main(["--config", str(config), "--no-plot"]) == 0
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    final = lines[-1]["test_acc"]
+    org = Path(shutil.copytree(run_dir, tmp_path / "org"))
+    damaged = [{**lines[0], "test_acc": "high", "total_bytes_sent": "lots", "incarnation": "x",
+                "live_peers": None, "span": -100}, *lines[1:], {**lines[0], "test_acc": 0.0}]
+    (org / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in damaged))
+    row = peer_row("p0", "mlp", org)
+    assert row["test_acc"] == final and row["last_round"] == 3 and row["rounds"] == 3
+    (org / "launch.json").write_text("[1]")
+    other = Path(shutil.copytree(run_dir, tmp_path / "other"))
+    (other / "launch.json").write_text('{"state": {"x": 1}, "ports": "many"}')
+    capsys.readouterr()
+    assert report([str(org), str(other), "--no-plot"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"{final:.4f}" in out and "Traceback" not in out
+    # a metrics "file" that is a folder: one line
+    bad = Path(shutil.copytree(run_dir, tmp_path / "bad"))
+    (bad / "metrics.jsonl").unlink()
+    (bad / "metrics.jsonl").mkdir()
+    (bad / "summary.json").unlink()
+    assert report([str(bad), "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hfl-report: ") and "metrics.jsonl" in err and err.count("\n") == 1, err

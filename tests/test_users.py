@@ -1162,3 +1162,26 @@ def test_seeds_run_once_per_seed_and_report_mean_and_std(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "seed 1 is of another experiment than seed 0 (defaults.train.lr" in err
     assert "cannot be averaged" in err
+
+
+def test_a_damaged_launch_record_is_said_and_kept_not_overwritten(tmp_path, capsys):
+    # A review: a launch.json that is not JSON was taken as no record at all ("no launch
+    # record: new ports") and overwritten without a word; one of JSON that is not an object
+    # raised AttributeError.
+    from hfl.launch.cli import main
+
+    _, path = small_fedavg_experiment(tmp_path, "rec", peers=2, max_batches=1)
+    assert main([str(path), "--in-process", "--quiet", "--set", "defaults.cohort.rounds=1"]) == 0
+    record = tmp_path / "run" / "launch.json"
+    for damage in (b"{not json", b"[1]"):
+        record.write_bytes(damage)
+        capsys.readouterr()
+        assert main([str(path), "--in-process", "--quiet", "--set", "defaults.cohort.rounds=1"]) == 2
+        err = capsys.readouterr().err
+        assert f"whose launch record {record} is damaged" in err and "--resume" in err, err
+        assert record.read_bytes() == damage
+    assert main([str(path), "--in-process", "--quiet", "--resume",
+                 "--set", "defaults.cohort.rounds=2"]) == 0
+    assert f"launch record {record} is damaged" in capsys.readouterr().out
+    assert (tmp_path / "run" / "launch.json.damaged").read_bytes() == b"[1]"
+    assert json.loads(record.read_text())["state"] == "finished"
