@@ -123,13 +123,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", default=None,
                    help="the peer's config (default: RUN_DIR/peers/<peer>.yaml, as hfl-launch wrote it)")
     p.add_argument("--save-splits", default=None, metavar="FILE.npz",
-                   help="also write the peer's splits as arrays: <split>_x, <split>_y")
-    return p.parse_args(argv)
+                   help="also write the peer's splits as arrays: <split>_x, <split>_y "
+                        "(.npz is added to a name without it; an existing file is kept "
+                        "unless --force)")
+    p.add_argument("--force", action="store_true", help="overwrite the --save-splits file")
+    args = p.parse_args(argv)
+    if args.save_splits and not args.save_splits.endswith(".npz"):
+        args.save_splits += ".npz"  # (numpy adds it: the name printed was not the file's)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.save_splits and Path(args.save_splits).exists() and not args.force:
+            raise ExportError(f"{args.save_splits} exists: --force overwrites it")
         meta, result = evaluate(args.run_dir, args.peer, args.which, args.config)
         if args.save_splits:
             import numpy as np

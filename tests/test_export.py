@@ -286,6 +286,16 @@ def test_hfl_eval_gives_the_recorded_accuracy_on_the_peers_own_splits(launched, 
     assert hfl_eval([str(launched), "--peer", "p0", "--which", "selected"]) == 0
     out = capsys.readouterr().out
     assert out.count("the same as the run recorded") == 3  # test, global test, validation
+    # The file is kept unless --force, and a name without .npz is said as numpy writes it
+    # (it printed "splits" and wrote splits.npz, and overwrote an existing file: a review)
+    before = npz.read_bytes()
+    assert hfl_eval([str(launched), "--peer", "p0", "--save-splits", str(npz)]) == 2
+    assert f"{npz} exists: --force overwrites it" in capsys.readouterr().err
+    assert npz.read_bytes() == before
+    assert hfl_eval([str(launched), "--peer", "p0", "--save-splits", str(tmp_path / "s")]) == 0
+    assert f"splits as arrays: {tmp_path / 's.npz'}" in capsys.readouterr().out
+    assert (tmp_path / "s.npz").exists()
+    assert hfl_eval([str(launched), "--peer", "p0", "--save-splits", str(npz), "--force"]) == 0
 
 
 def test_hfl_eval_reproduces_a_csvs_one_hot_columns_and_z_scores(tmp_path, capsys):
