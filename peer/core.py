@@ -228,6 +228,13 @@ class PeerCore:
         self.relayed_to: set[str] = set()  # members it was relayed to (once each)
         self.relayed_by: dict[int, str] = {}  # round -> the member that relayed its result to us
         self.relays_taken: set[tuple[str, int]] = set()  # (relayer, round): one handled each
+        # Copies (rev. 18; :meth:`copy_for`, :meth:`take_copy`): as aggregator of a later
+        # epoch, (round, epoch, digest, its reporters) of the one reported result it holds
+        # no copy of, asked for; the copies that came, by round; as a member, (asker,
+        # round) sent one already
+        self.copy_wanted: tuple[int, int, str, tuple[str, ...]] | None = None
+        self.copies: dict[int, AggregateResult] = {}
+        self.copies_sent: set[tuple[str, int]] = set()
         #: (round, epoch, aggregator) whose result was refused as unjustified (rev. 15): a
         #: proven fault, which a waiting member fails over from (stop_waiting_for)
         self.refused_results: set[tuple[int, int, str]] = set()
@@ -856,6 +863,12 @@ class PeerCore:
             drop = self.note_ack(msg) if isinstance(msg, Ack) else self.admit_commit(msg)
             if drop is not None:
                 return [*out, Dropped(drop.code, drop.reason)]
+        elif isinstance(msg, Relayed) and msg.sig and not msg.certificate:
+            if (drop := self.take_copy(msg)) is not None:
+                return [*out, Dropped(drop.code, drop.reason)]
+            out += [Say(logging.INFO, "%s: round %d: got a copy of %s's result of epoch %d "
+                        "from %s", (self.id, msg.round, clip(msg.aggregator, 40), msg.epoch,
+                                    msg.sender)), WAKE]
         elif isinstance(msg, Relayed):
             if (drop := self.take_relayed(msg)) is not None:
                 return [*out, Dropped(drop.code, drop.reason)]
@@ -983,6 +996,11 @@ class PeerCore:
             address = mem.address_of(to)
             if address is not None and to != self.id:
                 out.append(Reply(address, self.heartbeat(), to))
+        if msg.wants_copy and (copy := self.copy_for(msg)) is not None:
+            out += [Say(logging.INFO, "%s: round %d: %s, aggregator of epoch %d, has no copy "
+                        "of the result we accepted (epoch %d); sending it",
+                        (self.id, msg.round, msg.sender, msg.epoch, copy.epoch)),
+                    SendTo(msg.sender, copy, "a copy of the accepted result")]
         if msg.awaiting and self.sent_knowledge is not None:
             sent_to, knowledge = self.sent_knowledge
             if self.asks_again(msg, sent_to, knowledge) and self._answer_ask(msg.sender, knowledge,
@@ -1428,7 +1446,7 @@ class PeerCore:
         pass every member's check (:meth:`unjustified_result`)."""
         refused: dict[str, str] = {}
         own = self.marker(r)
-        reports = [own] if not self.certifying or self.counts(
+        reports = [(*own, self.id)] if not self.certifying or self.counts(
             self.id, *own, self.accepted_proofs(r)) else []
         for p, k in promised.items():
             e = k.accepted_epoch
@@ -1438,7 +1456,7 @@ class PeerCore:
                 if (e >= 0 or self.epoch > 0) and (why := self.unproven_promise(k)) is not None:
                     refused[p] = why
                 elif self.counts(p, e, k.accepted_digest, k.proofs):
-                    reports.append((e, k.accepted_digest))
+                    reports.append((e, k.accepted_digest, p))
                 continue
             if e < 0 or e > self.epoch:
                 continue
@@ -1447,20 +1465,29 @@ class PeerCore:
                               f"({k.accepted_digest[:16]}), which only this peer could have "
                               "published and never published: a lie")
                 continue
-            reports.append((e, k.accepted_digest))
-        top = max((epoch for epoch, _ in reports), default=-1)
+            reports.append((e, k.accepted_digest, p))
+        top = max((epoch for epoch, _, _ in reports), default=-1)
         if top < 0:
             return "own", None, refused
-        digests = {d for epoch, d in reports if epoch == top}
+        digests = {d for epoch, d, _ in reports if epoch == top}
         if len(digests) > 1:
             return "abstain", None, refused
         (digest,) = digests
         held = self.accepted.get(r)
         if held is not None and held[1] == digest:
             return "repeat", held[0], refused
-        for res in self.buffer.results_for(r):  # any epoch: the same value is the same value
+        copy = self.copies.get(r)
+        for res in [*self.buffer.results_for(r), *([copy] if copy is not None else [])]:
+            # (any epoch: the same value is the same value)
             if self.elected_sender(res) and self.digest_of(res) == digest:
                 return "repeat", res, refused
+        # No copy of the one value to publish again: its reporters hold one (rev. 18;
+        # RoundProcedures.serve asks them). An aggregator that showed its result to one
+        # member only and never committed it cost each of its rounds so (an attack
+        # review; hfl.sim.protocol's hide twin), and so did one that crashed as it sent.
+        if self.certifying:
+            self.copy_wanted = (r, top, digest, tuple(sorted(
+                p for e, d, p in reports if (e, d) == (top, digest) and p != self.id)))
         return "abstain", None, refused
 
     # ================================================================ justified proposals
@@ -2083,6 +2110,48 @@ class PeerCore:
                        kind=res.kind, contributors=list(res.contributors), meta=res.meta,
                        tensors=res.tensors, certificate=certificate)
 
+    def copy_for(self, msg: Heartbeat) -> Relayed | None:
+        """A copy of the result this peer accepted for ``msg.round``, for the aggregator
+        of a later epoch that asks for it (heartbeat ``wants_copy``, rev. 18): where
+        commits are certified, that result's epoch and digest, signed by its aggregator,
+        to a member asking as the candidate of a later epoch, once per asker and round
+        (a result can be large: an ask costs at most one)."""
+        if not self.certifying or (msg.sender, msg.round) in self.copies_sent:
+            return None
+        held = self.accepted.get(msg.round)
+        e, _, digest = msg.wants_copy.partition(":")
+        if (held is None or not held[0].sig or f"{held[0].epoch}" != e or held[1] != digest
+                or msg.epoch <= held[0].epoch
+                or msg.sender not in self.aggregators_for(msg.round, msg.epoch)):
+            return None
+        self.copies_sent.add((msg.sender, msg.round))
+        res = held[0]
+        return Relayed(**self.envelope(), round=res.round, epoch=res.epoch, aggregator=res.sender,
+                       kind=res.kind, contributors=list(res.contributors), meta=res.meta,
+                       tensors=res.tensors, sig=res.sig)
+
+    def take_copy(self, msg: Relayed) -> Drop | None:
+        """Keep the copy of a result this peer asked for as the aggregator of a later
+        epoch (:meth:`copy_for`), or say why not: only the one it asked for (round,
+        epoch and the payload's own digest), signed by the aggregator it names. It then
+        publishes that value again (:meth:`proposal`), which every member checks against
+        the promises as any proposal (:meth:`unjustified_result`)."""
+        who = f"copy of a result for round {msg.round} epoch {msg.epoch} from {msg.sender}"
+        want = self.copy_wanted
+        if not self.certifying or want is None or want[:2] != (msg.round, msg.epoch):
+            return Drop("stale_result", f"{who}: not asked for (or taken already)")
+        digest = payload_digest(msg)
+        if digest != want[2] or not self.signed_by(msg.aggregator, "result", msg.round,
+                                                    msg.epoch, digest, msg.sig):
+            return Drop("unjustified_result", f"{who}: not the result asked for ({digest[:16]}), "
+                        "or not signed by the aggregator it names")
+        self.copies[msg.round] = AggregateResult(
+            sender=msg.aggregator, incarnation=0, round=msg.round, epoch=msg.epoch,
+            kind=msg.kind, contributors=list(msg.contributors), meta=msg.meta,
+            tensors=msg.tensors, sig=msg.sig)
+        self.copy_wanted = None
+        return None
+
     @property
     def names_run(self) -> bool:
         """Signed statements name this run (``cohort.run``: :func:`signing_context`), so
@@ -2208,6 +2277,10 @@ class PeerCore:
         self.certificates = {k: v for k, v in self.certificates.items() if k[0] >= r}
         self.relayed_by = {k: v for k, v in self.relayed_by.items() if k >= r}
         self.relays_taken = {k for k in self.relays_taken if k[1] >= r}
+        self.copies = {k: v for k, v in self.copies.items() if k >= r}
+        self.copies_sent = {k for k in self.copies_sent if k[1] >= r}
+        if self.copy_wanted is not None and self.copy_wanted[0] < r:
+            self.copy_wanted = None
         self.refused_results = {k for k in self.refused_results if k[0] >= r}
         self.accepted = {k: v for k, v in self.accepted.items() if k >= r}
         self.acks = {k: v for k, v in self.acks.items() if k[0] >= r}
@@ -2417,6 +2490,24 @@ class PeerCore:
         own = m is not None and (m.round > r or (r >= self.last_round > 0
                                                  and aggregator in self.finished_by))
         return (own or self.cohort_past(r)) and not self.serving(aggregator, r)
+
+    def round_still_open(self, r: int, aggregator: str) -> bool:
+        """Where commits are certified: ``aggregator`` went past round r (:meth:`moved_on`
+        by its own word) while no member absorbed a result of r, and a quorum of members
+        (this peer included) is still in r, so failing over can still give the round a
+        result. An aggregator that showed its result to one member only and moved on
+        without a commit cost every round it was elected for: each member took its word
+        as "the result went out" and left (an attack review; hfl.sim.protocol's ``hide``
+        twin, 4 peers: 3 of 10 rounds without a result). A member's claim that it
+        absorbed r (its heartbeat) still ends the wait, as before: the relay brings the
+        result where one was committed."""
+        if not self.certifying:
+            return False
+        mem = self.membership
+        others = [p for p in mem.live_peers() if p not in (self.id, aggregator)]
+        if any(self.absorbed_by.get(p, 0) >= r for p in others):
+            return False
+        return 1 + sum(1 for p in others if mem.members[p].round == r) >= self.quorum()
 
     def acks_out_of_reach(self, r: int, epoch: int, digest: str, quorum: int) -> bool:
         """The aggregator of (r, epoch) can no longer gather ``quorum`` acks of

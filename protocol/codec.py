@@ -305,10 +305,12 @@ assert [f.name for f in _SCHEMAS[MemberRecord]] == [
 _ABSENT_AT_ZERO: dict[type, tuple[str, ...]] = {
     MESSAGE_TYPES["hello"]: ("view_from",),
     MESSAGE_TYPES["welcome"]: ("view_upto",),
-    MESSAGE_TYPES["heartbeat"]: ("view",),
+    MESSAGE_TYPES["heartbeat"]: ("view", "wants_copy"),
     # rev. 15, where commits are certified (justified proposals)
     MESSAGE_TYPES["knowledge"]: ("promise_sig", "proofs"),
     MESSAGE_TYPES["aggregate"]: ("sig", "promises", "proofs"),
+    # rev. 18 (a copy of an accepted result for a later epoch's aggregator)
+    MESSAGE_TYPES["relayed"]: ("sig",),
 }
 _HAS_TENSORS = {
     cls: any(f.name == "tensors" for f in dataclasses.fields(cls)) for cls in MESSAGE_TYPES.values()

@@ -122,6 +122,11 @@ class Heartbeat(Message):
     # timing.join lazy: a digest of the sender's rotation order (0: none). A receiver
     # whose order differs asks the sender for its view (PROTOCOL.md, lazy join).
     view: int = 0
+    # rev. 18, where commits are certified: from the aggregator of (round, epoch) to the
+    # members whose promises reported a result it holds no copy of, "accepted_epoch:
+    # digest" ("": none; off the wire): a member that accepted that result sends it
+    # (``relayed`` with the result's own ``sig`` and no certificate), once per asker
+    wants_copy: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +247,11 @@ class Relayed(_RoundResult):
     aggregator: str
     #: the commit's certificate: peer id -> its ack ``sig`` of (round, epoch, digest)
     certificate: dict[str, str] = field(default_factory=dict)
+    #: rev. 18: a copy of a result this member accepted, not (yet) committed, sent to the
+    #: aggregator of a later epoch that asked for it (heartbeat ``wants_copy``): the
+    #: result's aggregator's own signature of it, and no certificate ("" otherwise; off
+    #: the wire)
+    sig: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

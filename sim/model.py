@@ -486,8 +486,11 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 #: - ``selfreport``: every contribution it makes reports, as the result it accepted
 #:   (whatever it did accept), an "epoch-0 result" of the round that it signed itself,
 #:   naming itself its aggregator, with that signature as the report's proof (a
-#:   review, 2026-11-29: the aggregator, holding no copy of it, abstained).
-TWIN_KINDS = ("equivocate", "commit", "override", "selfreport")
+#:   review, 2026-11-29: the aggregator, holding no copy of it, abstained);
+#: - ``hide``: whenever elected, from round 2 on, shows its result to one peer only
+#:   and never commits it (that peer's report of it, proven by the twin's signature,
+#:   is a value the next epoch's aggregator had no copy of: an attack review).
+TWIN_KINDS = ("equivocate", "commit", "override", "selfreport", "hide")
 
 
 def install_twin_core(kind: str, core) -> None:
@@ -565,6 +568,10 @@ def twin_sends(kind: str, core, victim: str | None, peer_ids: list[str], msg) ->
     from hfl.protocol import AggregateResult, Commit, Knowledge
 
     target = victim or next((p for p in sorted(peer_ids) if p != core.id), None)
+    if kind == "hide" and isinstance(msg, (AggregateResult, Commit)) and msg.round >= 2:
+        if isinstance(msg, Commit) or not msg.tensors:
+            return []  # (never committed; nor an abstention sent)
+        return [([target], msg)] if target in peer_ids else []
     # (Only knowledge and results are forged: everything else, gossip included, goes as
     # the runtime sends it. The first version read msg.round first, which gossip has
     # not: the twin's gossip failed in every tick it went to the victim.)

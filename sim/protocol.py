@@ -744,7 +744,8 @@ def main(argv: list[str] | None = None) -> int:
                          "to one peer; with --mode everywhere) or commit (another result and a "
                          "forged commit to one peer) or override (ignores the promises when "
                          "elected at a later epoch) or selfreport (reports a made-up result "
-                         "it signed itself in each contribution)")
+                         "it signed itself in each contribution) or hide (shows its result to "
+                         "one peer only, never commits it)")
     ap.add_argument("--join", choices=["greet", "lazy"], default="greet",
                     help="timing.join: greet (every member greets every other) or lazy "
                          "(members vouched for by others; with SWIM and --mode aggregator)")

@@ -263,10 +263,15 @@ def test_byzantine_twins_are_survived_and_caught_without_the_defenses(monkeypatc
     assert caught == list(range(8))
 
 
-@pytest.mark.parametrize(("peers", "twin", "seed"), [(4, "p2", 27), (4, "p2", 311),
-                                                     (5, "p3", 967)])
+@pytest.mark.parametrize(("peers", "twin", "seed", "least"), [
+    (4, "p2", 27, 9),
+    # (8 since a peer fails over where its aggregator went past the round with no member
+    # having absorbed it, rev. 18: round 2 is lost to that here, rounds 6 and 10 are
+    # still relayed; over seeds 0-149 p0 learns in 1,392 rounds with and without it)
+    (4, "p2", 311, 8),
+    (5, "p3", 967, 9)])
 def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(
-        monkeypatch, peers, twin, seed):
+        monkeypatch, peers, twin, seed, least):
     # p0 shown a zero model by the twin when elected took no result in the twin's rounds
     # (its commit is uncertified), and with the seed's faults it learned in 3 of its 6
     # undisturbed rounds (27; 311 likewise; 967: 5 peers, p3 the twin, p0 waited two
@@ -283,7 +288,7 @@ def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(
 
     res, learned, relayed = run()
     assert not res.violations, [str(v) for v in res.violations]
-    assert relayed and learned >= 9, (learned, relayed)
+    assert relayed and learned >= least, (learned, relayed)
     # Without the relay (nothing sent), p0 learns in 6 or 7 of the 10 rounds.
     monkeypatch.setattr(PeerCore, "relay_for", lambda self, msg, now: None)
     _, learned_alone, relayed = run()
@@ -380,6 +385,55 @@ def test_a_members_made_up_report_costs_no_round():
     published = {e["digest"] for e in sim.checker.events
                  if e["event"] == "published" and e["round"] == 2 and e["peer"] == "p2"}
     assert {absorbed[p] for p in ("p0", "p1", "p3", "p5", "p6")} == {(1, *published)}
+
+
+def test_an_aggregator_that_shows_its_result_to_one_member_and_moves_on_costs_no_round():
+    # An attack review: the hide twin, elected, showed its result to p0 only, never
+    # committed it, and went on to the next round; the others took its word as "the
+    # result went out" and left, and the next epoch's aggregator, had they failed over,
+    # held no copy of the value p0's promise reported: 3 of 10 rounds went without a
+    # result (each of the twin's). Now a member fails over where no member absorbed the
+    # round and a quorum is still in it, and the new aggregator asks p0 for a copy
+    # (heartbeat wants_copy; rev. 18) and publishes it again.
+    for peers, twin in ((4, "p2:hide"), (7, "p3:hide")):
+        sim = ProtocolSim(0, peers=peers, scenario=scenario([], peers=peers), signed=True,
+                          byzantine=[twin])
+        res = sim.run()
+        assert not res.violations and res.rounds_without_result == [], (
+            [str(v) for v in res.violations], res.rounds_without_result)
+        # the twin's rounds were committed at epoch 1 with the value it hid
+        taken = [e for e in sim.checker.events if e["event"] == "absorbed" and e["epoch"] == 1]
+        assert taken, "no round went to epoch 1"
+
+
+def test_a_copy_is_sent_once_to_the_asking_aggregator_and_taken_only_as_asked(monkeypatch):
+    # The copy an aggregator of a later epoch asks for (rev. 18): the member sends the
+    # result it accepted, with that result's own signature, once per asker and round;
+    # the aggregator keeps it only if it is the one it asked for, signed by its named
+    # aggregator.
+    import dataclasses
+
+    from hfl.protocol import Heartbeat
+    from tests.test_byzantine_core import R, payload_digest, result, signed, signed_core
+
+    member, agg = signed_core("p0"), signed_core("p3")  # round 2: p2 epoch 0, p3 epoch 1
+    member.round = agg.round = R
+    v = signed(result("p2", 0, 1.0), member)
+    dv = payload_digest(v)
+    member.accepted[R] = (v, dv)
+    ask = Heartbeat(sender="p3", incarnation=0, round=R, epoch=1, wants_copy=f"0:{dv}")
+    copy = member.copy_for(ask)
+    assert copy is not None and copy.sig == v.sig and copy.aggregator == "p2" and not copy.certificate
+    assert member.copy_for(ask) is None  # once per asker and round
+    assert member.copy_for(dataclasses.replace(ask, sender="p1")) is None  # not epoch 1's candidate
+    agg.copy_wanted = (R, 0, dv, ("p0",))
+    forged = dataclasses.replace(copy, tensors={"w": copy.tensors["w"] * 0})
+    assert agg.take_copy(forged).code == "unjustified_result"
+    assert agg.take_copy(dataclasses.replace(copy, sig=signed(result("p2", 0, 2.0), agg).sig)
+                         ).code == "unjustified_result"
+    assert agg.take_copy(copy) is None and agg.copy_wanted is None
+    assert payload_digest(agg.copies[R]) == dv
+    assert agg.take_copy(copy).code == "stale_result"  # not asked for any more
 
 
 def test_no_honest_contribution_reports_a_result_proven_by_its_senders_own_signature(monkeypatch):
