@@ -535,7 +535,8 @@ class PeerCore:
                     places += [(a, m.peer_id) for a in mem.lead_places(m)]
             self.to_greet = len(places) > GREETINGS_PER_TICK
         if self.swim:  # a late joiner greets a big cohort over a few ticks, not at once
-            places = places[:GREETINGS_PER_TICK]
+            again = [(m.address, m.peer_id) for m in mem.to_greet_again()]
+            places = [*again, *(p for p in places if p not in again)][:GREETINGS_PER_TICK]
         if places:
             hello = self.hello(introduced=True)
             out += [Send(a, hello, 0.05, peer) for a, peer in places]
@@ -975,7 +976,15 @@ class PeerCore:
         mem = self.membership
         out: list[Instruction] = []
         if msg.members:
-            news = [r for r in msg.members if self.allowed_peers is None or r.peer_id in self.allowed_peers]
+            if len(msg.members) > NEWS_PER_MESSAGE:
+                # (a heartbeat carries at most 6: one of 4,095 made its receiver suspect,
+                # and probe at once, every member it had not heard from lately; a SWIM
+                # review: 1,998 probes from one message. The rest are not read.)
+                out.append(Dropped("too_much_news", f"heartbeat from {msg.sender}: "
+                                   f"{len(msg.members)} failure news records, at most "
+                                   f"{NEWS_PER_MESSAGE}: the first {NEWS_PER_MESSAGE} taken"))
+            news = [r for r in msg.members[:NEWS_PER_MESSAGE]
+                    if self.allowed_peers is None or r.peer_id in self.allowed_peers]
             for change in mem.hear_news(news, msg.sender, now):
                 out.append(MemberChanged(change, logging.INFO, "; probing it"))
         if (msg.view and mem.lazy and not self.joining and msg.view != self.view_digest()

@@ -176,6 +176,12 @@ class Membership:
     _version: int = 0
     _ids: list[str] = field(default_factory=list)  # every member ever added, in order
     _owing: set[str] = field(default_factory=set)  # swim: members with expect_since set
+    #: live members that never answered our hello (never greeted back): with swim and
+    #: timing.join greet they are never probed, so they are watched by silence, as in
+    #: full mode (:meth:`tick`)
+    _ungreeted: dict[str, None] = field(default_factory=dict)
+    #: those of them suspect now: greeted again every tick (PeerCore.tick_greetings)
+    _ungreeted_suspect: dict[str, None] = field(default_factory=dict)
     #: the rotation order (sorted ids) and its set, kept as members enter it
     #: (:meth:`_vouched_for`; rebuilt when ``reports_needed`` changes), and how many times
     #: it grew (a cache key)
@@ -438,6 +444,15 @@ class Membership:
         self._join_changes += 1
         if status in (ALIVE, SUSPECT):
             self._live_n += sign
+            if not greeted:
+                if sign > 0:
+                    self._ungreeted[peer_id] = None
+                else:
+                    self._ungreeted.pop(peer_id, None)
+                if status == SUSPECT and sign > 0:
+                    self._ungreeted_suspect[peer_id] = None
+                elif status == SUSPECT:
+                    self._ungreeted_suspect.pop(peer_id, None)
         if status == ALIVE and greeted:
             if sign > 0:
                 self._greeted_alive[peer_id] = None
@@ -745,18 +760,28 @@ class Membership:
         suspect_s, dead_s = self.suspect_after_s * patience, self.dead_after_s * patience
         stretched = f", patience x{patience:.1f}" if patience > 1 else ""
         # swim: only members that owe an answer can change (sorted: the same order in
-        # every run, whatever the hash seed)
-        watched = ([self.members[p] for p in sorted(self._owing)] if self.mode == "swim"
-                   else self.members.values())
+        # every run, whatever the hash seed), and, with timing.join greet, members that
+        # never answered our hello: never probed (probeable), they are watched by
+        # silence as in full mode. Before, one that died before it answered stayed alive
+        # for the rest of the run, waited for in every round, and split the rotation
+        # orders of those that had heard it from those that had not (a SWIM review:
+        # 17 peers, a joiner lost 50 ms after its hello; a member that dropped its
+        # welcomes and went silent cost 11 s a round, never declared dead). With lazy
+        # join such a member is probed (the probe is our hello).
+        silence_too = () if self.lazy else self._ungreeted
+        watched = ([self.members[p] for p in sorted(self._owing.union(silence_too))]
+                   if self.mode == "swim" else self.members.values())
         for m in watched:
             if m.status in (DEAD, LEFT):
                 continue
-            if self.mode == "swim":
+            if self.mode == "swim" and (m.greeted or self.lazy):
                 silent = now - m.expect_since
                 what = "no answer to probes"
             else:
+                # (swim: a member owing an answer to news alone, never greeted back, is
+                # not probed either: its silence, not "no answer to probes", a review)
                 silent = now - self.heard_at(m)
-                what = "silent"
+                what = "silent" if self.mode != "swim" else "silent, never greeted back"
             if silent >= dead_s:
                 changes.append(Change(m.peer_id, m.status, DEAD,
                                       f"{what} for {silent:.1f}s{stretched}", silent))
@@ -851,6 +876,16 @@ class Membership:
             return True
         return now - m.probed_at >= interval * 2 ** (m.probes - 1) - 1e-9
 
+    def to_greet_again(self) -> list[Member]:
+        """swim, timing.join greet: the members that never answered our hello and are
+        suspect by their silence (:meth:`tick`): our hello goes to them again every tick
+        until one answers or they are dead. A member that greeted us probes us only in
+        its turn (one of N a tick), so silence alone would declare a live one dead
+        whose welcome to us was lost."""
+        if self.mode != "swim" or self.lazy:
+            return []
+        return [self.members[p] for p in self._ungreeted_suspect]
+
     def probeable(self, peer_id: str) -> bool:
         """A member to probe: alive or suspect, and it knows us (answered our hello);
         with :attr:`lazy`, one that does not yet too (the probe is then our hello)."""
@@ -891,7 +926,7 @@ class Membership:
         after ``dead_after_s`` of our own unanswered probes (times our current
         patience), as if we had suspected it ourselves from the start. News is passed on. Departures of peers we never met
         are remembered for the join count, as from gossip."""
-        changes = []
+        changes, entered = [], []
         patience = self.patience()
         for r in records:
             if r.peer_id == self.self_id or r.status == ALIVE:
@@ -902,6 +937,14 @@ class Membership:
                     self.reported_left.add(r.peer_id)
                     self._join_changes += 1
                 continue
+            if (r.vouched and r.status in (DEAD, LEFT) and not (m.confirmed or m.remembered)
+                    and self._report(r.peer_id, sender)):
+                # A member its sender met and holds gone: f + 1 such reports put it in our
+                # rotation order, as gossip's records do (merge). With swim and greet, the
+                # peers that heard a joiner that died at once had it in their order and
+                # the others never did: their elections differed for good (a SWIM review,
+                # 17 peers: 4 violations).
+                entered.append(r.peer_id)
             if (m.status != ALIVE or (m.confirmed and r.incarnation < m.incarnation)
                     or now - self.heard_at(m) < self.suspect_after_s * patience):
                 continue
@@ -913,15 +956,21 @@ class Membership:
             self._owing.add(m.peer_id)
             changes.append(Change(m.peer_id, ALIVE, SUSPECT, f"{sender} reports it {r.status}"))
             self._spread(m)
-        if changes:
+        if entered:
+            self._enter_order(entered)
+        if changes or entered:
             self._touch()
         return changes
 
     def _spread(self, m: Member) -> None:
         """Queue news of ``m``'s status for ~3 log2(N) piggybacked sends."""
         sends = 3 * math.ceil(math.log2(len(self.members) + 2))
+        # (vouched: this peer heard from it itself, so news of its death is a report of
+        # a member it met: f + 1 of them put it in a rotation order that lacks it, as a
+        # gossiped record does, :meth:`hear_news`)
         record = MemberRecord(peer_id=m.peer_id, address=m.address,
-                              incarnation=max(m.incarnation, 0), status=m.status)
+                              incarnation=max(m.incarnation, 0), status=m.status,
+                              vouched=int(m.confirmed and m.status in (DEAD, LEFT)))
         self.rumors[m.peer_id] = [record, sends]
 
     def news(self, limit: int) -> list[MemberRecord]:

@@ -598,11 +598,13 @@ def test_peers_with_the_same_view_elect_the_same_aggregator_for_every_round_and_
 # ---------------------------------------------------------------------------- swim
 
 
-def swim(self_id: str = "a", peers: str = "bcdefgh") -> Membership:
+def swim(self_id: str = "a", peers: str = "bcdefgh", greeted: bool = True) -> Membership:
     m = Membership(self_id, f"mem://{self_id}", 0, SUSPECT_S, DEAD_S, mode="swim",
                    rng=__import__("random").Random(7))
     for p in peers:
         m.heard_from(p, 0, now=0.0, address=f"mem://{p}")
+        if greeted:  # (it answered our hello: probed from now on, not watched by silence)
+            m.welcomed(p)
     return m
 
 
@@ -799,7 +801,7 @@ def test_the_probe_round_robin_visits_every_member_once_per_pass():
     m.set_status("b", DEAD)
     m.set_greeted("c", False)
     assert {m.next_probe() for _ in range(30)} == set(members) - {"b", "c"}
-    assert swim().next_probe() is None  # nobody answered our hello yet
+    assert swim(greeted=False).next_probe() is None  # nobody answered our hello yet
 
 
 def test_a_bounded_gossip_sample_always_names_the_sender():
@@ -1043,3 +1045,69 @@ def test_the_round_f_plus_1_members_vouch_for_equals_a_recount_after_every_event
             if rng.random() < 0.7:
                 assert m.live_round(k) == recount(m, k), (seed, op)
                 assert m.live_round(1) == m.max_live_round() == recount(m, 1), (seed, op)
+
+
+# ---------------------------------------------------------------- swim: a SWIM review
+
+import dataclasses  # noqa: E402
+
+from hfl.protocol import Heartbeat, MemberRecord  # noqa: E402
+from hfl.sim import protocol as P  # noqa: E402
+from hfl.sim.model import NetworkFaults  # noqa: E402
+
+
+def test_a_late_joiner_that_dies_before_answering_the_greetings_is_declared_dead_with_swim():
+    # A SWIM review (2026-11-29), no attacker: p16 joins at t=5 and is lost 50 ms later,
+    # before the members' hellos to it are answered. With swim and timing.join greet
+    # nobody probed it (not greeted: not probeable), so nobody ever held it dead: it was
+    # waited for in every round (107 s against 28.5 s in full mode, 4 violations), and
+    # p0 and p1 (which heard its hello) kept it in their rotation order while the others
+    # never got f + 1 reports of it: the orders split for good. Now a member that never
+    # answered our hello is watched by its silence, as in full mode.
+    kw = dict(peers=17, rounds=12, train_s=1.0, swim=True, signed=True)
+    sim = P.ProtocolSim(2, **kw)
+    sc = dataclasses.replace(sim.scenario, network=NetworkFaults(), calm_at=0.0, faults=[
+        P.ProtocolFault(5.0, "late", ("p16",)), P.ProtocolFault(5.05, "lost", ("p16",))])
+    sim = P.ProtocolSim(2, scenario=sc, **kw)
+    res = sim.run(limit_s=600)
+    views = {p: sim.peers[p].core.membership.members["p16"].status
+             for p in sim.peers if p != "p16"}
+    assert set(views.values()) == {"dead"}, views
+    assert res.violations == []
+
+
+def test_news_alone_never_makes_a_member_dead_without_a_probe_of_ours():
+    # The same review: news made a member we cannot probe (never greeted back) owe an
+    # answer, and it was declared dead for "no answer to probes" that were never sent.
+    # Such a member goes by its own silence (and is greeted again while suspect).
+    m = Membership("a", "mem://a", 0, 2.0, 5.0, mode="swim")
+    m.heard_from("v", 0, 0.0, address="mem://v")  # heard from, our hello not answered yet
+    m.heard_from("w", 0, 0.0, address="mem://w")
+    m.welcomed("w")
+    m.hear_news([MemberRecord(peer_id="v", address="mem://v", incarnation=0,
+                              status="suspect")], "w", 100.0)
+    assert not m.probeable("v")  # so no probe of ours ever goes to it ...
+    assert [c.reason for c in m.tick(105.0) if c.peer_id == "v"] == [
+        "silent, never greeted back for 105.0s"]
+    assert [x.peer_id for x in m.to_greet_again()] == []  # (dead now: greeted at a regreet)
+
+
+def test_one_heartbeat_cannot_carry_more_failure_news_than_protocol_md_allows():
+    # PROTOCOL.md heartbeat `members`: "at most 6". The core took 4,095 and suspected
+    # (and probed at once) every member it had not heard from within suspect_after_s
+    # (the same review: 1,998 probes from one message). The rest are not read, said.
+    from hfl.peer.config import TimingConfig
+    from hfl.peer.core import PeerCore
+
+    core = PeerCore("p0", mode="aggregator", everywhere=False, lookahead=2, start_round=1,
+                    swim=True, timing=TimingConfig())
+    core.open_view("mem://p0", __import__("random").Random(1))
+    for i in range(1, 200):
+        core.membership.heard_from(f"p{i}", 0, 0.0, address=f"mem://p{i}", round=1)
+        core.membership.welcomed(f"p{i}")
+    news = [MemberRecord(peer_id=f"p{i}", address=f"mem://p{i}", incarnation=10**9,
+                         status="dead") for i in range(2, 200)]
+    out = core.handle("p1", Heartbeat(sender="p1", incarnation=0, round=1, members=news), 10.0)
+    suspects = sum(m.status == "suspect" for m in core.membership.members.values())
+    assert suspects <= 6, suspects
+    assert [d.code for d in out if type(d).__name__ == "Dropped"] == ["too_much_news"]
