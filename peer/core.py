@@ -1449,21 +1449,28 @@ class PeerCore:
           round the liar contributed to.
 
         Where commits are certified, a promise counts only signed, and a report only
-        with its proof (:meth:`unproven_promise`), at whatever epoch (the first rule's
-        reason is gone: a forged result has no proof, and an honest report above this
-        epoch must count, :meth:`_unjustified`): what this peer publishes must then
-        pass every member's check (:meth:`unjustified_result`)."""
+        with its proof (:meth:`unproven_promise`), and one of an epoch above this
+        peer's is left out with its promise (every member refuses a proposal carrying
+        it, rev. 17, :meth:`_unjustified`; no honest promise this epoch can use has
+        one): what this peer publishes must then pass every member's check
+        (:meth:`unjustified_result`)."""
         refused: dict[str, str] = {}
         own = self.marker(r)
         reports = [(*own, self.id)] if not self.certifying or self.counts(
             self.id, *own, self.accepted_proofs(r)) else []
         for p, k in promised.items():
             e = k.accepted_epoch
-            if self.certifying:  # signed promises and proven reports, at any epoch
+            if self.certifying:  # signed promises and proven reports, up to this epoch
                 # (at epoch 0 a promise goes into no result: one without a report needs no
                 # signature, so a member of rev. 14 still contributes, a review)
                 if (e >= 0 or self.epoch > 0) and (why := self.unproven_promise(k)) is not None:
                     refused[p] = why
+                elif e > self.epoch:
+                    # (members refuse a proposal that carries such a report: rev. 17,
+                    # _unjustified; it is left out, not published and then refused by
+                    # this peer's own check, a review)
+                    refused[p] = (f"{p} reports a result accepted at epoch {e}, after this "
+                                  f"epoch {self.epoch}")
                 elif self.counts(p, e, k.accepted_digest, k.proofs):
                     reports.append((e, k.accepted_digest, p))
                 continue

@@ -759,6 +759,24 @@ def test_a_report_of_an_epoch_after_the_proposals_own_justifies_nothing():
     assert "p1 reports a result accepted at epoch 2, after this proposal's epoch 1" in drop.reason
 
 
+def test_an_aggregator_leaves_out_a_promise_reporting_a_later_epoch_than_its_own():
+    # A review of rev. 17: the aggregator of epoch 1 counted a promise of epoch 5 (the
+    # rotation wraps back to it) reporting a certified epoch-2 result, chose to publish
+    # that again, and its own check then refused what it would publish. Such a promise
+    # is left out now, as members would refuse the proposal carrying it.
+    agg = signed_core("p3")
+    agg.epoch = 1
+    v2 = signed(result("p0", 2, 2.0), agg)
+    d2 = payload_digest(v2)
+    cert = {p: sig(p, agg, R, 2, d2) for p in ("p0", "p1")}
+    assert agg.buffer.offer_result(v2) is None  # (a copy of it, held)
+    promised = hold(agg, knowledge_at(agg, "p2", 1), knowledge_at(agg, "p0", 1),
+                    knowledge_at(agg, "p1", 5, 2, d2, {f"2:{d2}": {"acks": cert}}))
+    decision, _, refused = agg.proposal(R, promised)
+    assert decision == "own" and set(refused) == {"p1"}
+    assert "reports a result accepted at epoch 2, after this epoch 1" in refused["p1"]
+
+
 def test_a_proof_that_refers_to_itself_or_carries_too_much_is_refused():
     c = signed_core("p0")
     c.round = R
