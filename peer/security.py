@@ -307,29 +307,41 @@ def allow_list_exposure(path: str | Path) -> str | None:
     """Why another local user could change the allow-list at ``path``, or None.
 
     The allow-list decides who is a member, and a peer rereads it while it runs: a
-    file others may write (or that another user owns), or a folder others may write
-    without the sticky bit (they could put another file in its place), would let any
-    user of the machine add a key of their own (the checks of OpenSSH's StrictModes
-    for authorized_keys). It was read without a word (a keys review)."""
+    file others may write (or that another user owns), or a folder on the way to it
+    that others may write without the sticky bit or that another user owns (they
+    could put another file or folder in its place), would let any user of the machine
+    add a key of their own: the checks of OpenSSH's StrictModes for authorized_keys,
+    on every folder from the file up to ``/``, for the path as given and as resolved
+    (a link in an open folder can be replaced). It was read without a word (a keys
+    review)."""
     path = Path(path)
     try:
-        st, folder = path.stat(), path.resolve().parent.stat()
+        st = path.stat()
     except OSError:
         return None  # (reading it says what is wrong)
     me = os.geteuid() if hasattr(os, "geteuid") else None
-    fix = f"chmod go-w {shlex.quote(str(path))}"
     if me is not None and st.st_uid not in (me, 0):
-        return f"{path} belongs to another user (uid {st.st_uid}), who could change who is a member"
+        return (f"{path} belongs to another user (uid {st.st_uid}), who could change who is "
+                "a member: keep a copy of your own in a folder of your own")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return (f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), who "
-                f"could add a key of their own: {fix}")
-    if folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not folder.st_mode & stat.S_ISVTX:
-        where = shlex.quote(str(path.resolve().parent))
-        return (f"{path} is in a folder other users may write to (mode "
-                f"{stat.S_IMODE(folder.st_mode):o}), who could put another allow-list in its "
-                f"place: chmod go-w {where}, or keep it in a folder of its own")
+                f"could add a key of their own: chmod go-w {shlex.quote(str(path))}")
+    folders = dict.fromkeys([*Path(os.path.abspath(path)).parents, *path.resolve().parents])
+    for folder in folders:
+        try:
+            fs = folder.stat()
+        except OSError:
+            continue
+        where = shlex.quote(str(folder))
+        if fs.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not fs.st_mode & stat.S_ISVTX:
+            return (f"{path} is under {folder}, which other users may write to (mode "
+                    f"{stat.S_IMODE(fs.st_mode):o}): they could put another allow-list in its "
+                    f"place: chmod go-w {where}, or keep it in a folder of your own")
+        if me is not None and fs.st_uid not in (me, 0):
+            return (f"{path} is under {folder}, which belongs to another user (uid "
+                    f"{fs.st_uid}), who could put another allow-list in its place: keep it in "
+                    "a folder of your own")
     return None
-
 
 def load_identity(peer_id: str, key_file: str | Path, allow_list: str | Path) -> CurveIdentity:
     """Our keys plus the cohort's allow-list, checked against each other."""

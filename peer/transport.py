@@ -924,12 +924,16 @@ def _wake(waiter: asyncio.Future) -> None:
         waiter.set_result(None)
 
 
-def _file_stamp(path: str) -> tuple[int, int, int] | None:
+def _file_stamp(path: str) -> tuple[int, ...] | None:
+    """What tells the allow-list file changed: its contents' time, size and inode, and
+    its and its folder's modes and owners (a chmod that made a refused list safe was not
+    seen: the list stayed refused until an edit or SIGHUP, a review)."""
     try:
-        st = os.stat(path)
+        st, folder = os.stat(path), os.stat(os.path.dirname(os.path.abspath(path)))
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid, folder.st_mode,
+            folder.st_uid)
 
 
 _HUP_LISTENERS: weakref.WeakSet = weakref.WeakSet()

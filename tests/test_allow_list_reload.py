@@ -122,11 +122,17 @@ def test_a_broken_edit_keeps_the_list_in_force(tmp_path, caplog):
             a.housekeeping()
             assert a.take_allow_list_change() is None and set(a.security.allowed) == {"p0", "p1"}
             # A list any user of the machine could have written (a keys review: read
-            # without a word): whatever it says, not taken
-            write_allow_list(path, {**pub, "p2": pub["p1"]})
+            # without a word): whatever it says, not taken; made private, it is (the
+            # chmod alone: it was not seen as a change, a review)
+            more = keys(tmp_path, "p2")
+            write_allow_list(path, {**pub, **more})
             path.chmod(0o666)
             a.housekeeping()
             assert a.take_allow_list_change() is None and set(a.security.allowed) == {"p0", "p1"}
+            path.chmod(0o644)
+            a.housekeeping()
+            assert a.take_allow_list_change() is not None
+            assert set(a.security.allowed) == {"p0", "p1", "p2"}
         finally:
             await a.close()
 

@@ -168,10 +168,26 @@ def test_an_allow_list_other_users_could_change_is_refused(tmp_path):
     shared.mkdir()
     shutil.copy(allow, shared / "allow_list")
     shared.chmod(0o777)
-    with pytest.raises(SecurityError, match="in a folder other users may write to \\(mode 777\\)"):
+    with pytest.raises(SecurityError, match=f"is under {shared}, which other users may write "
+                                            "to \\(mode 777\\)"):
         load_identity("p0", secret, shared / "allow_list")
     shared.chmod(0o1777)
     assert set(load_identity("p0", secret, shared / "allow_list").allowed) == {"p0", "p1"}
+    # a folder further up counts too (it could be renamed, and another put in its
+    # place), and a link in an open folder (it could be replaced): a review
+    inner = shared / "inner"
+    inner.mkdir(mode=0o700)
+    shutil.copy(allow, inner / "allow_list")
+    shared.chmod(0o777)
+    with pytest.raises(SecurityError, match=f"is under {shared}, which other"):
+        load_identity("p0", secret, inner / "allow_list")
+    shared.chmod(0o755)
+    opened = tmp_path / "opened"
+    opened.mkdir(mode=0o777)
+    opened.chmod(0o777)
+    (opened / "allow_list").symlink_to(inner / "allow_list")
+    with pytest.raises(SecurityError, match=f"is under {opened}, which other"):
+        load_identity("p0", secret, opened / "allow_list")
     # hfl-keys writes it 644 whatever the umask (a umask of 002 made it group-writable)
     old = os.umask(0o002)
     try:
