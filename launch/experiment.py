@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import yaml
 
-from hfl.peer.config import ID_MEANS, ID_PATTERN, PeerConfig
+from hfl.peer.config import ID_MEANS, ID_PATTERN, PeerConfig, byzantine_refusal
 from hfl.peer.configtools import (
     ConfigError,
     apply_overrides,
@@ -183,6 +183,10 @@ class ExperimentConfig:
                 raise ConfigError(f"defaults.node.{key}", f"got {value} for a cohort of {self.peers} "
                                   "peers: no round could ever have that many; at most "
                                   f"{self.peers}")
+        f = node.get("byzantine")
+        if (isinstance(f, int) and not isinstance(f, bool) and node.get("quorum") is None
+                and self.peers > 1 and f > self.peers - 1):
+            raise ConfigError("defaults.node.byzantine", byzantine_refusal(f, self.peers))
         rounds = (self.defaults.get("cohort") or {}).get("rounds")
         targets: dict[str, int] = {}
         for i, fault in enumerate(self.faults):

@@ -110,14 +110,6 @@ class NodeConfig:
                                        "cohort sets the same"})
 
     def validate(self) -> None:
-        if self.byzantine is not None and self.quorum is None and self.min_peers > 1:
-            n, f = self.min_peers, self.byzantine
-            if f > n - 1:  # (it was taken: 9 of 4 made commits need 7 of 4, a review)
-                raise ValueError(
-                    f"byzantine: got {f} for a cohort of {n} (min_peers): a commit would need "
-                    f"{(n + f) // 2 + 1} of its {n} members, so nothing could ever be "
-                    f"committed; at most {n - 1}, and at most {(n - 1) // 3} for the cohort to "
-                    "go on while that many members are silent (n >= 3f + 1)")
         scheme, _, rest = self.listen.partition("://")
         if scheme not in ("tcp", "ipc", "mem") or not rest:
             raise ValueError(
@@ -133,6 +125,16 @@ class NodeConfig:
         if scheme == "ipc" and not Path(rest).parent.is_dir():
             raise ValueError(f"listen: got {self.listen!r}; the folder {Path(rest).parent} "
                              "does not exist")
+
+
+def byzantine_refusal(f: int, n: int) -> str:
+    """Why ``node.byzantine`` f cannot work in a cohort of n members: a commit would
+    need floor((n + f) / 2) + 1 of them, more than there are (9 of 4 was taken, and
+    nothing was ever committed: a review)."""
+    return (f"got {f} for a cohort of {n}: a commit would need {(n + f) // 2 + 1} of its {n} "
+            f"members, so nothing could ever be committed; at most {n - 1}, and at most "
+            f"{(n - 1) // 3} for the cohort to go on while that many members are silent "
+            "(n >= 3f + 1)")
 
 
 @dataclass(frozen=True)

@@ -417,8 +417,12 @@ def literal_override(key: str, value: object) -> str:
     """``key=value`` with ``value`` taken as a string whatever it holds: overrides are
     read as YAML, and a path given by a flag (``--run-dir "runs/exp #2"``) lost what
     followed a `` #`` as a comment (``--fresh`` then deleted ``runs/exp``, another run:
-    a launcher review). A JSON string is a YAML double-quoted scalar."""
-    return f"{key}={json.dumps(str(value))}"
+    a launcher review). A JSON string is a YAML double-quoted scalar: with its characters
+    as they are (YAML does not join the two halves of an escaped emoji: "runs/exp-🚀"
+    raised), except a lone surrogate (a file name's undecodable byte), escaped."""
+    text = str(value)
+    lone = any("\ud800" <= c <= "\udfff" for c in text)
+    return f"{key}={json.dumps(text, ensure_ascii=lone)}"
 
 
 def _parse_key(key: str, item: str) -> list[str | int]:

@@ -34,7 +34,7 @@ from hfl.peer.checkpoint import (
     write_atomic,
 )
 from hfl.peer.clock import MonotonicClock
-from hfl.peer.config import PeerConfig
+from hfl.peer.config import PeerConfig, byzantine_refusal
 from hfl.peer.configtools import ConfigError, config_differences
 from hfl.peer.core import clip
 from hfl.peer.node import Node, NodeResult
@@ -670,8 +670,14 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
             observer(event, node, **fields)
 
     node_signing = signing or signing_of(cfg.node.id, identity)
-    f, n = (1 if cfg.node.byzantine is None else cfg.node.byzantine), cfg.node.min_peers
-    if node_signing and cfg.node.quorum is None and n < 3 * f + 1 and (n + f) // 2 > n // 2:
+    # The cohort: node.min_peers, or the allow-list where it names more (a peer started
+    # by hand waits for fewer than its cohort: min_peers 1 warned of "2 of the 1").
+    f = 1 if cfg.node.byzantine is None else cfg.node.byzantine
+    n = max(cfg.node.min_peers, len(identity.allowed) if identity is not None else 0)
+    if node_signing and cfg.node.quorum is None and n > 1 and f > n - 1:
+        raise ConfigError("node.byzantine", byzantine_refusal(f, n))
+    if node_signing and cfg.node.quorum is None and n > 1 and n < 3 * f + 1 and (
+            (n + f) // 2 > n // 2):
         # (f costs liveness here: a quorum larger than a majority, and fewer than 3f + 1
         # members; a signed cohort of 3 stopped committing while one member restarted)
         log.warning("%s: node.byzantine %d (f) in a cohort of %d: a commit needs %d of the %d "

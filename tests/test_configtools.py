@@ -452,3 +452,13 @@ def test_a_listen_port_that_is_no_port_is_named(port) -> None:
         build(PeerConfig, {"node": {"id": "p0", "listen": f"tcp://127.0.0.1:{port}"},
                            "cohort": {"algorithm": "fedavg"}})
     assert "listen: got" in str(err.value) and "port 0..65535" in str(err.value)
+
+
+@pytest.mark.parametrize("path", ["runs/exp #2", "2024", "yes", "a: b", "*x", "x\ny", 'a"b\'c',
+                                  "tab\there", "runs/exp-\U0001f680", "runs/\udcff"])
+def test_a_literal_override_comes_back_as_it_was_given(path) -> None:
+    # --run-dir is a path, not YAML (a launcher review: " #2" was a comment); an emoji
+    # came back as two escaped halves YAML does not join (a review of that fix)
+    from hfl.peer.configtools import literal_override
+
+    assert apply_overrides({}, [literal_override("run_dir", path)])["run_dir"] == path

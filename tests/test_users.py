@@ -315,7 +315,7 @@ def test_a_normal_launch_checks_options_before_starting_any_peer(tmp_path, capsy
     (["defaults.node.quorum=3"], "defaults.node.quorum: got 3 for a cohort of 2 peers"),
     # commits would need 7 of 4: nothing ever committed, and no word (a colluders review)
     (["peers=4", "defaults.node.byzantine=9"],
-     "node: byzantine: got 9 for a cohort of 4 (min_peers): a commit would need 7 of its 4"),
+     "defaults.node.byzantine: got 9 for a cohort of 4: a commit would need 7 of its 4"),
     (["defaults.node.listen=tcp://127.0.0.1:99999"], "defaults.node.listen: set by hfl-launch"),
     (["peer_overrides.p1.node.id=p0"], "peer_overrides.p1.node.id: set by hfl-launch"),
     (["defaults.data.path=/tmp/mine.npz"], "data: path: got '/tmp/mine.npz', but dataset 'digits' is "
