@@ -76,6 +76,10 @@ class SlurmConfig:
     cpus_per_task: int | None = field(
         default=None, metadata={"min": 1, "help": "CPU cores per peer (default node.threads, else 1)"})
     gpus_per_task: int = field(default=0, metadata={"min": 0, "help": "GPUs per peer (then node.device cuda:0)"})
+    gpu_type: str | None = field(default=None, metadata={
+        "pattern": r"[A-Za-z0-9][\w.-]*",
+        "means": "a GPU type as the cluster's GRES names it (e.g. a100)",
+        "help": "the GPU type to ask for (sbatch --gpus-per-task=TYPE:N), with gpus_per_task"})
     port: int | None = field(
         default=None, metadata={"min": 1024, "max": 65535,
                                 "help": "the first peer's TCP port (default 20000 + job id mod 20000); "
@@ -91,15 +95,18 @@ class SlurmConfig:
                                       "['module load python/3.11', 'source /shared/venv/bin/activate']"})
 
     #: sbatch options hfl sets itself (the job's tasks, their cores and GPUs, its log, its
-    #: signal) -> the field to use instead, or None: given in ``sbatch`` they overrode
+    #: signal) -> the field to use instead, or why not: given in ``sbatch`` they overrode
     #: hfl's (--ntasks=2 for 4 peers started 2, and the cohort waited out join_timeout_s;
     #: --gres=gpu:1 gave GPUs the peers, told none, left idle: a review)
-    OWN_OPTIONS = {"-n": None, "--ntasks": None, "-c": "cpus_per_task", "--cpus-per-task":
-                   "cpus_per_task", "-o": None, "--output": None, "-e": None, "--error": None,
-                   "-a": None, "--array": None, "--signal": "signal_s", "-p": "partition",
-                   "--partition": "partition", "-t": "time", "--time": "time",
-                   "-G": "gpus_per_task", "--gpus": "gpus_per_task", "--gres": "gpus_per_task",
-                   "--gpus-per-task": "gpus_per_task", "--gpus-per-node": "gpus_per_task"}
+    OWN_OPTIONS = {
+        "-n": "", "--ntasks": "", "-c": "cpus_per_task", "--cpus-per-task": "cpus_per_task",
+        "--cpus-per-gpu": "cpus_per_task", "-o": "", "--output": "", "-a": "", "--array": "",
+        "-e": "hfl-launch reads the job's errors from its --output log",
+        "--error": "hfl-launch reads the job's errors from its --output log",
+        "--signal": "signal_s", "-p": "partition", "--partition": "partition", "-t": "time",
+        "--time": "time", "-G": "gpus_per_task", "--gpus": "gpus_per_task",
+        "--gres": "gpus_per_task", "--gpus-per-task": "gpus_per_task",
+        "--gpus-per-node": "gpus_per_task"}
     #: sbatch's --time: minutes, m:s, h:m:s, d-h, d-h:m, d-h:m:s, or no limit
     TIME = r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|(?i:unlimited|infinite)"
 
@@ -116,29 +123,49 @@ class SlurmConfig:
             raise ValueError(f"time: got {self.time!r}; sbatch --time takes minutes, "
                              "minutes:seconds, hours:minutes:seconds, days-hours, "
                              "days-hours:minutes or days-hours:minutes:seconds (e.g. 02:00:00)")
+        if self.gpu_type is not None and not self.gpus_per_task:
+            raise ValueError(f"gpu_type: got {self.gpu_type!r} with gpus_per_task 0: set "
+                             "gpus_per_task too")
         for i, option in enumerate(self.sbatch):
-            if not re.fullmatch(r"-[^\s\x00-\x1f\x7f]+", option):
+            # (one #SBATCH line: an option and its value, as sbatch reads them, "-A lab"
+            # as well as "--account=lab"; no line break)
+            if not option.startswith("-") or re.search(r"[\x00-\x1f\x7f]", option):
                 raise ValueError(f"sbatch[{i}]: got {option!r}; one sbatch option a line, "
-                                 "starting with '-', with no spaces, line breaks or control "
+                                 "starting with '-', with no line breaks or control "
                                  "characters (e.g. --account=lab)")
-            name = option.split("=", 1)[0]
-            name = name[:2] if re.fullmatch(r"-[A-Za-z].*", name) else name
-            if name == "--gres" and "gpu" not in option.lower():
-                continue  # (other generic resources: a local disk, a licence)
-            if name in self.OWN_OPTIONS:
-                instead = self.OWN_OPTIONS[name]
-                raise ValueError(
-                    f"sbatch[{i}]: got {option!r}; "
-                    + ("hfl-launch asks for GPUs itself, and places each peer on its task's: "
-                       "use slurm.gpus_per_task" if instead == "gpus_per_task" else
-                       f"hfl-launch sets {name} itself"
-                       + (f": use slurm.{instead}" if instead else
-                          " (one task per peer, the job's log in the run folder)")))
+            for word in option.split():
+                if (why := self._own_option(word)) is not None:
+                    raise ValueError(f"sbatch[{i}]: got {option!r}; {why}")
         if self.python is not None and not re.fullmatch(r"[^-\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*",
                                                         self.python):
             raise ValueError(f"python: got {self.python!r}; the path (or command name) of the "
                              "Python with hfl installed on the nodes, taken as it is (no ~ or $ "
                              "expansion; not an srun option)")
+
+    def _own_option(self, word: str) -> str | None:
+        """Why an sbatch option word is hfl-launch's to set, or None (sbatch also takes
+        a long option by a unique prefix: --part=debug is --partition)."""
+        if not word.startswith("-"):
+            return None
+        name, _, value = word.partition("=")
+        if re.fullmatch(r"-[A-Za-z].+", name):
+            name, value = name[:2], name[2:]  # (-c4, -pgpu)
+        owned = [o for o in self.OWN_OPTIONS if o == name or (
+            name.startswith("--") and len(name) > 3 and o.startswith(name))]
+        if not owned:
+            return None
+        own = owned[0]
+        if own == "--gres" and not any(g.split(":")[0] == "gpu" for g in value.split(",")):
+            return None  # (other generic resources: a local disk, a licence)
+        instead = self.OWN_OPTIONS[own]
+        if instead == "gpus_per_task":
+            return ("hfl-launch asks for GPUs itself, and places each peer on its task's: use "
+                    "slurm.gpus_per_task (and slurm.gpu_type for a type, e.g. a100)")
+        if instead in ("", None):
+            return f"hfl-launch sets {own} itself (one task per peer, the job's log in the run folder)"
+        if " " in instead:
+            return f"{instead}: not {own}"
+        return f"hfl-launch sets {own} itself: use slurm.{instead}"
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,8 @@ def batch_script(exp: ExperimentConfig, plans: list[PeerPlan], run_dir: Path) ->
                f"--cpus-per-task={cpus_per_task(exp, plans)}",
                f"--output={log_file}", f"--signal=TERM@{s.signal_s}"]
     if s.gpus_per_task:
-        options.append(f"--gpus-per-task={s.gpus_per_task}")
+        options.append(f"--gpus-per-task={s.gpu_type + ':' if s.gpu_type else ''}"
+                       f"{s.gpus_per_task}")
     if s.partition:
         options.append(f"--partition={s.partition}")
     if s.time:

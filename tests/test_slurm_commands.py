@@ -121,7 +121,15 @@ def test_setup_lines_run_before_the_tasks_and_a_peer_has_its_tasks_cores(tmp_pat
                                            "slurm.cpus_per_task"),
     ({"sbatch": ["--gres=gpu:1"]}, "hfl-launch asks for GPUs itself, and places each peer on "
                                    "its task's: use slurm.gpus_per_task"),
-    ({"sbatch": ["--comment=a b"]}, "sbatch[0]: got '--comment=a b'; one sbatch option a line"),
+    ({"sbatch": ["--account=lab\n--ntasks=2"]}, "sbatch[0]: got '--account=lab\\n--ntasks=2'; "
+                                                 "one sbatch option a line"),
+    # (sbatch takes a long option by a unique prefix; -e sends the errors away from the
+    # log hfl-launch reads; a review of these checks)
+    ({"sbatch": ["--part=debug"]}, "hfl-launch sets --partition itself: use slurm.partition"),
+    ({"sbatch": ["--cpus-per-gpu=4"]}, "use slurm.cpus_per_task"),
+    ({"sbatch": ["--error=x.err"]}, "hfl-launch reads the job's errors from its --output log"),
+    ({"sbatch": ["-A lab -n 2"]}, "sbatch[0]: got '-A lab -n 2'; hfl-launch sets -n itself"),
+    ({"gpu_type": "a100"}, "gpu_type: got 'a100' with gpus_per_task 0"),
     ({"python": "--export=NONE"}, "slurm: python: got '--export=NONE'"),
 ])
 def test_a_slurm_value_that_would_change_the_batch_script_is_refused(tmp_path, capsys, slurm,
@@ -138,11 +146,17 @@ def test_the_batch_script_takes_sbatch_values_and_run_folders_as_they_are(tmp_pa
     # (16 with 4 peers on a 64-core login node, then asked of every task: a review).
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     path = experiment(tmp_path, time="1-02:00", partition="gpu,cpu",
-                      sbatch=["--account=lab", "--gres=nvme:1", "--qos=normal"])
+                      sbatch=["--account=lab", "--gres=nvme:1", "--qos=normal", "-J x",
+                              "--gres=tmpgpuscratch:10", "--mem=4G", "--constraint=a100&ib"])
     assert main([str(path), "--on", "slurm", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    for line in ("--time=1-02:00", "--partition=gpu,cpu", "--gres=nvme:1", "--cpus-per-task=1"):
+    for line in ("--time=1-02:00", "--partition=gpu,cpu", "--gres=nvme:1", "--cpus-per-task=1",
+                 "-J x", "--gres=tmpgpuscratch:10", "--constraint=a100&ib"):
         assert f"#SBATCH {line}\n" in out, out
+    # a GPU type goes with the GPUs hfl-launch asks for (--gres=gpu:a100:1 is refused)
+    typed = experiment(tmp_path, gpus_per_task=1, gpu_type="a100")
+    assert main([str(typed), "--on", "slurm", "--dry-run"]) == 0
+    assert "#SBATCH --gpus-per-task=a100:1\n" in capsys.readouterr().out
     # a % is sbatch's pattern character (the log went to a folder that is not there)
     odd = tmp_path / "100%x"
     assert main([str(path), "--on", "slurm", "--dry-run", "--run-dir", str(odd)]) == 0
