@@ -301,12 +301,12 @@ def _run_seed_in(root: Path, seed: int, opts: SimOptions, scenario: Scenario | N
 
     def wipe(peer: str) -> None:
         """The peer's run folder lost with its disk: it restarts with none. Its files go
-        aside (``<run_dir>.lost``): the checker still reads what its earlier life did."""
+        aside (``<run_dir>.lost1``, ``.lost2``, ... for each wipe: a second one deleted
+        the first life's rows, a review): the checker still reads what they did."""
         run_dir = Path(cfgs[peer].run_dir)
-        lost = run_dir.with_name(run_dir.name + ".lost")
-        shutil.rmtree(lost, ignore_errors=True)
         if run_dir.exists():
-            run_dir.rename(lost)
+            n = 1 + sum(1 for _ in run_dir.parent.glob(f"{run_dir.name}.lost*"))
+            run_dir.rename(run_dir.with_name(f"{run_dir.name}.lost{n}"))
 
     async def roll(f: Fault) -> None:
         """A rolling restart: each peer in turn is stopped and restarted ``f.duration``

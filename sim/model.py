@@ -304,8 +304,10 @@ class Checker:
         for peer, run_dir in sorted(run_dirs.items()):
             # (a peer whose run folder was lost, hfl-sim's wipe fault: its earlier
             # life's rows first, kept aside)
-            rows = (_read_rows(run_dir.with_name(run_dir.name + ".lost") / "metrics.jsonl")
-                    + _read_rows(run_dir / "metrics.jsonl"))
+            lost = sorted(run_dir.parent.glob(f"{run_dir.name}.lost*"),
+                          key=lambda d: int(d.name.rsplit(".lost", 1)[1] or 0))
+            rows = [*(r for d in lost for r in _read_rows(d / "metrics.jsonl")),
+                    *_read_rows(run_dir / "metrics.jsonl")]
             self._metrics(peer, rows)
             if peer in self.twins:
                 continue

@@ -488,9 +488,10 @@ def test_a_peer_restarted_without_its_run_folder_catches_up_without_a_second_res
     # its earlier life entered (rule 6's sit-out needs that record): it must neither
     # make a round's result twice nor stop its cohort learning. p2 is killed in the
     # middle of a round it aggregates or contributes to, in a signed cohort of 4.
-    for seed, t in ((0, 2.7), (1, 5.2)):
+    for seed, faults in ((0, ["wipe:p2@2.7+0.05"]), (1, ["wipe:p2@5.2+0.05"]),
+                         (2, ["wipe:p1@3.1+0.2", "wipe:p1@8.4+0.2"])):  # (twice: both kept)
         res = sim.run_seed(seed, sim.SimOptions(peers=4, rounds=10, signed=True,
-                                                faults=[f"wipe:p2@{t}+0.05"]))
+                                                faults=faults))
         assert not res.violations, [str(v) for v in res.violations]
         assert res.outcomes == {p: "ok" for p in ("p0", "p1", "p2", "p3")}
 
