@@ -759,16 +759,22 @@ def test_a_report_of_an_epoch_after_the_proposals_own_justifies_nothing():
     assert "p1 reports a result accepted at epoch 2, after this proposal's epoch 1" in drop.reason
 
 
+def epoch_1_aggregator_and_certified(by: str, epoch: int, ackers: tuple[str, ...]):
+    """p3 as round R's aggregator of epoch 1, and a result of ``by`` at ``epoch`` with
+    its digest and the signed acks of ``ackers``: (aggregator, result, digest, acks)."""
+    agg = signed_core("p3")
+    agg.epoch = 1
+    res = signed(result(by, epoch, float(epoch) or 1.0), agg)
+    digest = payload_digest(res)
+    return agg, res, digest, {p: sig(p, agg, R, epoch, digest) for p in ackers}
+
+
 def test_an_aggregator_leaves_out_a_promise_reporting_a_later_epoch_than_its_own():
     # A review of rev. 17: the aggregator of epoch 1 counted a promise of epoch 5 (the
     # rotation wraps back to it) reporting a certified epoch-2 result, chose to publish
     # that again, and its own check then refused what it would publish. Such a promise
     # is left out now, as members would refuse the proposal carrying it.
-    agg = signed_core("p3")
-    agg.epoch = 1
-    v2 = signed(result("p0", 2, 2.0), agg)
-    d2 = payload_digest(v2)
-    cert = {p: sig(p, agg, R, 2, d2) for p in ("p0", "p1")}
+    agg, v2, d2, cert = epoch_1_aggregator_and_certified("p0", 2, ("p0", "p1"))
     assert agg.buffer.offer_result(v2) is None  # (a copy of it, held)
     promised = hold(agg, knowledge_at(agg, "p2", 1), knowledge_at(agg, "p0", 1),
                     knowledge_at(agg, "p1", 5, 2, d2, {f"2:{d2}": {"acks": cert}}))
@@ -870,11 +876,7 @@ def test_a_malformed_report_or_proof_is_refused_and_raises_nothing():
     # TypeError at the aggregator (the peer stopped); a signed promise reporting epoch
     # -2, or -1 with a digest, was taken by the aggregator and then made every member
     # refuse its honest result as malformed.
-    agg = signed_core("p3")
-    agg.epoch = 1
-    v = signed(result("p2", 0, 1.0), agg)
-    dv = payload_digest(v)
-    acks = {p: sig(p, agg, R, 0, dv) for p in ("p1", "p2")}
+    agg, v, dv, acks = epoch_1_aggregator_and_certified("p2", 0, ("p1", "p2"))
     for proof in ({"acks": acks, "by": []}, {"acks": [1]}, {"by": "p2", "sig": v.sig, "x": 1},
                   {"by": "p2", "sig": v.sig, "promises": "p0"}, [], "acks"):
         k = knowledge_at(agg, "p0", 1, 0, dv, {f"0:{dv}": proof})
