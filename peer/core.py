@@ -535,8 +535,11 @@ class PeerCore:
                     places += [(a, m.peer_id) for a in mem.lead_places(m)]
             self.to_greet = len(places) > GREETINGS_PER_TICK
         if self.swim:  # a late joiner greets a big cohort over a few ticks, not at once
-            again = [(m.address, m.peer_id) for m in mem.to_greet_again()]
+            again = {(m.address, m.peer_id): None for m in mem.owing_hellos(now)}
             places = [*again, *(p for p in places if p not in again)][:GREETINGS_PER_TICK]
+            if not self.joining:  # (a never-greeted member owes an answer from now; not
+                for _, peer in places:  # while this peer's own join runs: a cohort of 200
+                    mem.greeting(peer, now)  # forming over a lossy network joined late)
         if places:
             hello = self.hello(introduced=True)
             out += [Send(a, hello, 0.05, peer) for a, peer in places]

@@ -176,12 +176,6 @@ class Membership:
     _version: int = 0
     _ids: list[str] = field(default_factory=list)  # every member ever added, in order
     _owing: set[str] = field(default_factory=set)  # swim: members with expect_since set
-    #: live members that never answered our hello (never greeted back): with swim and
-    #: timing.join greet they are never probed, so they are watched by silence, as in
-    #: full mode (:meth:`tick`)
-    _ungreeted: dict[str, None] = field(default_factory=dict)
-    #: those of them suspect now: greeted again every tick (PeerCore.tick_greetings)
-    _ungreeted_suspect: dict[str, None] = field(default_factory=dict)
     #: the rotation order (sorted ids) and its set, kept as members enter it
     #: (:meth:`_vouched_for`; rebuilt when ``reports_needed`` changes), and how many times
     #: it grew (a cache key)
@@ -444,15 +438,6 @@ class Membership:
         self._join_changes += 1
         if status in (ALIVE, SUSPECT):
             self._live_n += sign
-            if not greeted:
-                if sign > 0:
-                    self._ungreeted[peer_id] = None
-                else:
-                    self._ungreeted.pop(peer_id, None)
-                if status == SUSPECT and sign > 0:
-                    self._ungreeted_suspect[peer_id] = None
-                elif status == SUSPECT:
-                    self._ungreeted_suspect.pop(peer_id, None)
         if status == ALIVE and greeted:
             if sign > 0:
                 self._greeted_alive[peer_id] = None
@@ -760,28 +745,27 @@ class Membership:
         suspect_s, dead_s = self.suspect_after_s * patience, self.dead_after_s * patience
         stretched = f", patience x{patience:.1f}" if patience > 1 else ""
         # swim: only members that owe an answer can change (sorted: the same order in
-        # every run, whatever the hash seed), and, with timing.join greet, members that
-        # never answered our hello: never probed (probeable), they are watched by
-        # silence as in full mode. Before, one that died before it answered stayed alive
-        # for the rest of the run, waited for in every round, and split the rotation
-        # orders of those that had heard it from those that had not (a SWIM review:
-        # 17 peers, a joiner lost 50 ms after its hello; a member that dropped its
-        # welcomes and went silent cost 11 s a round, never declared dead). With lazy
-        # join such a member is probed (the probe is our hello).
-        silence_too = () if self.lazy else self._ungreeted
-        watched = ([self.members[p] for p in sorted(self._owing.union(silence_too))]
-                   if self.mode == "swim" else self.members.values())
+        # every run, whatever the hash seed): an answer to our probes, or (one that
+        # never answered our hello, timing.join greet: not probed) to our hellos, which
+        # go to it every tick while it owes one (:meth:`greeting`)
+        watched = ([self.members[p] for p in sorted(self._owing)] if self.mode == "swim"
+                   else self.members.values())
         for m in watched:
             if m.status in (DEAD, LEFT):
                 continue
-            if self.mode == "swim" and (m.greeted or self.lazy):
+            hellos_only = False
+            if self.mode == "swim":
                 silent = now - m.expect_since
                 what = "no answer to probes"
+                if not (m.greeted or self.lazy):
+                    # (our hellos, greeted every tick from suspect_after_s on; never made
+                    # suspect by them, since suspect its sends would not wait: it may be
+                    # alive and serving with its welcome lost; a cohort of 64 forming over
+                    # a lossy network had a liveness violation so)
+                    what, hellos_only = "no answer to our hellos", True
             else:
-                # (swim: a member owing an answer to news alone, never greeted back, is
-                # not probed either: its silence, not "no answer to probes", a review)
                 silent = now - self.heard_at(m)
-                what = "silent" if self.mode != "swim" else "silent, never greeted back"
+                what = "silent"
             if silent >= dead_s:
                 changes.append(Change(m.peer_id, m.status, DEAD,
                                       f"{what} for {silent:.1f}s{stretched}", silent))
@@ -794,7 +778,9 @@ class Membership:
                     # life answers after all, that late answer is measured too (we were
                     # too hasty); if it never does, answers in time bring health down.
                     self._health_up()
-            elif silent >= suspect_s and m.status == ALIVE:
+            elif silent >= suspect_s and m.status == ALIVE and not hellos_only:
+                # (not a member that owes only an answer to our hellos: it may be alive
+                # and serving, its welcome lost; suspect, its sends would not wait)
                 changes.append(Change(m.peer_id, m.status, SUSPECT,
                                       f"{what} for {silent:.1f}s{stretched}", silent))
                 self._set(m, status=SUSPECT)
@@ -876,15 +862,37 @@ class Membership:
             return True
         return now - m.probed_at >= interval * 2 ** (m.probes - 1) - 1e-9
 
-    def to_greet_again(self) -> list[Member]:
-        """swim, timing.join greet: the members that never answered our hello and are
-        suspect by their silence (:meth:`tick`): our hello goes to them again every tick
-        until one answers or they are dead. A member that greeted us probes us only in
-        its turn (one of N a tick), so silence alone would declare a live one dead
-        whose welcome to us was lost."""
+    def greeting(self, peer_id: str, now: float) -> None:
+        """swim, timing.join greet: our hello went to ``peer_id``, which never answered
+        one (not greeted back, so never probed): it owes an answer from the first such
+        hello (:meth:`tick`; any message from it pays), and is greeted again every tick
+        from ``suspect_after_s`` on (:meth:`owing_hellos`). Before, one that died before it answered
+        was never suspected: waited for in every round for the rest of the run, and
+        kept in the rotation order of the peers that had heard it (a SWIM review: 17
+        peers, a joiner lost 50 ms after its hello; a member that dropped its welcomes
+        and went silent cost 11 s a round). Every tick, not backing off as probes do:
+        a hello and its welcome both cross a lossy link (a review of a first version
+        that watched such members by silence: 41 live members declared dead where 24
+        were, 64 peers, buggified). Not while this peer joins (PeerCore.tick_greetings:
+        a cohort of 200 forming so over a lossy network ran late)."""
+        m = self.members.get(peer_id)
+        if (self.mode != "swim" or self.lazy or m is None or m.greeted
+                or m.status not in (ALIVE, SUSPECT) or m.expect_since is not None):
+            return
+        m.expect_since = now
+        self._owing.add(peer_id)
+
+    def owing_hellos(self, now: float) -> list[Member]:
+        """The members that never answered our hello and owe an answer to it
+        (:meth:`greeting`), or to news of them (:meth:`hear_news`), for
+        ``suspect_after_s`` or more: greeted again every tick (before that, one hello
+        is out: a thousand joiners must not greet each other every tick)."""
         if self.mode != "swim" or self.lazy:
             return []
-        return [self.members[p] for p in self._ungreeted_suspect]
+        after = self.suspect_after_s * self.patience()
+        return [m for m in (self.members[p] for p in sorted(self._owing))
+                if not m.greeted and m.status in (ALIVE, SUSPECT)
+                and now - m.expect_since >= after]
 
     def probeable(self, peer_id: str) -> bool:
         """A member to probe: alive or suspect, and it knows us (answered our hello);

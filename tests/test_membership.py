@@ -1079,17 +1079,30 @@ def test_a_late_joiner_that_dies_before_answering_the_greetings_is_declared_dead
 def test_news_alone_never_makes_a_member_dead_without_a_probe_of_ours():
     # The same review: news made a member we cannot probe (never greeted back) owe an
     # answer, and it was declared dead for "no answer to probes" that were never sent.
-    # Such a member goes by its own silence (and is greeted again while suspect).
+    # Such a member is greeted every tick once suspect, and is dead for no answer to
+    # those hellos.
     m = Membership("a", "mem://a", 0, 2.0, 5.0, mode="swim")
     m.heard_from("v", 0, 0.0, address="mem://v")  # heard from, our hello not answered yet
     m.heard_from("w", 0, 0.0, address="mem://w")
     m.welcomed("w")
     m.hear_news([MemberRecord(peer_id="v", address="mem://v", incarnation=0,
                               status="suspect")], "w", 100.0)
-    assert not m.probeable("v")  # so no probe of ours ever goes to it ...
+    assert not m.probeable("v")  # so no probe of ours goes to it, but our hellos do:
+    assert [x.peer_id for x in m.owing_hellos(102.0)] == ["v"]
+    assert [c.new for c in m.tick(104.9)] == []  # (dead_after_s from the news)
     assert [c.reason for c in m.tick(105.0) if c.peer_id == "v"] == [
-        "silent, never greeted back for 105.0s"]
-    assert [x.peer_id for x in m.to_greet_again()] == []  # (dead now: greeted at a regreet)
+        "no answer to our hellos for 5.0s"]
+    assert m.owing_hellos(106.0) == []  # (dead: greeted again at a regreet)
+    # and a hello of ours to one never greeted back starts what it owes: greeted again
+    # every tick from suspect_after_s on, never made suspect (it may be alive, its
+    # welcome lost), dead after dead_after_s
+    m.heard_from("x", 0, 200.0, address="mem://x")
+    m.greeting("x", 201.0)
+    assert m.owing_hellos(202.9) == [] and m.tick(203.0) == []
+    assert [x.peer_id for x in m.owing_hellos(203.0)] == ["x"]
+    assert m.members["x"].status == "alive"
+    m.heard_from("x", 0, 203.5)  # its welcome
+    assert m.tick(300.0) == [] and m.owing_hellos(300.0) == []
 
 
 def test_one_heartbeat_cannot_carry_more_failure_news_than_protocol_md_allows():
