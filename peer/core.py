@@ -2139,8 +2139,11 @@ class PeerCore:
             return None
         held = self.accepted.get(msg.round)
         e, _, digest = msg.wants_copy.partition(":")
+        # (only to the candidate of an epoch this peer has reached itself, where its
+        # promise went: any member could pull a copy from every member each round, a
+        # review)
         if (held is None or not held[0].sig or f"{held[0].epoch}" != e or held[1] != digest
-                or msg.epoch <= held[0].epoch
+                or not held[0].epoch < msg.epoch <= self.epoch or msg.round != self.round
                 or msg.sender not in self.aggregators_for(msg.round, msg.epoch)):
             return None
         self.copies_sent.add((msg.sender, msg.round))
@@ -2160,10 +2163,15 @@ class PeerCore:
         if not self.certifying or want is None or want[:2] != (msg.round, msg.epoch):
             return Drop("stale_result", f"{who}: not asked for (or taken already)")
         digest = payload_digest(msg)
-        if digest != want[2] or not self.signed_by(msg.aggregator, "result", msg.round,
-                                                    msg.epoch, digest, msg.sig):
+        # (from a member asked, naming that epoch's candidate: a reporter that sent the
+        # value signed by itself, naming itself, ended the wait and the honest copy was
+        # dropped, a review)
+        if (digest != want[2] or msg.sender not in want[3]
+                or msg.aggregator not in self.aggregators_for(msg.round, msg.epoch)
+                or not self.signed_by(msg.aggregator, "result", msg.round, msg.epoch, digest,
+                                      msg.sig)):
             return Drop("unjustified_result", f"{who}: not the result asked for ({digest[:16]}), "
-                        "or not signed by the aggregator it names")
+                        "not from a member asked, or not signed by that epoch's aggregator")
         self.copies[msg.round] = AggregateResult(
             sender=msg.aggregator, incarnation=0, round=msg.round, epoch=msg.epoch,
             kind=msg.kind, contributors=list(msg.contributors), meta=msg.meta,
@@ -2524,7 +2532,10 @@ class PeerCore:
             return False
         mem = self.membership
         others = [p for p in mem.live_peers() if p not in (self.id, aggregator)]
-        if any(self.absorbed_by.get(p, 0) >= r for p in others):
+        # (the aggregator's own word that it absorbed r counts too: one that committed,
+        # its commit lost to some, was failed over from, and they lost later rounds at
+        # the next candidate, already past r; a review of rev. 18)
+        if any(self.absorbed_by.get(p, 0) >= r for p in (*others, aggregator)):
             return False
         return 1 + sum(1 for p in others if mem.members[p].round == r) >= self.quorum()
 

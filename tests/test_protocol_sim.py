@@ -422,6 +422,10 @@ def test_a_copy_is_sent_once_to_the_asking_aggregator_and_taken_only_as_asked(mo
     dv = payload_digest(v)
     member.accepted[R] = (v, dv)
     ask = Heartbeat(sender="p3", incarnation=0, round=R, epoch=1, wants_copy=f"0:{dv}")
+    # (only once this member failed over to that epoch itself, where its promise went:
+    # any member asking as a later epoch's candidate pulled a copy, a review)
+    assert member.copy_for(ask) is None
+    member.epoch = 1
     copy = member.copy_for(ask)
     assert copy is not None and copy.sig == v.sig and copy.aggregator == "p2" and not copy.certificate
     assert member.copy_for(ask) is None  # once per asker and round
@@ -431,6 +435,12 @@ def test_a_copy_is_sent_once_to_the_asking_aggregator_and_taken_only_as_asked(mo
     assert agg.take_copy(forged).code == "unjustified_result"
     assert agg.take_copy(dataclasses.replace(copy, sig=signed(result("p2", 0, 2.0), agg).sig)
                          ).code == "unjustified_result"
+    # a reporter's own signature, naming itself: not that epoch's aggregator (it ended
+    # the wait, and the honest copy was dropped: a review); and one not asked
+    mine = signed(result("p0", 0, 1.0), agg)
+    assert agg.take_copy(dataclasses.replace(copy, aggregator="p0", sig=mine.sig)
+                         ).code == "unjustified_result"
+    assert agg.take_copy(dataclasses.replace(copy, sender="p1")).code == "unjustified_result"
     assert agg.take_copy(copy) is None and agg.copy_wanted is None
     assert payload_digest(agg.copies[R]) == dv
     assert agg.take_copy(copy).code == "stale_result"  # not asked for any more
