@@ -263,15 +263,10 @@ def test_byzantine_twins_are_survived_and_caught_without_the_defenses(monkeypatc
     assert caught == list(range(8))
 
 
-@pytest.mark.parametrize(("peers", "twin", "seed", "least"), [
-    (4, "p2", 27, 9),
-    # (8 since a peer fails over where its aggregator went past the round with no member
-    # having absorbed it, rev. 18: round 2 is lost to that here, rounds 6 and 10 are
-    # still relayed; over seeds 0-149 p0 learns in 1,392 rounds with and without it)
-    (4, "p2", 311, 8),
-    (5, "p3", 967, 9)])
+@pytest.mark.parametrize(("peers", "twin", "seed"), [(4, "p2", 27), (4, "p2", 311),
+                                                     (5, "p3", 967)])
 def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(
-        monkeypatch, peers, twin, seed, least):
+        monkeypatch, peers, twin, seed):
     # p0 shown a zero model by the twin when elected took no result in the twin's rounds
     # (its commit is uncertified), and with the seed's faults it learned in 3 of its 6
     # undisturbed rounds (27; 311 likewise; 967: 5 peers, p3 the twin, p0 waited two
@@ -288,7 +283,7 @@ def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(
 
     res, learned, relayed = run()
     assert not res.violations, [str(v) for v in res.violations]
-    assert relayed and learned >= least, (learned, relayed)
+    assert relayed and learned >= 9, (learned, relayed)
     # Without the relay (nothing sent), p0 learns in 6 or 7 of the 10 rounds.
     monkeypatch.setattr(PeerCore, "relay_for", lambda self, msg, now: None)
     _, learned_alone, relayed = run()
