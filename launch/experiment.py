@@ -106,7 +106,8 @@ class SlurmConfig:
         "--signal": "signal_s", "-p": "partition", "--partition": "partition", "-t": "time",
         "--time": "time", "-G": "gpus_per_task", "--gpus": "gpus_per_task",
         "--gres": "gpus_per_task", "--gpus-per-task": "gpus_per_task",
-        "--gpus-per-node": "gpus_per_task"}
+        "--gpus-per-node": "gpus_per_task", "--gpus-per-socket": "gpus_per_task",
+        "--tres-per-task": "gpus_per_task"}
     #: sbatch's --time: minutes, m:s, h:m:s, d-h, d-h:m, d-h:m:s, or no limit
     TIME = r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|(?i:unlimited|infinite)"
 
@@ -133,7 +134,11 @@ class SlurmConfig:
                 raise ValueError(f"sbatch[{i}]: got {option!r}; one sbatch option a line, "
                                  "starting with '-', with no line breaks or control "
                                  "characters (e.g. --account=lab)")
-            for word in option.split():
+            words = option.split()
+            for k, word in enumerate(words):
+                # ("--gres gpu:1": the value may be the next word, as sbatch reads it)
+                if "=" not in word and k + 1 < len(words) and not words[k + 1].startswith("-"):
+                    word = f"{word}={words[k + 1]}"
                 if (why := self._own_option(word)) is not None:
                     raise ValueError(f"sbatch[{i}]: got {option!r}; {why}")
         if self.python is not None and not re.fullmatch(r"[^-\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*",
@@ -155,8 +160,9 @@ class SlurmConfig:
         if not owned:
             return None
         own = owned[0]
-        if own == "--gres" and not any(g.split(":")[0] == "gpu" for g in value.split(",")):
-            return None  # (other generic resources: a local disk, a licence)
+        if own in ("--gres", "--tres-per-task") and not any(
+                g.split(":")[0].removeprefix("gres/") == "gpu" for g in value.split(",")):
+            return None  # (other generic resources: a local disk, a licence, cpus)
         instead = self.OWN_OPTIONS[own]
         if instead == "gpus_per_task":
             return ("hfl-launch asks for GPUs itself, and places each peer on its task's: use "

@@ -421,8 +421,17 @@ def literal_override(key: str, value: object) -> str:
     as they are (YAML does not join the two halves of an escaped emoji: "runs/exp-🚀"
     raised), except a lone surrogate (a file name's undecodable byte), escaped."""
     text = str(value)
-    lone = any("\ud800" <= c <= "\udfff" for c in text)
-    return f"{key}={json.dumps(text, ensure_ascii=lone)}"
+    # (a character YAML cannot print, such as a C1 control or NEL, read back as a space
+    # or refused: escaped, \\uXXXX, which YAML reads as JSON does; a review)
+    escape = any("\ud800" <= c <= "\udfff" or not _yaml_printable(c) for c in text)
+    return f"{key}={json.dumps(text, ensure_ascii=escape)}"
+
+
+def _yaml_printable(c: str) -> bool:
+    """Whether YAML reads ``c`` as it is inside a double-quoted scalar (YAML 1.1's
+    printable set; a tab and a line break are escaped by JSON already)."""
+    return (c in "\t\n\r" or " " <= c <= "~" or "\xa0" <= c <= "\ud7ff"
+            or "\ue000" <= c <= "\ufffd" or "\U00010000" <= c <= "\U0010ffff")
 
 
 def _parse_key(key: str, item: str) -> list[str | int]:

@@ -674,7 +674,8 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     # by hand waits for fewer than its cohort: min_peers 1 warned of "2 of the 1").
     f = 1 if cfg.node.byzantine is None else cfg.node.byzantine
     n = max(cfg.node.min_peers, len(identity.allowed) if identity is not None else 0)
-    if node_signing and cfg.node.quorum is None and n > 1 and f > n - 1:
+    if (cfg.node.byzantine is not None or node_signing) and cfg.node.quorum is None and (
+            1 < n < f + 1):  # (signed or not: f also counts reports, a review)
         raise ConfigError("node.byzantine", byzantine_refusal(f, n))
     if node_signing and cfg.node.quorum is None and n > 1 and n < 3 * f + 1 and (
             (n + f) // 2 > n // 2):

@@ -303,6 +303,13 @@ def write_allow_list(path: str | Path, allowed: dict[str, bytes],
     Path(path).chmod(0o644)
 
 
+def allow_list_folders(path: str | Path) -> list[Path]:
+    """The folders whose modes and owners guard the allow-list at ``path``: every one up
+    to ``/``, of the path as given and as links resolve it."""
+    path = Path(path)
+    return list(dict.fromkeys([*Path(os.path.abspath(path)).parents, *path.resolve().parents]))
+
+
 def allow_list_exposure(path: str | Path) -> str | None:
     """Why another local user could change the allow-list at ``path``, or None.
 
@@ -326,8 +333,7 @@ def allow_list_exposure(path: str | Path) -> str | None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return (f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), who "
                 f"could add a key of their own: chmod go-w {shlex.quote(str(path))}")
-    folders = dict.fromkeys([*Path(os.path.abspath(path)).parents, *path.resolve().parents])
-    for folder in folders:
+    for folder in allow_list_folders(path):
         try:
             fs = folder.stat()
         except OSError:

@@ -926,14 +926,18 @@ def _wake(waiter: asyncio.Future) -> None:
 
 def _file_stamp(path: str) -> tuple[int, ...] | None:
     """What tells the allow-list file changed: its contents' time, size and inode, and
-    its and its folder's modes and owners (a chmod that made a refused list safe was not
-    seen: the list stayed refused until an edit or SIGHUP, a review)."""
+    the modes and owners of it and of the folders that guard it (a chmod that made a
+    refused list safe was not seen: the list stayed refused until an edit or SIGHUP, a
+    review; security.allow_list_folders)."""
+    from hfl.peer.security import allow_list_folders
+
     try:
-        st, folder = os.stat(path), os.stat(os.path.dirname(os.path.abspath(path)))
+        st = os.stat(path)
+        guards = [os.stat(f) for f in allow_list_folders(path)]
     except OSError:
         return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid, folder.st_mode,
-            folder.st_uid)
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid,
+            *(x for g in guards for x in (g.st_mode, g.st_uid)))
 
 
 _HUP_LISTENERS: weakref.WeakSet = weakref.WeakSet()

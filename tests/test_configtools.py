@@ -455,7 +455,8 @@ def test_a_listen_port_that_is_no_port_is_named(port) -> None:
 
 
 @pytest.mark.parametrize("path", ["runs/exp #2", "2024", "yes", "a: b", "*x", "x\ny", 'a"b\'c',
-                                  "tab\there", "runs/exp-\U0001f680", "runs/\udcff"])
+                                  "tab\there", "runs/exp-\U0001f680", "runs/\udcff",
+                                  "runs/a\x85b", "runs/a\x9fb", "runs/\u2028x"])
 def test_a_literal_override_comes_back_as_it_was_given(path) -> None:
     # --run-dir is a path, not YAML (a launcher review: " #2" was a comment); an emoji
     # came back as two escaped halves YAML does not join (a review of that fix)
