@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from hfl.launch.results import seed_dirs
-from hfl.peer.config import ID_MEANS, ID_PATTERN
 from hfl.peer.checkpoint import (
     CHECKPOINT_NAME,
     INCARNATION_NAME,
@@ -44,6 +43,7 @@ from hfl.peer.checkpoint import (
     read_jsonl,
     write_atomic,
 )
+from hfl.peer.config import ID_MEANS, ID_PATTERN
 
 METRICS_NAME = "metrics.jsonl"
 PEER_FILES = (CHECKPOINT_NAME, METRICS_NAME, INCARNATION_NAME)  # a peer writes one at its start

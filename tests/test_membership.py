@@ -20,7 +20,9 @@ from hfl.peer.membership import (
     Membership,
     elect,
 )
-from hfl.protocol import MemberRecord
+from hfl.protocol import Heartbeat, MemberRecord
+from hfl.sim import protocol as P
+from hfl.sim.model import NetworkFaults
 
 SUSPECT_S, DEAD_S = 2.0, 5.0
 
@@ -1048,12 +1050,6 @@ def test_the_round_f_plus_1_members_vouch_for_equals_a_recount_after_every_event
 
 
 # ---------------------------------------------------------------- swim: a SWIM review
-
-import dataclasses  # noqa: E402
-
-from hfl.protocol import Heartbeat, MemberRecord  # noqa: E402
-from hfl.sim import protocol as P  # noqa: E402
-from hfl.sim.model import NetworkFaults  # noqa: E402
 
 
 def test_a_late_joiner_that_dies_before_answering_the_greetings_is_declared_dead_with_swim():
