@@ -161,7 +161,7 @@ class SlurmConfig:
             return None
         own = owned[0]
         if own in ("--gres", "--tres-per-task") and not any(
-                g.split(":")[0].removeprefix("gres/") == "gpu" for g in value.split(",")):
+                re.split("[:=]", g)[0].removeprefix("gres/") == "gpu" for g in value.split(",")):
             return None  # (other generic resources: a local disk, a licence, cpus)
         instead = self.OWN_OPTIONS[own]
         if instead == "gpus_per_task":

@@ -263,10 +263,18 @@ def test_byzantine_twins_are_survived_and_caught_without_the_defenses(monkeypatc
     assert caught == list(range(8))
 
 
-@pytest.mark.parametrize(("peers", "twin", "seed"), [(4, "p2", 27), (4, "p2", 311),
-                                                     (5, "p3", 967)])
+@pytest.mark.parametrize(("peers", "twin", "seed", "least"), [
+    (4, "p2", 27, 9),
+    # (8 since rev. 18: a member whose aggregator went past the round with no other
+    # member having absorbed it fails over, here in round 2 as its commit was still on
+    # its way; rounds 6 and 10 are still relayed. Over seeds 0-149 p0 learned in 1,392
+    # rounds with and without rev. 18. Counting the aggregator's own word kept round 2,
+    # and let an aggregator that hid its result and said it absorbed it cost its rounds
+    # again: a review)
+    (4, "p2", 311, 8),
+    (5, "p3", 967, 9)])
 def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(
-        monkeypatch, peers, twin, seed):
+        monkeypatch, peers, twin, seed, least):
     # p0 shown a zero model by the twin when elected took no result in the twin's rounds
     # (its commit is uncertified), and with the seed's faults it learned in 3 of its 6
     # undisturbed rounds (27; 311 likewise; 967: 5 peers, p3 the twin, p0 waited two
@@ -283,7 +291,7 @@ def test_a_member_a_twin_showed_another_result_gets_the_quorums_from_a_member(
 
     res, learned, relayed = run()
     assert not res.violations, [str(v) for v in res.violations]
-    assert relayed and learned >= 9, (learned, relayed)
+    assert relayed and learned >= least, (learned, relayed)
     # Without the relay (nothing sent), p0 learns in 6 or 7 of the 10 rounds.
     monkeypatch.setattr(PeerCore, "relay_for", lambda self, msg, now: None)
     _, learned_alone, relayed = run()

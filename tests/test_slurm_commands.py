@@ -131,6 +131,7 @@ def test_setup_lines_run_before_the_tasks_and_a_peer_has_its_tasks_cores(tmp_pat
     ({"sbatch": ["-A lab -n 2"]}, "sbatch[0]: got '-A lab -n 2'; hfl-launch sets -n itself"),
     ({"sbatch": ["--gres gpu:1"]}, "hfl-launch asks for GPUs itself"),
     ({"sbatch": ["--tres-per-task=gres/gpu:1"]}, "hfl-launch asks for GPUs itself"),
+    ({"sbatch": ["--tres-per-task=cpu=4,gres/gpu=1"]}, "hfl-launch asks for GPUs itself"),
     ({"sbatch": ["--gpus-per-socket=1"]}, "hfl-launch asks for GPUs itself"),
     ({"gpu_type": "a100"}, "gpu_type: got 'a100' with gpus_per_task 0"),
     ({"python": "--export=NONE"}, "slurm: python: got '--export=NONE'"),
