@@ -167,7 +167,7 @@ class SlurmConfig:
         if instead == "gpus_per_task":
             return ("hfl-launch asks for GPUs itself, and places each peer on its task's: use "
                     "slurm.gpus_per_task (and slurm.gpu_type for a type, e.g. a100)")
-        if instead in ("", None):
+        if not instead:
             return f"hfl-launch sets {own} itself (one task per peer, the job's log in the run folder)"
         if " " in instead:
             return f"{instead}: not {own}"

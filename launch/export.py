@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hfl.launch.results import seed_dirs
+from hfl.launch.results import read_metrics, seed_dirs
 from hfl.peer.checkpoint import (
     CHECKPOINT_NAME,
     INCARNATION_NAME,
@@ -150,12 +150,6 @@ def _check_owner(peer: str, peer_dir: Path, owner: Any) -> None:
                           "its model would be exported with this run's metrics")
 
 
-def _round_of(row: dict[str, Any]) -> int | None:
-    """A metrics line's round, or None where it holds no round number (a damaged line)."""
-    r = row.get("round")
-    return r if isinstance(r, int) and not isinstance(r, bool) else None
-
-
 def collect(peer: str, peer_dir: Path, which: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(state dict, metadata) of ``peer``'s ``which`` model ("final" or "selected")."""
     state = load_checkpoint(peer_dir)
@@ -164,8 +158,8 @@ def collect(peer: str, peer_dir: Path, which: str) -> tuple[dict[str, Any], dict
                           "peer runs with node.checkpoint: false)")
     _check_owner(peer, peer_dir, state.get("owner"))
     alg = state["algorithm"]
-    rows = [r for r in read_jsonl(peer_dir / METRICS_NAME)
-            if (n := _round_of(r)) is not None and n <= state["round"]]
+    # (read_metrics: only lines with a round, without values that are no number)
+    rows = [r for r in read_metrics(peer_dir) if r["round"] <= state["round"]]
     if which == "final":
         weights, round_ = alg["model"], int(state["round"])
     else:

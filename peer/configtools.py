@@ -419,12 +419,11 @@ def literal_override(key: str, value: object) -> str:
     followed a `` #`` as a comment (``--fresh`` then deleted ``runs/exp``, another run:
     a launcher review). A JSON string is a YAML double-quoted scalar: with its characters
     as they are (YAML does not join the two halves of an escaped emoji: "runs/exp-🚀"
-    raised), except a lone surrogate (a file name's undecodable byte), escaped."""
+    raised), or all escaped (\\uXXXX, which YAML reads as JSON does) where one is a
+    character YAML cannot print: a lone surrogate (a file name's undecodable byte), a C1
+    control or NEL (read back as a space, or refused: a review)."""
     text = str(value)
-    # (a character YAML cannot print, such as a C1 control or NEL, read back as a space
-    # or refused: escaped, \\uXXXX, which YAML reads as JSON does; a review)
-    escape = any("\ud800" <= c <= "\udfff" or not _yaml_printable(c) for c in text)
-    return f"{key}={json.dumps(text, ensure_ascii=escape)}"
+    return f"{key}={json.dumps(text, ensure_ascii=not all(map(_yaml_printable, text)))}"
 
 
 def _yaml_printable(c: str) -> bool:

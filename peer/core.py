@@ -2014,10 +2014,7 @@ class PeerCore:
             return Drop("uncertified_commit", f"{who} epoch {e}: {len(signed)} signed acks of "
                         f"its digest of the {self.quorum()} a commit needs")
         if held is None or held[1] != digest:  # (the same value held: only its commit)
-            res = AggregateResult(sender=msg.aggregator, incarnation=0, round=r, epoch=e,
-                                  kind=msg.kind, contributors=list(msg.contributors),
-                                  meta=msg.meta, tensors=msg.tensors)
-            self.accepted[r] = (res, digest)
+            self.accepted[r] = (self.result_of(msg), digest)
         self.commits.add((r, digest))
         self.certificates[(r, digest)] = (e, {p: msg.certificate[p] for p in signed})
         self.relayed_by[r] = msg.sender
@@ -2125,9 +2122,23 @@ class PeerCore:
                 or self.id not in self.relayers(res.round, certificate, res.sender, msg.sender)):
             return None
         self.relayed_to.add(msg.sender)
+        return self.relayed(res, epoch, certificate=certificate)
+
+    def relayed(self, res: AggregateResult, epoch: int, **proof: Any) -> Relayed:
+        """``res`` passed on by this peer (``relayed``): with its commit's certificate
+        at ``epoch`` (:meth:`relay_for`), or as a copy with its own ``sig``
+        (:meth:`copy_for`)."""
         return Relayed(**self.envelope(), round=res.round, epoch=epoch, aggregator=res.sender,
                        kind=res.kind, contributors=list(res.contributors), meta=res.meta,
-                       tensors=res.tensors, certificate=certificate)
+                       tensors=res.tensors, **proof)
+
+    @staticmethod
+    def result_of(msg: Relayed, **proof: Any) -> AggregateResult:
+        """The result a ``relayed`` carries, as its aggregator published it (the
+        inverse of :meth:`relayed`; ``sig`` for a copy)."""
+        return AggregateResult(sender=msg.aggregator, incarnation=0, round=msg.round,
+                               epoch=msg.epoch, kind=msg.kind, contributors=list(msg.contributors),
+                               meta=msg.meta, tensors=msg.tensors, **proof)
 
     def copy_for(self, msg: Heartbeat) -> Relayed | None:
         """A copy of the result this peer accepted for ``msg.round``, for the aggregator
@@ -2147,10 +2158,7 @@ class PeerCore:
                 or msg.sender not in self.aggregators_for(msg.round, msg.epoch)):
             return None
         self.copies_sent.add((msg.sender, msg.round))
-        res = held[0]
-        return Relayed(**self.envelope(), round=res.round, epoch=res.epoch, aggregator=res.sender,
-                       kind=res.kind, contributors=list(res.contributors), meta=res.meta,
-                       tensors=res.tensors, sig=res.sig)
+        return self.relayed(held[0], held[0].epoch, sig=held[0].sig)
 
     def take_copy(self, msg: Relayed) -> Drop | None:
         """Keep the copy of a result this peer asked for as the aggregator of a later
@@ -2172,10 +2180,7 @@ class PeerCore:
                                       msg.sig)):
             return Drop("unjustified_result", f"{who}: not the result asked for ({digest[:16]}), "
                         "not from a member asked, or not signed by that epoch's aggregator")
-        self.copies[msg.round] = AggregateResult(
-            sender=msg.aggregator, incarnation=0, round=msg.round, epoch=msg.epoch,
-            kind=msg.kind, contributors=list(msg.contributors), meta=msg.meta,
-            tensors=msg.tensors, sig=msg.sig)
+        self.copies[msg.round] = self.result_of(msg, sig=msg.sig)
         self.copy_wanted = None
         return None
 

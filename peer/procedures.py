@@ -876,9 +876,8 @@ class RoundProcedures:
         yield Broadcast(reporters, core.heartbeat(wants_copy=f"{epoch}:{digest}"))
         yield Wait(lambda: core.copy_wanted is None,
                    self.now() + 4 * self.timing.heartbeat_interval_s)
-        core.copy_wanted = None
         decision, earlier, _ = core.proposal(r, promised)
-        core.copy_wanted = None  # (asked once a round: not again)
+        core.copy_wanted = None  # (asked once a round: not again, whatever it decided)
         return decision, earlier
 
     def serve(self, r: int, payload: Payload | None, info: dict) -> Procedure:

@@ -946,9 +946,8 @@ def _file_stamp(path: str) -> tuple[int, ...] | None:
     except OSError:
         _GUARDS.pop(path, None)
         return None
-    stamp = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid,
-             *(x for g in guards for x in (g.st_mode, g.st_uid, g.st_ino)))
-    return stamp
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid,
+            *(x for g in guards for x in (g.st_mode, g.st_uid, g.st_ino)))
 
 
 _HUP_LISTENERS: weakref.WeakSet = weakref.WeakSet()
