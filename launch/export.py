@@ -31,10 +31,11 @@ import json
 import math
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hfl.launch.results import read_metrics, seed_dirs
+from hfl.launch.results import damage_note, read_metrics, seed_dirs
 from hfl.peer.checkpoint import (
     CHECKPOINT_NAME,
     INCARNATION_NAME,
@@ -159,7 +160,8 @@ def collect(peer: str, peer_dir: Path, which: str) -> tuple[dict[str, Any], dict
     _check_owner(peer, peer_dir, state.get("owner"))
     alg = state["algorithm"]
     # (read_metrics: only lines with a round, without values that are no number)
-    rows = [r for r in read_metrics(peer_dir) if r["round"] <= state["round"]]
+    damaged: Counter = Counter()
+    rows = [r for r in read_metrics(peer_dir, damaged) if r["round"] <= state["round"]]
     if which == "final":
         weights, round_ = alg["model"], int(state["round"])
     else:
@@ -185,6 +187,8 @@ def collect(peer: str, peer_dir: Path, which: str) -> tuple[dict[str, Any], dict
     _check_rebuilds(peer, spec, weights)
     meta = {"peer": peer, "which": which, "round": round_, "model": spec, "metrics": metrics,
             "hfl_version": _version(), "source": str((peer_dir / CHECKPOINT_NAME).resolve())}
+    if sum(damaged.values()):  # said by main(); in the JSON file too, beside the metrics
+        meta["damaged_metrics"] = {k: n for k, n in damaged.items() if n}
     return weights, meta
 
 
@@ -278,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         acc = meta["metrics"].get("test_acc")
         print(f"{meta['peer']}: {meta['which']} model of round {meta['round']}"
               f"{f' (test acc {acc:.4f})' if acc is not None else ''} -> {model_path}, {json_path}")
+        if note := damage_note({meta["peer"]: meta.get("damaged_metrics", {})}):
+            print(f"hfl-export: warning: {note}", file=sys.stderr)
     print("load it: docs/runs.md, 'Getting a trained model out'")
     return 0
 

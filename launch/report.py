@@ -25,6 +25,7 @@ from typing import Any
 from hfl.launch.results import (
     _fmt,
     cohort_row,
+    damage_note,
     markdown_table,
     mean_std,
     read_metrics,
@@ -144,7 +145,8 @@ def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"run": label or str(run_dir), "algorithm": _algorithm(runs[0], peers),
                            "data": _data(runs[0], peers),
                            "peers": len(peers), "short": sum(r.get("short", 0) for r in per_run),
-                           "diverged": sorted({p for r in per_run for p in r.get("diverged", ())})}
+                           "diverged": sorted({p for r in per_run for p in r.get("diverged", ())}),
+                           "damaged": [n for r in per_run if (n := damage_note(r.get("damaged") or {}))]}
     for key in SEED_AVERAGED:
         values = [r.get(key, math.nan) for r in per_run]
         row[key] = mean_std(values) if seeds else values[0] if values else math.nan
@@ -238,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("diverged"):
             print(f"note: {r['run']}: training diverged on {', '.join(r['diverged'])} (a "
                   "non-finite train_loss); its numbers are in the means")
+        for note in r.get("damaged", ()):
+            print(f"note: {r['run']}: {note}")
     unlike = unlike_runs(rows)
     if unlike:
         print(f"note: {unlike}")

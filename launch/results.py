@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,22 +50,39 @@ NUMBERS = ("test_acc", "global_acc", "val_acc", "time", "round_time_s", "bytes_s
 COUNTS = ("span", "incarnation", "live_peers")
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+def read_metrics(run_dir: Path, damaged: Counter | None = None) -> list[dict[str, Any]]:
     """A peer's round records: the metrics lines that are objects with a round (a line of
     ``null`` raised in the table, after the run, and cost its results: a review), each
     without the values of :data:`NUMBERS` that are no finite number and of
     :data:`COUNTS` that are no count (``train_loss`` is kept as it is: a NaN there is
-    a diverged peer, named)."""
+    a diverged peer, named). ``damaged`` counts what was left out: ``lines`` (no JSON
+    object, or no round) and ``values`` (:func:`damage_note` says it to the user)."""
     out = []
-    for r in read_jsonl(run_dir / "metrics.jsonl"):
+    damaged = Counter() if damaged is None else damaged
+    for r in read_jsonl(run_dir / "metrics.jsonl", damaged):
         if not (isinstance(r.get("round"), int) and not isinstance(r["round"], bool)
                 and r["round"] >= 0):
+            damaged["lines"] += 1
             continue
-        out.append({k: v for k, v in r.items()
-                    if not (k in NUMBERS and not _finite(v))
-                    and not (k in COUNTS and not (isinstance(v, int) and not isinstance(v, bool)
-                                                  and v >= (1 if k == "span" else 0)))})
+        kept = {k: v for k, v in r.items()
+                if not (k in NUMBERS and not _finite(v))
+                and not (k in COUNTS and not (isinstance(v, int) and not isinstance(v, bool)
+                                              and v >= (1 if k == "span" else 0)))}
+        damaged["values"] += len(r) - len(kept)
+        out.append(kept)
     return out
+
+
+def damage_note(damaged: dict[str, Counter]) -> str | None:
+    """The line that names each peer whose metrics.jsonl had damaged lines or values
+    (:func:`read_metrics` left them out: the numbers shown are without them), or None."""
+    named = [f"{peer} ({', '.join(f'{n} {what[:-1] if n == 1 else what}' for what, n in sorted(c.items()) if n)})"
+             for peer, c in damaged.items() if sum(c.values())]
+    if not named:
+        return None
+    return ("damaged metrics.jsonl entries left out (a line that is no round's JSON object, "
+            "a value that is no finite number or count): " + ", ".join(named)
+            + "; the numbers shown are without them")
 
 
 def _finite(v: Any) -> bool:
@@ -146,7 +164,8 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
-    records = read_metrics(run_dir)
+    damaged: Counter = Counter()
+    records = read_metrics(run_dir, damaged)
     summary = read_summary(run_dir)
     arch = summary.get("arch", arch)  # the model the peer built (a random_mlp: its widths)
     by_round = {r["round"]: r for r in records}  # a restarted peer may repeat a round
@@ -178,6 +197,7 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
         "max_live_peers": seen,
         "short": short,
         "diverged_at": diverged,  # the first round whose train_loss was NaN or infinite
+        "damaged": {k: n for k, n in damaged.items() if n},  # left out (read_metrics)
         "cohort": "-" if seen is None else f"{seen}{' ' + SHORT_MARK if short else ''}",
         **{key: last.get(key, math.nan) for key, _, _ in DOMAIN_COLUMNS},
     }
@@ -300,7 +320,9 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     table = markdown_table([title for _, title, _ in columns],
                            [[_fmt(r.get(k), spec) for k, _, spec in columns] for r in rows])
     notes = [SHORT_NOTE] if any(r.get("short") for r in rows) else []
-    notes += [n for n in [stopped_note(rows)] if n]
+    notes += [n for n in [stopped_note(rows),
+                          damage_note({r["peer"]: r["damaged"] for r in rows if "damaged" in r})]
+              if n]
     diverged = [r for r in rows if r.get("diverged_at") is not None]
     if diverged:
         notes.append("training diverged (a non-finite train_loss): " + ", ".join(
@@ -423,6 +445,8 @@ def render_seeds_table(per_seed: dict[int, dict[str, Any]]) -> str:
     notes += [f"seed {seed}: training diverged on {', '.join(row['diverged'])} (a non-finite "
               "train_loss), in its mean" for seed, row in sorted(per_seed.items())
               if row.get("diverged")]
+    notes += [f"seed {seed}: {note}" for seed, row in sorted(per_seed.items())
+              if (note := damage_note(row.get("damaged") or {}))]
     return "\n".join([markdown_table(header, body), *notes])
 
 
@@ -433,4 +457,5 @@ def cohort_row(run_dir: Path, peers: list[tuple[str, Path]]) -> dict[str, Any]:
     out["best_mean"] = best_mean([d for _, d in peers]) if peers else math.nan
     out["short"] = sum(1 for r in rows if r.get("short"))
     out["peers"] = len(rows)
+    out["damaged"] = {r["peer"]: r["damaged"] for r in rows if r.get("damaged")}
     return out

@@ -27,6 +27,7 @@ import io
 import json
 import logging
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -305,10 +306,12 @@ def metrics_incarnation(path: str | Path) -> int:
     return best + 1
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+def read_jsonl(path: str | Path, damaged: Counter | None = None) -> list[dict[str, Any]]:
     """The JSON object lines of ``path`` (a torn last line is skipped, and a line a
     damaged byte made no JSON; bytes that are not UTF-8 read as U+FFFD: they raised
-    UnicodeDecodeError, a traceback of hfl-peer and hfl-launch --resume, a review)."""
+    UnicodeDecodeError, a traceback of hfl-peer and hfl-launch --resume, a review).
+    ``damaged["lines"]`` counts the complete lines skipped (not a JSON object): a torn
+    last line, the end of a life killed mid-write, is not counted."""
     try:
         text = Path(path).read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
@@ -316,13 +319,16 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     except OSError as exc:
         raise file_error(path, exc) from exc
     out = []
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         try:
             rec = json.loads(line)
         except ValueError:
-            continue
+            rec = None
         if isinstance(rec, dict):
             out.append(rec)
+        elif damaged is not None and line.strip() and (i < len(lines) - 1 or text.endswith("\n")):
+            damaged["lines"] += 1
     return out
 
 

@@ -454,7 +454,8 @@ def test_a_peer_id_that_is_not_one_is_refused_before_any_file_is_written(solo, t
 
 def test_damaged_metrics_values_are_skipped_not_a_traceback(launched, tmp_path, capsys):
     # A review: a line whose round is "x", null or NaN raised from int(); an inf accuracy
-    # was written into the export's JSON as Infinity (not JSON).
+    # was written into the export's JSON as Infinity (not JSON). What was left out is said
+    # and kept in the JSON file beside the metrics.
     run = copy_run(launched, tmp_path)
     metrics = run / "p0" / "metrics.jsonl"
     lines = metrics.read_text().splitlines()
@@ -465,6 +466,8 @@ def test_damaged_metrics_values_are_skipped_not_a_traceback(launched, tmp_path, 
     assert main([str(run), "--peer", "p0", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr()
     meta = json.loads((tmp_path / "out" / "p0.json").read_text())  # strict JSON: no Infinity
     assert "test_acc" not in meta["metrics"] and meta["round"] == ROUNDS
+    assert meta["damaged_metrics"] == {"lines": 3, "values": 1}
+    assert "hfl-export: warning: damaged metrics.jsonl entries left out" in capsys.readouterr().err
 
 
 def test_hfl_eval_on_data_the_model_cannot_read_names_the_split_and_shapes(

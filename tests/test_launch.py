@@ -294,9 +294,12 @@ def test_a_diverged_peer_is_named_and_results_json_is_strict(tmp_path):
     from hfl.launch.results import cohort_row, render_seeds_table
 
     seed = cohort_row(tmp_path, [(p, tmp_path / p) for p in ("p0", "p1")])
-    seeds = render_seeds_table({0: seed, 1: {**seed, "diverged": [], "short": 1}})
+    seeds = render_seeds_table({0: seed, 1: {**seed, "diverged": [], "short": 1,
+                                             "damaged": {"p1": {"lines": 1}}}})
     assert "seed 0: training diverged on p1 (a non-finite train_loss), in its mean" in seeds
     assert "seed 1: 1 of its peers shared with fewer peers than expected" in seeds
+    assert "seed 1: damaged metrics.jsonl entries left out (" in seeds and "p1 (1 line)" in seeds
+    assert "seed 0: damaged" not in seeds
     strict = json.loads((tmp_path / "results.json").read_text(),
                         parse_constant=lambda c: pytest.fail(f"bare {c} in results.json"))
     assert strict["best_mean_test_acc"] is None and strict["peers"][0]["sel_acc"] is None

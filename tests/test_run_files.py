@@ -861,11 +861,13 @@ def test_hfl_report_takes_damaged_metrics_values_and_records_without_a_traceback
     # A results review: a test_acc, byte count or incarnation of the wrong type raised
     # TypeError or ValueError in hfl-report (or named no field); a launch.json of JSON that
     # is no object raised AttributeError; the table took "test acc" from the file's last
-    # line, a repeated earlier round, not from the last round.
+    # line, a repeated earlier round, not from the last round. What is left out is counted
+    # and said under the tables (it was left out without a word: a reader took the
+    # numbers for the whole file's); a torn last line (a kill mid-write) is not damage.
     import shutil
 
     from hfl.launch.report import main as report
-    from hfl.launch.results import peer_row
+    from hfl.launch.results import peer_row, render_table
 
     config, run_dir = write_config(tmp_path, rounds=3)
     assert cli.main(["--config", str(config), "--no-plot"]) == 0
@@ -874,9 +876,14 @@ def test_hfl_report_takes_damaged_metrics_values_and_records_without_a_traceback
     org = Path(shutil.copytree(run_dir, tmp_path / "org"))
     damaged = [{**lines[0], "test_acc": "high", "total_bytes_sent": "lots", "incarnation": "x",
                 "live_peers": None, "span": -100}, *lines[1:], {**lines[0], "test_acc": 0.0}]
-    (org / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in damaged))
+    (org / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in damaged)
+                                       + 'not json\n{"no_round": 1}\n{"round": 4, "te')
     row = peer_row("p0", "mlp", org)
     assert row["test_acc"] == final and row["last_round"] == 3 and row["rounds"] == 3
+    assert row["damaged"] == {"lines": 2, "values": 5}
+    assert "p0 (2 lines, 5 values); the numbers shown are without them" in render_table([row])
+    assert peer_row("p0", "mlp", run_dir)["damaged"] == {}
+    assert "damaged" not in render_table([peer_row("p0", "mlp", run_dir)])
     (org / "launch.json").write_text("[1]")
     other = Path(shutil.copytree(run_dir, tmp_path / "other"))
     (other / "launch.json").write_text('{"state": {"x": 1}, "ports": "many"}')
@@ -884,6 +891,7 @@ def test_hfl_report_takes_damaged_metrics_values_and_records_without_a_traceback
     assert report([str(org), str(other), "--no-plot"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert f"{final:.4f}" in out and "Traceback" not in out
+    assert out.count("damaged metrics.jsonl entries left out") == 1 and "(2 lines, 5 values)" in out
     # a metrics "file" that is a folder: one line
     bad = Path(shutil.copytree(run_dir, tmp_path / "bad"))
     (bad / "metrics.jsonl").unlink()
