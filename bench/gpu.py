@@ -65,8 +65,6 @@ from pathlib import Path
 import _common as c
 import yaml
 
-SUBREAPER = False
-
 #: Per-run caps (seconds); each is also cut to what is left of --budget-s.
 RUN_TIMEOUT_S = {"quickstart": 150, "resnet18": 300}
 #: Seconds kept back from a run's subprocess timeout for hfl-launch to stop its peers itself.
@@ -170,11 +168,7 @@ def run_one(config: str, experiment: Path, device: str, quick: bool, budget: Bud
         overrides += ["devices=cpu", "defaults.node.device=cpu"]
     busy = c.Contention()
     rc, wall, out = c.launch(experiment, run_dir, overrides, timeout, f"gpu-{label}")
-    left = c.reap_orphans() if SUBREAPER else []
-    result["contention"] = busy.stop()
-    if left:
-        print(f"  {label}: killed {len(left)} process(es) left running after hfl-launch ended")
-    result["killed_leftovers"] = len(left)
+    result["contention"] = busy.stop()  # (the peers are ours: c.launch reaps them)
     result.update(exit_status=rc, wall_s=wall, overrides=overrides)
     # The launcher's own line: "hfl-launch: NAME: 4 peers, fedavg, R rounds, run dir D, GPUs 0, T thread(s)/peer"
     line = next((ln for ln in out.splitlines() if " peers, " in ln and "thread(s)/peer" in ln), "")
@@ -272,8 +266,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--configs: unknown {', '.join(unknown)}; allowed: {', '.join(RUN_TIMEOUT_S)}")
     budget = Budget(args.budget_s)
-    global SUBREAPER
-    SUBREAPER = c.become_subreaper()
 
     cuda_overrides: list[str] = []
     cuda_info: dict = {}

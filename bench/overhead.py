@@ -15,7 +15,9 @@ Compared, per peer and for the cohort as a whole:
 - rounds span: first round's start to last round's end. For (a) from each
   peer's metrics.jsonl (``time`` = wall-clock start of a round, plus the last
   round's ``round_time_s``); for (b) measured the same way inside the worker;
-- process wall: the peer process's whole life (start-up and exit included).
+- process wall: the peer process's whole life (start-up and exit included); the
+  federated peers start as the local workers do, one interpreter each
+  (``hfl-launch --start process``, not the default fork from a template).
 
 The ratio fed/local of the rounds span is the runtime's overhead (the project
 aims for < 1.15x). The breakdown splits (a)'s span into compute (``compute_s``:
@@ -70,8 +72,13 @@ def run_federated(rounds: int, epochs: int, run_dir: Path) -> dict:
         f"defaults.train.local_epochs={epochs}",
         f"name=bench-overhead-e{epochs}",
     ]
+    # --start process: each peer a fresh interpreter, as each local worker is. With the
+    # launcher's default (forked from a template that imported torch once) the "process
+    # wall" rows compared a fork against a whole interpreter start (a review: 0.087x);
+    # bench/startup.py measures what forking saves.
     rc, wall, _ = c.launch(
-        c.QUICKSTART, run_dir, overrides, FED_TIMEOUT_S, f"overhead-fed-e{epochs}"
+        c.QUICKSTART, run_dir, overrides, FED_TIMEOUT_S, f"overhead-fed-e{epochs}",
+        flags=["--start", "process"],
     )
     res_path = run_dir / "results.json"
     res = json.loads(res_path.read_text()) if res_path.exists() else {}
