@@ -441,7 +441,9 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
     _out(f"hfl-launch: {exp.name}: {len(plans)} peers, {plans[0].config.cohort.algorithm}, "
          f"{plans[0].config.cohort.rounds} rounds, run dir {run_dir}, "
          f"{'GPUs ' + ','.join(gpus) if gpus else 'CPU'}, {plans[0].config.node.threads} thread(s)/peer")
-    _out(f"hfl-launch: {decision.reason}")
+    # (a dry run said "new run in X" as if it had started one: a review)
+    _out(f"hfl-launch: {'dry run, a launch would do this: ' if args.dry_run else ''}"
+         f"{decision.reason}")
     if args.dry_run and slurm:
         from hfl.launch.slurm import batch_script
 
@@ -449,8 +451,12 @@ def _launch_once(args: argparse.Namespace, overrides: list[str]) -> int:
         return 2 if decision.refused else 0
     if args.dry_run:
         if not written:  # (a folder that holds a run)
-            _out(f"hfl-launch: a dry run writes nothing into {run_dir}, which holds a run: the "
-                 "configs below are the ones a launch would write")
+            _out(f"hfl-launch: a dry run writes nothing into {run_dir}, which holds files "
+                 "already (a run, or an earlier dry run's configs): the configs below are the "
+                 "ones a launch would write")
+        else:
+            _out(f"hfl-launch: the dry run wrote the peers' configs and keys into {run_dir} "
+                 "(no run record: a launch there starts the run)")
         for p in plans:
             env = " ".join(f"{k}={v}" for k, v in p.env.items())
             _out(f"  {described[p.id]}\n      {env} hfl-peer --config {p.config_path}")

@@ -430,7 +430,8 @@ class SecurityConfig:
         default=None, metadata={"help": "this peer's secret key file (<id>.key_secret, mode 0600)"}
     )
     allow_list: str | None = field(
-        default=None, metadata={"help": "file of '<peer id> <public key>' lines: the cohort"}
+        default=None, metadata={"help": "file of '<peer id> <public key> <signing key>' lines (hfl-keys new "
+                                "prints one): the cohort"}
     )
 
 

@@ -429,9 +429,16 @@ def cohort_shortfall(mode: str, min_peers: int, metrics: list[dict[str, Any]]) -
 def nobody_joined(algorithm: str, bootstrap: list[str], join_timeout_s: float,
                   causes: list[str], refused: bool = False) -> str:
     """Why a sharing peer stopped before its first round: no other peer joined."""
-    fix = ("a peer refused our hello (the reason is logged above): make the configs agree"
-           if refused else "check that a peer listens there (address, port, firewall) or give "
-           "it longer (timing.join_timeout_s)")
+    if refused:
+        fix = "a peer refused our hello (the reason is logged above): make the configs agree"
+    elif any("refused our connection" in c for c in causes):
+        # (a key missing from the other side's allow-list: the peer listens, and waiting
+        # longer cannot help; the advice below sent users to their firewall, a review)
+        fix = ("a peer listens there and refused our connection: fix what it names (the "
+               "allow-list lines from hfl-keys new, security.mode) on the side that refused")
+    else:
+        fix = ("check that a peer listens there (address, port, firewall) or give it longer "
+               "(timing.join_timeout_s)")
     return (f"no other peer joined within timing.join_timeout_s={join_timeout_s:g}s "
             f"(bootstrap {', '.join(bootstrap)}{''.join(f'; {c}' for c in causes)}); {algorithm} "
             f"shares with peers, so this peer stops instead of training every round alone: "

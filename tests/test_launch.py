@@ -357,6 +357,13 @@ def test_dry_run_prints_each_peers_sample_counts_and_shapes(tmp_path, capsys):
         line = next(x for x in out.splitlines() if x.strip().startswith(f"{pid}: digits"))
         assert "training /" in line and "test samples of shape (1, 8, 8), 10 classes" in line, out
         assert "parameters; fedavg" in line
+    # It says what a launch would do, not that it did it (it said "new run in ..."), and
+    # a second dry run that its own configs came before says so (it said "holds a run").
+    assert "hfl-launch: dry run, a launch would do this: new run in " in out
+    assert "the dry run wrote the peers' configs and keys into " in out
+    assert main([_written(tmp_path, val_fraction=0.1), "--dry-run"]) == 0
+    again = capsys.readouterr().out
+    assert "which holds files already (a run, or an earlier dry run's configs)" in again
 
 
 def test_a_missing_data_file_is_refused_before_torch_is_imported(tmp_path):

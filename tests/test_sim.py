@@ -481,6 +481,13 @@ def test_peers_restarted_with_a_goodbye_are_waited_for_where_the_quorum_needs_th
     log = (tmp_path / "hfl-sim-seed0" / "sim.log").read_text()
     assert log.count("node.byzantine 1 (f) in a cohort of 3: a commit needs 3 of the 3 members, "
                      "so 1 silent member(s)") >= 3, log[:2000]
+    # ... and only where results are committed: with every peer aggregating (CHFL's
+    # shipped 3-peer example) there are no commits to stop (every peer warned, a review)
+    res = sim.run_seed(0, sim.SimOptions(peers=3, rounds=3, signed=True, keep=tmp_path / "ep",
+                                         overrides=["defaults.cohort.aggregate_at=every_peer"]))
+    assert not res.violations, [str(v) for v in res.violations]
+    log = (tmp_path / "ep" / "hfl-sim-seed0" / "sim.log").read_text()
+    assert "aggregate" in log and "silent member(s)" not in log, log[:2000]
 
 
 def test_a_peer_restarted_without_its_run_folder_catches_up_without_a_second_result():

@@ -1185,3 +1185,19 @@ def test_a_damaged_launch_record_is_said_and_kept_not_overwritten(tmp_path, caps
     assert f"launch record {record} is damaged" in capsys.readouterr().out
     assert (tmp_path / "run" / "launch.json.damaged").read_bytes() == b"[1]"
     assert json.loads(record.read_text())["state"] == "finished"
+
+
+def test_a_peer_that_stops_alone_names_the_fix_for_why_nobody_joined():
+    # A review: a peer whose key the other side's allow-list lacked was told to check
+    # that a peer listens there (it did) or to wait longer (it cannot help).
+    from hfl.peer.status import nobody_joined
+
+    boot = ["b@tcp://10.0.0.5:5555"]
+    key = ("b@tcp://10.0.0.5:5555 refused our connection: our public key abc is not on its "
+           "allow-list")
+    said = nobody_joined("fedavg", boot, 10, [key])
+    assert key in said and "fix what it names (the allow-list lines" in said
+    assert "firewall" not in said and "join_timeout_s)" not in said.split(key)[1]
+    silent = nobody_joined("fedavg", boot, 10, [])
+    assert "check that a peer listens there (address, port, firewall)" in silent
+    assert "make the configs agree" in nobody_joined("fedavg", boot, 10, [key], refused=True)
