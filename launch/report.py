@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -207,11 +208,24 @@ def labels(run_dirs: list[Path]) -> list[str]:
     return names if len(set(names)) == len(names) else [str(d) for d in run_dirs]
 
 
+def compare_stem(names: list[str]) -> str:
+    """The default plot stem of a comparison: ``compare-`` and the runs' folder names
+    (one stem for every comparison let each report replace the last one's plots
+    without a word, a review); long lists are cut, with a checksum of the whole."""
+    import zlib
+
+    joined = "+".join(re.sub(r"[^\w.-]", "_", n) for n in names)
+    if len(joined) > 80:
+        joined = f"{joined[:60]}+{len(names)}runs-{zlib.crc32(joined.encode()):08x}"
+    return f"compare-{joined}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hfl-report", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="run directories")
     p.add_argument("--out", default=None,
-                   help="plot file stem (default: <first run's parent>/compare)")
+                   help="plot file stem (default: <first run's parent>/compare-<the runs' "
+                        "names joined by +>)")
     p.add_argument("--markdown", default=None, help="also write the table to this file")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
@@ -257,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plot:
         from hfl.launch.plots import plot_compare
 
-        out = Path(args.out) if args.out else run_dirs[0].resolve().parent / "compare"
+        out = Path(args.out) if args.out else run_dirs[0].resolve().parent / compare_stem(
+            [d.resolve().name for d in run_dirs])
         runs = {}
         for rd, name in zip(run_dirs, names, strict=True):
             seeds = [(s, sd) for s, sd in seed_dirs(rd) if peer_dirs(sd)]

@@ -749,6 +749,13 @@ def test_hfl_report_compares_runs_in_one_table_and_one_plot_per_metric(tmp_path,
             "digits, dirichlet α=0.5 over 4, 1): their accuracies are not a like-for-like") in out
     assert (tmp_path / "cmp_global_acc.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "cmp.md").read_text().startswith("| run")
+    # Without --out: a name of the runs compared, so that the next comparison does not
+    # replace these plots without a word (one stem, "compare", did: a review)
+    assert main([str(tmp_path / "fedavg"), str(tmp_path / "solo")]) == 0
+    assert (tmp_path / "compare-fedavg+solo_test_acc.png").exists()
+    assert main([str(tmp_path / "solo")]) == 0
+    assert (tmp_path / "compare-solo_test_acc.png").exists()
+    capsys.readouterr()
     assert main([str(tmp_path / "nowhere")]) == 2
     # Runs of 2 and 3 rounds, one of them interrupted: compared without a word before.
     from hfl.launch.rundir import write_record
