@@ -269,6 +269,24 @@ def stopped_note(rows: list[dict[str, Any]]) -> str | None:
             f"the {len(kept)} peer(s) that reached it")
 
 
+def gaps_note(rows: list[dict[str, Any]]) -> str | None:
+    """A line naming the peers that reached the last round but took part in fewer rounds
+    (a restarted peer sits out the round its earlier life died in: 59 rounds of 60 read
+    as a failure, with only the peers that stopped early named, a review)."""
+    peers = [r for r in rows if r.get("peer") != "mean"]
+    last = max((int(r.get("last_round") or 0) for r in peers), default=0)
+    gaps = [r for r in peers if int(r.get("last_round") or 0) == last
+            and isinstance(r.get("rounds"), int) and r["rounds"] < last]
+    if not gaps:
+        return None
+    named = ", ".join(f"{r['peer']} ({r['rounds']})" for r in gaps)
+    restarted = any(isinstance(r.get("restarts"), (int, float)) and r["restarts"] > 0 for r in gaps)
+    return (f"took part in fewer than the {last} rounds: {named}"
+            + ("; restarted peers have no line for a round they died in, sat out (PROTOCOL.md, "
+               "Commit, rule 6) or that the cohort finished while they were down"
+               if restarted else ""))
+
+
 def columns_for(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     has_domains = any(isinstance(r.get("sel_acc"), float) and not math.isnan(r["sel_acc"]) for r in rows)
     return COLUMNS[:3] + DOMAIN_COLUMNS + COLUMNS[3:] if has_domains else COLUMNS
@@ -320,7 +338,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     table = markdown_table([title for _, title, _ in columns],
                            [[_fmt(r.get(k), spec) for k, _, spec in columns] for r in rows])
     notes = [SHORT_NOTE] if any(r.get("short") for r in rows) else []
-    notes += [n for n in [stopped_note(rows),
+    notes += [n for n in [stopped_note(rows), gaps_note(rows),
                           damage_note({r["peer"]: r["damaged"] for r in rows if "damaged" in r})]
               if n]
     diverged = [r for r in rows if r.get("diverged_at") is not None]

@@ -241,6 +241,16 @@ def test_results_rows_and_mean_from_metrics_files(tmp_path):
     assert ("stopped before round 3: p1 (round 2), p2 (round 0); the mean row and the best "
             "mean are over the 1 peer(s) that reached it") in table
     assert best_mean([tmp_path / p for p in ("p0", "p1", "p2")]) == pytest.approx(0.9)
+    assert "took part in fewer" not in table
+    # A peer that reached the last round with a gap (restarted: no line for the round it
+    # died in) is named too: its 2 of 3 rounds read as a failure beside those named above.
+    gap = tmp_path / "gap"
+    gap.mkdir()
+    (gap / "metrics.jsonl").write_text("".join(json.dumps(
+        {"round": r, "time": 100.0 + 2 * r, "round_time_s": 1.0, "test_acc": 0.5,
+         "incarnation": int(r == 3)}) + "\n" for r in (1, 3)))
+    table = render_table([rows[0], peer_row("p3", "mlp", gap)])
+    assert "took part in fewer than the 3 rounds: p3 (2); restarted peers have no line" in table
 
 
 def test_a_failed_seed_is_named_and_left_out_of_the_mean_over_seeds():
