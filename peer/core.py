@@ -105,10 +105,11 @@ SHARED_ABSENT = {"aggregate_everywhere": 0, "communicate_every": 1, "overlap": 0
 
 
 def hello_terms(cohort: Any, mode: str, num_classes: int, everywhere: bool,
-                shared: dict[str, int]) -> dict[str, Any]:
+                shared: dict[str, int], part: int = 0) -> dict[str, Any]:
     """What a hello must agree on (PROTOCOL.md, ``hello``) for a peer of ``cohort`` (its
     CohortConfig) running a method in ``mode``; ``shared``: the method's dimensions and
-    the data split's. Raises ValueError (naming the option) for a cohort option that
+    the data split's; ``part``: 1 + the part of that split this peer trains on (0: none),
+    which must differ. Raises ValueError (naming the option) for a cohort option that
     does not apply to the mode."""
     every, fanout = getattr(cohort, "communicate_every", 1), getattr(cohort, "fanout", None)
     overlap = getattr(cohort, "overlap", False)
@@ -122,7 +123,7 @@ def hello_terms(cohort: Any, mode: str, num_classes: int, everywhere: bool,
         raise ValueError(f"cohort.overlap: applies to broadcast-mode methods (fedh2l); "
                          f"{cohort.algorithm} runs in {mode} mode. Remove cohort.overlap")
     return {"cohort": cohort.name, "algorithm": cohort.algorithm, "num_classes": num_classes,
-            "rounds": cohort.rounds,
+            "rounds": cohort.rounds, **({"part": part} if part else {}),
             "shared": {**shared, **({"aggregate_everywhere": 1} if everywhere else {}),
                        **({"fanout": fanout} if fanout is not None else {}),
                        **({"communicate_every": every} if every != 1 else {}),
@@ -412,7 +413,7 @@ class PeerCore:
             algorithm=terms["algorithm"], num_classes=terms["num_classes"],
             rounds=terms["rounds"], round=self.round, shared=terms["shared"],
             capabilities=list(self.capabilities), introduced=int(introduced),
-            view_from=view_from,
+            view_from=view_from, part=terms.get("part", 0),
         )
 
     def ask_view(self, peer_id: str) -> Send:
@@ -927,6 +928,19 @@ class PeerCore:
                             f"{MISMATCH_HINTS.get(field_name, '')}"),
                     Reply(msg.address, Error(**self.envelope(), code=ErrorCode.COHORT_MISMATCH,
                                              reason=reason, ref_type="hello"), msg.sender)]
+        # (checked after the data split agrees: a part of another split is no overlap)
+        if msg.part and msg.part == self.hello_terms.get("part"):
+            # (a second party that kept the example's data.partition_index trained on the
+            # first one's rows, both counted as the cohort's data: a review)
+            why = (f"it trains on part {msg.part - 1} of the cohort's data split "
+                   f"(data.partition_index), as {self.id} does: two peers would train on "
+                   "the same rows; give each peer its own data.partition_index")
+            return [Dropped(ErrorCode.COHORT_MISMATCH, f"hello from {msg.sender}: {why}"),
+                    Reply(msg.address, Error(
+                        **self.envelope(), code=ErrorCode.COHORT_MISMATCH, ref_type="hello",
+                        reason=f"data.partition_index {msg.part - 1} is {self.id}'s too: two "
+                               "peers would train on the same rows; give each peer its own"),
+                          msg.sender)]
         mem = self.membership
         drop = self.admit_hello(msg)
         if drop is not None:

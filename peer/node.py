@@ -94,6 +94,7 @@ class Node:
         advertise: str | None = None,
         seeds: SeedStore | None = None,
         shared: dict[str, int] | None = None,  # more values peers must agree on (data split)
+        data_part: int = 0,  # 1 + the part of that split this peer trains on (0: none)
         allowed_peers: frozenset[str] | None = None,
         signing: tuple[Callable[[bytes], bytes], dict[str, bytes]] | None = None,
         byzantine: int | None = None,
@@ -153,7 +154,7 @@ class Node:
             bootstrap=self.bootstrap, seeds=seeds, sit_out_through=sit_out_through,
             capabilities=[algorithm.mode, f"protocol:{PROTOCOL_VERSION}"],
             hello_terms=hello_terms(cohort, algorithm.mode, num_classes, self.everywhere,
-                                    {**algorithm.handshake_info(), **(shared or {})}))
+                                    {**algorithm.handshake_info(), **(shared or {})}, data_part))
         # Each round's record; evaluated, recorded and checkpointed every N rounds (and
         # after the last), the rounds between folded into the next line.
         self.evaluate_every = evaluate_every

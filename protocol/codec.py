@@ -303,7 +303,7 @@ assert [f.name for f in _SCHEMAS[MemberRecord]] == [
 #: Optional fields added since protocol version 5 (rev. 3) that stay off the wire when
 #: 0 (absent reads as 0): a peer that does not use them sends what it sent before.
 _ABSENT_AT_ZERO: dict[type, tuple[str, ...]] = {
-    MESSAGE_TYPES["hello"]: ("view_from",),
+    MESSAGE_TYPES["hello"]: ("view_from", "part"),
     MESSAGE_TYPES["welcome"]: ("view_upto",),
     MESSAGE_TYPES["heartbeat"]: ("view", "wants_copy"),
     # rev. 15, where commits are certified (justified proposals)

@@ -66,6 +66,10 @@ class Hello(Message):
     # timing.join lazy, a hello that asks for the receiver's view: how much of it the
     # sender already has (the receiver's ``view_upto`` of its last answer; 0: all of it).
     view_from: int = 0
+    # 1 + the part of the cohort's data split (``shared["data_split"]``) the sender trains
+    # on (data.partition_index); 0: it splits nothing. Two peers of one split that train
+    # on one part refuse each other (rev. 20).
+    part: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -777,11 +777,21 @@ def test_hfl_report_compares_runs_in_one_table_and_one_plot_per_metric(tmp_path,
     assert "note: fedavg: its means are over 2 of its 3 peers" in out
 
 
-def test_peers_that_partition_differently_refuse_each_other_and_end_short(tmp_path):
-    """Two peers over the in-memory transport, one with another data.seed: before, they
-    trained on overlapping rows as one cohort; now the handshake refuses, and each
-    ends without its cohort (CohortTooSmall), its summary saying so."""
+@pytest.mark.parametrize(("seeds", "indices", "said"), [
+    ((0, 1), (0, 1), "data_split differs"),
+    # A second party that kept the two-machine example's partition_index 0 trained on the
+    # first one's rows, both taken for the cohort's data (a review): protocol 5 rev. 20
+    ((0, 0), (0, 0), "it trains on part 0 of the cohort's data split (data.partition_index), "
+                     "as p0 does"),
+])
+def test_peers_that_partition_differently_refuse_each_other_and_end_short(
+        tmp_path, caplog, seeds, indices, said):
+    """Two peers over the in-memory transport, one with another data.seed (or both on one
+    part of the split): before, they trained on overlapping rows as one cohort; now the
+    handshake refuses, and each ends without its cohort (CohortTooSmall), its summary
+    saying so."""
     import asyncio
+    import logging
 
     from hfl.peer.config import config_from_dict
     from hfl.peer.runner import run_peer
@@ -796,16 +806,19 @@ def test_peers_that_partition_differently_refuse_each_other_and_end_short(tmp_pa
             "cohort": {"algorithm": "fedavg", "rounds": 1},
             "timing": {"heartbeat_interval_s": 0.05, "suspect_after_s": 0.2, "dead_after_s": 0.4,
                        "join_timeout_s": 1.0, "round_timeout_s": 1.0, "aggregate_grace_s": 0.2},
-            "data": {"partition": "iid", "num_partitions": 2, "partition_index": i, "seed": seed},
+            "data": {"partition": "iid", "num_partitions": 2, "partition_index": indices[i],
+                     "seed": seed},
             "model": {"arch": "mlp", "options": {"hidden": [8]}}, "train": {"max_batches": 1},
         })
 
     async def both():
         hub = MemoryHub()
-        return await asyncio.gather(run_peer(cfg(0, 0), hub=hub), run_peer(cfg(1, 1), hub=hub),
-                                    return_exceptions=True)
+        return await asyncio.gather(run_peer(cfg(0, seeds[0]), hub=hub),
+                                    run_peer(cfg(1, seeds[1]), hub=hub), return_exceptions=True)
 
-    results = asyncio.run(both())
+    with caplog.at_level(logging.WARNING, logger="hfl"):
+        results = asyncio.run(both())
+    assert said in caplog.text, caplog.text[-3000:]
     assert all(isinstance(r, CohortTooSmall) for r in results), results
     summaries = [json.loads((tmp_path / f"p{i}" / "summary.json").read_text()) for i in (0, 1)]
     assert all(s["max_live_peers"] == 1 for s in summaries)
