@@ -59,8 +59,10 @@ class FedProtoConfig(WeightedRobustOptions):
         default="head", metadata={"help": "test accuracy from the linear head or the nearest global prototype"})
 
 
-def check_rows(tensors: dict[str, np.ndarray], k: int, d: int, nonneg_weights: bool) -> str | None:
-    """Why ``{"rows": (K, D), "weights": (K,)}`` float32 arrays are unusable, or None."""
+def check_rows(tensors: dict[str, np.ndarray], k: int, d: int,
+               bounds: tuple[float, float] = (0.0, math.inf)) -> str | None:
+    """Why ``{"rows": (K, D), "weights": (K,)}`` float32 arrays are unusable, or None;
+    ``bounds``: the range an honest release's weights lie in (:meth:`FedProto.weight_bounds`)."""
     if set(tensors) != {"rows", "weights"}:
         return f"arrays {sorted(tensors)}, expected ['rows', 'weights']"
     rows, weights = tensors["rows"], tensors["weights"]
@@ -70,8 +72,11 @@ def check_rows(tensors: dict[str, np.ndarray], k: int, d: int, nonneg_weights: b
         return f"weights: {weights.dtype}{list(weights.shape)}, expected float32[{k}]"
     if not (np.isfinite(rows).all() and np.isfinite(weights).all()):
         return "non-finite values"
-    if nonneg_weights and (weights < 0).any():
-        return "negative weights"
+    lo, hi = bounds
+    if (weights < lo).any() or (weights > hi).any():
+        bad = weights[(weights < lo) | (weights > hi)]
+        return (f"weights {float(bad.min()) if (weights < lo).any() else float(bad.max()):g} "
+                f"outside [{lo:g}, {hi:g}], the range of an honest release's")
     return None
 
 
@@ -162,7 +167,7 @@ class FedProto(Algorithm):
         w_sum = np.zeros(k, dtype=np.float64)
         used, excluded = [], []
         for peer, c in sorted(contributions.items()):
-            why = check_rows(c.tensors, k, d, nonneg_weights=self.nonneg_weights)
+            why = check_rows(c.tensors, k, d, self.weight_bounds)
             if why is None and c.meta.get("round", round) != round:
                 why = f"it is of round {c.meta.get('round')!r}"
             if why is None:  # (rows of 3e38 at weight 0)
@@ -180,21 +185,27 @@ class FedProto(Algorithm):
             return None
         meta = {"round": round, "protos_round": round, "contributors": used, "excluded": excluded}
         options = rule_options(self.cfg)
-        if is_plain(options):
+        # max_weight_share: equal: each holder's class mean counts once, whatever count it
+        # claims (the plain sum weighed claimed counts: one member's 1e6 took every class,
+        # accuracy 0.81 -> 0.16, without a word; an attack review)
+        equal = getattr(self.cfg, "max_weight_share", None) == "equal"
+        if is_plain(options) and not equal:
             protos, present = P.global_prototypes(torch.from_numpy(r_sum), torch.from_numpy(w_sum))
             protos, present = protos.float().numpy(), present.numpy()
         else:
             robust_protos = self.robust_prototypes(round, {p: contributions[p].tensors for p in used},
-                                                   options, meta)
+                                                   options, meta, equal)
             if robust_protos is None:
                 return None
             protos, present = robust_protos
         return Payload(kind="prototypes", tensors={"protos": protos, "present": present}, meta=meta)
 
     def robust_prototypes(self, round: int, releases: dict[str, dict[str, np.ndarray]],
-                          options: dict, meta: dict) -> tuple[np.ndarray, np.ndarray] | None:
+                          options: dict, meta: dict, equal: bool = False
+                          ) -> tuple[np.ndarray, np.ndarray] | None:
         """(protos float32 (K, D), present bool (K,)): per class, the rule over the local
-        prototypes of its holders; None, with a logged reason, if no class has one."""
+        prototypes of its holders (weighed by their counts, or ``equal``ly); None, with a
+        logged reason, if no class has one."""
         k, d = self.ctx.num_classes, self.proto_dim
         protos, present = np.zeros((k, d), dtype=np.float32), np.zeros(k, dtype=bool)
         skipped = {}
@@ -205,8 +216,8 @@ class FedProto(Algorithm):
             local = {p: {"proto": releases[p]["rows"][j].astype(np.float64)
                          / float(releases[p]["weights"][j])} for p in holders}  # (D,) each
             try:
-                out, _ = combine(local, {p: float(releases[p]["weights"][j]) for p in holders},
-                                 **options)
+                out, _ = combine(local, {p: 1.0 if equal else float(releases[p]["weights"][j])
+                                         for p in holders}, **options)
             except ValueError as exc:
                 skipped[j] = str(exc)
                 continue
@@ -223,8 +234,11 @@ class FedProto(Algorithm):
         return protos, present
 
     @property
-    def nonneg_weights(self) -> bool:
-        return True
+    def weight_bounds(self) -> tuple[float, float]:
+        """The range of an honest release's weights: counts (weighted), or 1 where a
+        class is held (``weighted: false``: a member's claimed weight of 1e6 outweighed
+        every honest class mean, an attack review)."""
+        return (0.0, math.inf if self.cfg.weighted else 1.0)
 
     def absorb(self, round: int, received: dict[str, Payload]) -> dict[str, float]:
         if not received:

@@ -40,6 +40,10 @@ def arch_signature(arrays: dict[str, np.ndarray]) -> str:
     return f"{crc:08x}"
 
 
+#: What separates a name from its shape in a result key (no module's parameter name has it).
+SHAPE_MARK = "|"
+
+
 def unfit(arrays: dict[str, np.ndarray], own_top: float | None = None) -> str | None:
     """Why ``arrays`` cannot take part in a layer-wise mean (nothing to average, an
     array that is not numeric, non-finite values, values far beyond this peer's own
@@ -48,6 +52,12 @@ def unfit(arrays: dict[str, np.ndarray], own_top: float | None = None) -> str | 
     if not arrays:
         return "no arrays"
     for name, a in arrays.items():
+        if SHAPE_MARK in name:
+            # (a member's array named "head.weight|10x16", the key the honest holders of
+            # head.weight got once it also sent one of another shape, replaced their mean
+            # on every peer, without a word: an attack review)
+            return (f"{name}: {SHAPE_MARK!r} in an array name (the layer-wise result keys a "
+                    "name held with several shapes name|shape)")
         if not isinstance(a, np.ndarray) or a.dtype.kind not in "fiub":
             return f"{name}: not a numeric array"
         if a.dtype.kind == "f":
@@ -61,7 +71,7 @@ def unfit(arrays: dict[str, np.ndarray], own_top: float | None = None) -> str | 
 
 
 def _shape_key(name: str, shape: tuple[int, ...]) -> str:
-    return f"{name}|{'x'.join(map(str, shape))}"
+    return f"{name}{SHAPE_MARK}{'x'.join(map(str, shape))}"
 
 
 def shares(weights: np.ndarray) -> np.ndarray:

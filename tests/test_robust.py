@@ -8,6 +8,7 @@ six FedAvg peers on the digits with one attacker."""
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -383,6 +384,28 @@ def test_layerwise_runs_the_rule_per_array_and_leaves_out_what_too_few_hold(capl
     assert "c not aggregated: median: tolerates f < n/2" in caplog.text
 
 
+def test_a_member_array_named_like_a_layerwise_result_key_is_left_out(caplog):
+    # An attack review: a member that sent head.weight with another shape and an array
+    # named "head.weight|10x16" (the key the honest holders then got) replaced their
+    # mean on every peer, without a word.
+    from hfl.algorithms import layerwise
+
+    assert "'|' in an array name" in layerwise.unfit({"head.weight|10x16": np.zeros(3, np.float32)})
+    peers = [make("fedavg", f"p{i}", aggregation="layerwise") for i in range(3)]
+    contributions = {a.ctx.peer_id: a.share(1) for a in peers}
+    own = dict(contributions["p2"].tensors)
+    name = next(n for n, v in own.items() if v.dtype == np.float32 and v.ndim == 2)
+    forged = {**own, name: np.ones(1, np.float32),
+              f"{name}|{'x'.join(map(str, own[name].shape))}": np.full(own[name].shape, 7, np.float32)}
+    contributions["p3"] = Payload(contributions["p2"].kind, forged, dict(contributions["p2"].meta))
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        result = peers[0].aggregate(1, contributions)
+    assert "p3" not in result.meta.get("contributors", ["p0", "p1", "p2"]) and "'|' in an array name" in caplog.text
+    got = layerwise.select(result.tensors, own, False)[0][name]
+    np.testing.assert_allclose(got, np.mean([contributions[p].tensors[name] for p in ("p0", "p1", "p2")], axis=0),
+                               rtol=1e-5, atol=1e-7)
+
+
 def test_fedin_takes_the_rule_through_its_layerwise_aggregation():
     # FedIN aggregates through FedAvg.aggregate (weights) and adds its feature batch.
     from hfl.algorithms.fedin import FedIN, FedINConfig
@@ -454,6 +477,58 @@ def test_fedproto_median_per_class_over_the_holders_local_prototypes(caplog):
     capped = make("fedproto", "p0", max_weight_share=0.3).aggregate(1, contributions)
     w = R.cap_weights(counts[:, 0], 0.3)
     np.testing.assert_allclose(capped.tensors["protos"][0], w @ means[:, 0], rtol=1e-5)
+
+
+def test_fedproto_claimed_counts_buy_nothing_where_the_cohort_says_so(caplog):
+    # An attack review: weighted: false and max_weight_share: equal were ignored by the
+    # plain sum, so a member's weights of 1e6 (rows scaled alike) set every prototype
+    # (honest accuracy 0.81 -> 0.16, no warning). Oracle: numpy means over the holders.
+    rng = np.random.default_rng(11)
+    means = rng.normal(size=(4, C, E))
+    counts = np.array([[10, 5, 0], [20, 5, 0], [30, 5, 1], [1e6, 1e6, 1e6]])  # p3 claims 1e6
+    claimed = {f"p{i}": proto_payload(means[i] * counts[i][:, None], counts[i]) for i in range(4)}
+    equal = make("fedproto", "p0", max_weight_share="equal").aggregate(1, claimed)
+    assert equal.meta["contributors"] == ["p0", "p1", "p2", "p3"]
+    np.testing.assert_allclose(equal.tensors["protos"][0], means[:, 0].mean(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(equal.tensors["protos"][2], means[2:, 2].mean(axis=0), rtol=1e-5)
+    # weighted: false: an honest release is (class means, 1 where held); a weight above 1
+    # is no honest release, and is left out, named
+    held = (counts > 0).astype(np.float64)
+    plain = {f"p{i}": proto_payload(means[i], held[i]) for i in range(3)}
+    plain["p3"] = claimed["p3"]
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        unweighted = make("fedproto", "p0", weighted=False).aggregate(1, plain)
+    assert unweighted.meta["excluded"] == ["p3"]
+    assert "p3 left out: weights 1e+06 outside [0, 1]" in caplog.text
+    np.testing.assert_allclose(unweighted.tensors["protos"][1], means[:3, 1].mean(axis=0), rtol=1e-5)
+    # the default weighs counts (documented: docs/robust.md), as before
+    weighted = make("fedproto", "p0").aggregate(1, claimed)
+    np.testing.assert_allclose(weighted.tensors["protos"][0], counts[:, 0] @ means[:, 0]
+                               / counts[:, 0].sum(), rtol=1e-5)
+
+
+def test_fedhp_noisy_releases_leave_out_weights_no_noise_explains(caplog):
+    # An attack review: with DP noise any negative weight was taken: -1e6 removed every
+    # class's prototype, weights cancelling the honest counts made the member's rows the
+    # prototypes (accuracy 0.82 -> 0.09). An honest noisy weight lies within 6 noise
+    # standard deviations of its count.
+    from hfl.algorithms.dp import noise_stds
+
+    alg = make("fedhp", "p0", noise_multiplier=0.3)
+    s_w = noise_stds(0.3, alg.cfg.clip_norm)[1]
+    assert alg.weight_bounds == (pytest.approx(-6 * s_w), math.inf)
+    assert make("fedhp", "p0", noise_multiplier=0.3, weighted=False).weight_bounds == (
+        pytest.approx(-6 * s_w), pytest.approx(1 + 6 * s_w))
+    assert make("fedhp", "p0").weight_bounds == (0.0, math.inf)
+    d = alg.proto_dim
+    rng = np.random.default_rng(12)
+    honest = {f"p{i}": proto_payload(rng.normal(size=(C, d)) * 20, np.full(C, 20.0) + rng.normal(size=C) * s_w)
+              for i in range(3)}
+    honest["p3"] = proto_payload(np.zeros((C, d)), np.full(C, -1e6))
+    with caplog.at_level(logging.WARNING, logger="hfl.algorithms"):
+        result = alg.aggregate(1, honest)
+    assert result.meta["excluded"] == ["p3"] and result.tensors["present"].all()
+    assert "p3 left out: weights -1e+06 outside [" in caplog.text
 
 
 def test_fedmd_and_feddf_consensus_logits_take_the_rule():
