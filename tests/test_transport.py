@@ -832,3 +832,38 @@ def test_zmq_only_a_link_that_shook_hands_reports_its_drop():
             await close_all(a)
 
     asyncio.run(main())
+
+
+def test_zmq_forgetting_a_member_before_its_link_drops_leaves_every_other_link_working():
+    # An attack review, real processes: a member's goodbye made each peer close its link
+    # to it and the link's monitor, the monitor first; the link's DISCONNECTED, as the
+    # member's process then exited, blocked libzmq's I/O thread on the closed monitor,
+    # and every peer stopped hearing every other (dead to each other 4 s later, the
+    # round without a result). Here: a forgets c, c's socket goes, b keeps sending.
+    import zmq
+
+    async def main():
+        a, b = await started(ZmqTransport("a", "tcp://127.0.0.1:0"),
+                             ZmqTransport("b", "tcp://127.0.0.1:0"))
+        other = zmq.Context()  # c: a peer of its own I/O thread, as in its own process
+        c = other.socket(zmq.ROUTER)
+        c_address = f"tcp://127.0.0.1:{c.bind_to_random_port('tcp://127.0.0.1')}"
+        try:
+            assert await a.send(c_address, [b"hello"], 2.0)
+            deadline = time.monotonic() + 5
+            while not c.poll(0) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert c.poll(0), "c never heard from a"
+            await asyncio.sleep(0.2)  # a's link to c has shaken hands: it is watched
+            await a.forget(c_address)
+            c.close(linger=0)  # c leaves: a's (forgotten) link would drop now
+            await asyncio.sleep(0.3)
+            for i in range(20):
+                assert await b.send(a.address, [b"x%d" % i], 2.0)
+            got = [await recv(a, 2.0) for _ in range(20)]
+            assert [f for _, (f,) in got] == [b"x%d" % i for i in range(20)]
+        finally:
+            await close_all(a, b)
+            other.term()
+
+    asyncio.run(main())
