@@ -976,3 +976,27 @@ def test_a_member_first_heard_during_a_round_does_not_split_its_election_for_lon
     res = run_seed(118, peers=4, buggify=True)
     assert not res.violations, [str(v) for v in res.violations]
     assert res.end_t < 8.0
+
+
+@pytest.mark.parametrize(("mode", "cut_s"), [("aggregator", 40.0), ("broadcast", 15.0)])
+def test_a_peer_cut_off_alone_keeps_the_cohorts_pace_and_learns_again_after_the_heal(mode, cut_s):
+    # An attack review (peers in network namespaces, one cut off for 60 s): alone, the
+    # peer ran rounds as fast as it trained (2,248 to 12,160 in a minute, none with a
+    # result), came back thousands of rounds ahead and never took a result again. Here:
+    # rounds train in 2 ms and take the cohort ~50 ms; before, p3 reached the last
+    # round during the cut and learned from no one after it (53 and 134 rounds of 2,000).
+    timing = TimingConfig(heartbeat_interval_s=0.5, suspect_after_s=2.0, dead_after_s=5.0,
+                          round_timeout_s=10.0, aggregate_grace_s=2.0, join_timeout_s=30.0)
+    sim = ProtocolSim(0, peers=4, rounds=2000, mode=mode, train_s=0.002, signed=True,
+                      scenario=scenario([ProtocolFault(3.0, "partition", ("p3",), cut_s)],
+                                        timing=timing, peers=4))
+    res = sim.run()
+    assert not res.violations, [str(v) for v in res.violations]
+    rounds = [e for e in sim.checker.events if e["event"] == "round"]
+    healed = 3.0 + cut_s
+    p3_after = [e for e in rounds if e["peer"] == "p3" and e["t"] > healed + 10]
+    assert len(p3_after) > 500 and sum(e["learned_from"] > 0 for e in p3_after) > 0.95 * len(p3_after)
+    # ... and it kept near the cohort while alone: at the heal, within 10 s of its rounds
+    p0_at_heal = max(e["round"] for e in rounds if e["peer"] == "p0" and e["t"] <= healed)
+    p3_at_heal = max(e["round"] for e in rounds if e["peer"] == "p3" and e["t"] <= healed)
+    assert p3_at_heal <= p0_at_heal + 50, (p3_at_heal, p0_at_heal)
