@@ -624,7 +624,10 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     transport = (make(cfg) if make is not None
                  else make_transport(cfg.node.id, cfg.node.listen, hub=hub, security=identity,
                                      options=TransportOptions(
-                                         max_message_bytes=limits.max_message_bytes)))
+                                         max_message_bytes=limits.max_message_bytes,
+                                         link_heartbeat_ms=round(
+                                             cfg.timing.heartbeat_interval_s * 1000),
+                                         link_timeout_ms=round(cfg.timing.dead_after_s * 1000))))
     if fault_plan is not None:
         transport = FaultyTransport(transport, fault_plan)
     shared = data_split_fingerprint(cfg.data)

@@ -66,6 +66,16 @@ class TransportOptions:
     recv_hwm: int = 16
     reconnect_ivl_ms: int = 100  # first reconnect attempt after a dropped link...
     reconnect_ivl_max_ms: int = 2000  # ...then exponential backoff up to this
+    # A link pings its peer (ZMTP heartbeats, answered by the peer's libzmq thread) every
+    # link_heartbeat_ms and is dropped and dialled again when nothing came back within
+    # link_timeout_ms (hfl-peer: timing.heartbeat_interval_s and dead_after_s); a dial
+    # gives up after connect_timeout_ms and tries again. Without them a link cut by a
+    # partition (no reset reaches anyone) stayed up on TCP's backed-off retransmissions,
+    # and traffic came back up to the partition's length after the heal (an attack
+    # review, network namespaces: 46.6 s after a 60 s cut, a false death after a 3 s one).
+    link_heartbeat_ms: int = 500
+    link_timeout_ms: int = 5000
+    connect_timeout_ms: int = 3000
     linger_ms: int = 0  # never block process exit on unsent messages
     # Bytes of large messages (a frame of 64 KiB or more) queued for one link and not
     # yet written to its connection, at most: max(this, 4 x the largest message sent so
@@ -475,6 +485,9 @@ class ZmqTransport(Transport):
                 sock.setsockopt(zmq.IMMEDIATE, 1)
                 sock.setsockopt(zmq.RECONNECT_IVL, o.reconnect_ivl_ms)
                 sock.setsockopt(zmq.RECONNECT_IVL_MAX, o.reconnect_ivl_max_ms)
+                sock.setsockopt(zmq.HEARTBEAT_IVL, o.link_heartbeat_ms)
+                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, o.link_timeout_ms)
+                sock.setsockopt(zmq.CONNECT_TIMEOUT, o.connect_timeout_ms)
                 # The monitor is attached before connecting: libzmq reports a refused
                 # handshake once and then gives the link up, so an event fired between
                 # connect() and the monitor's start (the I/O thread runs on while this

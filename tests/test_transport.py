@@ -687,11 +687,14 @@ def test_a_link_whose_member_never_read_and_left_frees_its_queue_without_hanging
 
 async def bounded_link_to_a_silent_member():
     """(transport "a" bounded at 8 MiB per link, zmq context, a member's ROUTER that
-    reads nothing until told, its address, a 1 MiB knowledge message)."""
+    reads nothing until told, its address, a 1 MiB knowledge message). The link's own
+    heartbeat is off: a member that reads nothing answers no ping either, and the link
+    would be dropped after link_timeout_ms (its queue with it), which is not what
+    these tests are about."""
     import zmq
 
-    a, = await started(ZmqTransport("a", "tcp://127.0.0.1:0",
-                                    options=TransportOptions(min_queued_bytes=8 * 2**20)))
+    a, = await started(ZmqTransport("a", "tcp://127.0.0.1:0", options=TransportOptions(
+        min_queued_bytes=8 * 2**20, link_heartbeat_ms=0)))
     ctx = zmq.Context()
     member = ctx.socket(zmq.ROUTER)
     member.rcvhwm = 1
@@ -867,3 +870,51 @@ def test_zmq_forgetting_a_member_before_its_link_drops_leaves_every_other_link_w
             other.term()
 
     asyncio.run(main())
+
+
+def test_zmq_a_link_whose_peer_stops_answering_is_dropped_and_dialled_again():
+    # An attack review, peers in network namespaces: a link cut by a partition (no reset
+    # reaches anyone) stayed up on TCP's backed-off retransmissions, and traffic came
+    # back up to the cut's length after the heal (46.6 s after 60 s). Links now ping
+    # their peer (ZMTP heartbeats) and are dropped when nothing comes back within
+    # link_timeout_ms; here a peer process stopped (SIGSTOP: its libzmq thread answers
+    # nothing, as behind a partition), then continued.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, zmq, time; c = zmq.Context(); s = c.socket(zmq.ROUTER); "
+            "print(s.bind_to_random_port('tcp://127.0.0.1'), flush=True); "
+            "[s.recv_multipart() for _ in iter(int, 1)]")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    links: list[bool] = []
+
+    async def until(done, timeout_s=10.0):
+        deadline = time.monotonic() + timeout_s
+        while not done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return done()
+
+    async def main():
+        port = int(child.stdout.readline())
+        opts = TransportOptions(link_heartbeat_ms=100, link_timeout_ms=600)
+        (a,) = await started(ZmqTransport("a", "tcp://127.0.0.1:0", opts))
+        a.on_link = lambda address, peer, up: links.append(up)
+        try:
+            assert await a.send(f"tcp://127.0.0.1:{port}", [b"hello"], 2.0)
+            assert await until(lambda: links == [True]), links
+            os.kill(child.pid, signal.SIGSTOP)
+            t = time.monotonic()
+            assert await until(lambda: links[-1] is False), links  # dropped: a hint
+            assert time.monotonic() - t < 5.0
+            os.kill(child.pid, signal.SIGCONT)
+            assert await until(lambda: links[-1] is True), links  # dialled again
+        finally:
+            await close_all(a)
+
+    try:
+        asyncio.run(main())
+    finally:
+        child.kill()
+        child.wait()
