@@ -66,6 +66,11 @@ def _write_profile(profiler, path: str, peer_id: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGHUP rereads the allow-list once a CURVE transport listens (peer/transport.py);
+    # before that (imports, data, the model), without an allow-list and while stopping,
+    # it is ignored: its default action ended the peer with no goodbye (a review: a
+    # SIGHUP to every peer after an allow-list edit killed one that was starting).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         return _main_checked(parse_args(argv))
     except KeyboardInterrupt:  # (Ctrl-C while the imports ran: a 50-line traceback)

@@ -278,3 +278,30 @@ def test_two_running_peers_admit_and_revoke_each_within_seconds(tmp_path):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def test_sighup_is_ignored_once_the_allow_list_transport_closes(tmp_path):
+    # A review: closing the transport restored SIGHUP's default action, which ends the
+    # process (a peer stopping, or a second one in this process, died with no goodbye).
+    from hfl.peer.security import load_identity
+    from hfl.peer.transport import ZmqTransport
+
+    pub = keys(tmp_path, "p0")
+    write_allow_list(tmp_path / "p0" / "allow_list", pub)
+    identity = load_identity("p0", str(tmp_path / "p0" / "p0.key_secret"),
+                             str(tmp_path / "p0" / "allow_list"))
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        async def main():
+            t = ZmqTransport("p0", "tcp://127.0.0.1:0", security=identity)
+            await t.start()
+            os.kill(os.getpid(), signal.SIGHUP)  # while it listens: a reload asked
+            await asyncio.sleep(0.05)
+            assert t._reload_asked
+            await t.close()
+
+        asyncio.run(main())
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGHUP)  # ignored: this test goes on
+    finally:
+        signal.signal(signal.SIGHUP, before)
