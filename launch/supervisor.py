@@ -165,8 +165,7 @@ class Supervisor:
 
     def _stop_all(self, grace_s: float) -> None:
         for pp in self.peers.values():
-            if pp.running or (pp.proc is not None and _alive(pp.proc)):
-                # (a forked peer reads as exited, 255, once its template died: it was not)
+            if pp.running:  # (a forked peer whose template died runs on: ForkedPeer.poll)
                 pp.killed_on_purpose = True  # its exit status is ours, not a failure
                 pp.proc.send_signal(signal.SIGTERM)
                 pp.proc.send_signal(signal.SIGCONT)  # a stopped peer takes SIGTERM only so
@@ -428,13 +427,3 @@ def _tail(path: Path, n: int) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return "(no log)"
-
-
-def _alive(proc) -> bool:
-    """Whether a forked peer that reads as exited still runs: it is not our child, and
-    its template's death made it read as exited (255) while it trained on (a review).
-    By its pid and start time: a pid taken by another process since is not the peer."""
-    from hfl.peer.status import process_alive
-
-    started = getattr(proc, "started", None)
-    return started is not None and proc.returncode == 255 and process_alive(proc.pid, started)

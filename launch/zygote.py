@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # Imported once in the template. Heavy, and needed by every peer.
@@ -53,6 +54,9 @@ def context(extra_modules: list[str] = ()):
     """The forkserver context, its preload list set (once per launcher process)."""
     global _CONTEXT
     if _CONTEXT is None:
+        # The launcher adopts the peers if the template dies (Linux): their exit status
+        # is then ours to read (ForkedPeer.poll), not an "exit 255" of a peer that runs on.
+        _become_subreaper()
         # If anything in the template asks torch.cuda.is_available(), answer from NVML
         # without initialising the CUDA driver (a driver initialised before fork is
         # unusable in the children).
@@ -60,6 +64,18 @@ def context(extra_modules: list[str] = ()):
         _CONTEXT = mp.get_context("forkserver")
         _CONTEXT.set_forkserver_preload([*PRELOAD, *extra_modules])
     return _CONTEXT
+
+
+def _become_subreaper() -> bool:
+    """Orphans of our descendants become our children (Linux PR_SET_CHILD_SUBREAPER)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def start_template(extra_modules: list[str] = ()) -> None:
@@ -112,6 +128,9 @@ def _peer_main(config_path: str, env: dict[str, str], log_path: str) -> None:
     exit_now(main(["--config", config_path, "--no-plot"]))  # the launcher plots the whole run
 
 
+_RUNNING = object()  # ForkedPeer._orphan: the adopted peer still runs
+
+
 class ForkedPeer:
     """A peer forked from the template, behind the Popen methods the supervisor uses."""
 
@@ -125,19 +144,51 @@ class ForkedPeer:
         from hfl.peer.status import process_started
 
         self.started = process_started(self.pid)  # (with the pid: this peer, not a reuse)
+        self._code: int | None = None
 
     @property
     def returncode(self) -> int | None:
-        return self._proc.exitcode
+        return self._code
 
     def poll(self) -> int | None:
-        return None if self._proc.is_alive() else self._proc.exitcode
+        """Its exit status, or None while it runs. Its template reaps it and reports the
+        status; when the template died first, the peer reads as exited with 255 while it
+        trains on (a review: the launcher reported three healthy peers as failed and
+        stopped the run): it runs on, adopted by this launcher (:func:`context`), whose
+        child it is now, or is watched by its pid where no adoption was possible."""
+        if self._code is not None:
+            return self._code
+        if self._proc.is_alive():
+            return None
+        code = self._proc.exitcode
+        if code == 255:  # (its template's end reads so too)
+            orphan = self._orphan()
+            if orphan is _RUNNING:
+                return None
+            code = code if orphan is None else orphan
+        self._code = code
+        return code
+
+    def _orphan(self):
+        """The adopted peer's exit status, :data:`_RUNNING`, or None (not an orphan of
+        ours: its template reaped it, and 255 is its own status)."""
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            from hfl.peer.status import process_alive
+
+            alive = self.started is not None and process_alive(self.pid, self.started)
+            return _RUNNING if alive else None
+        return _RUNNING if pid == 0 else os.waitstatus_to_exitcode(status)
 
     def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._proc.join(timeout)
-        if self._proc.exitcode is None:
-            raise subprocess.TimeoutExpired(f"peer pid {self.pid}", timeout)
-        return self._proc.exitcode
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"peer pid {self.pid}", timeout)
+            time.sleep(0.05)
+        return self._code
 
     def send_signal(self, sig: int) -> None:
         try:

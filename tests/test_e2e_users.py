@@ -296,3 +296,36 @@ def test_a_stopped_peer_says_goodbye_and_exits_with_its_signals_status(tmp_path,
     assert "p1 alive -> dead" not in err0 and procs[0].returncode == 143, err0
     rows = metrics(tmp_path, "p1")
     assert rows and load_checkpoint(tmp_path / "p1")["round"] == rows[-1]["round"]
+
+
+def test_a_forked_peer_runs_on_when_its_template_dies_and_its_real_status_is_read(tmp_path):
+    # A review: the template's death made every forked peer read as exited with 255; the
+    # launcher reported three healthy peers as failed and stopped the run. The launcher
+    # adopts them now (a subreaper): the peer runs on, and its own status is read.
+    from multiprocessing import forkserver
+
+    from hfl.launch.zygote import ForkedPeer
+    from hfl.peer.status import process_alive
+
+    cfg = tmp_path / "wait.yaml"  # a peer that waits for a cohort that never comes
+    cfg.write_text(yaml.safe_dump({
+        "node": {"id": "a", "listen": "tcp://127.0.0.1:0", "run_dir": str(tmp_path / "a"),
+                 "min_peers": 2, "bootstrap": [f"tcp://127.0.0.1:{free_tcp_port()}"]},
+        "security": {"mode": "none"}, "cohort": {"algorithm": "fedavg", "rounds": 2},
+        "timing": {"join_timeout_s": 300}, "data": {"dataset": "digits"},
+        "model": {"arch": "mlp"}}))
+    peer = ForkedPeer(cfg, {"OMP_NUM_THREADS": "1"}, tmp_path / "peer.log")
+    log = lambda: (tmp_path / "peer.log").read_text(errors="replace") if (tmp_path / "peer.log").exists() else ""  # noqa: E731
+    deadline = time.monotonic() + 120
+    while "listening on" not in log():
+        assert peer.poll() is None and time.monotonic() < deadline, log()
+        time.sleep(0.1)
+    template = forkserver._forkserver._forkserver_pid
+    os.kill(template, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process_alive(template, None) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # (its sentinel closed: the peer read as exited here before)
+    assert peer.poll() is None and process_alive(peer.pid, peer.started)
+    peer.send_signal(signal.SIGTERM)
+    assert peer.wait(timeout=60) == 143 and peer.returncode == 143  # hfl-peer's own status
