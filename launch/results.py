@@ -198,6 +198,11 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
         "short": short,
         "diverged_at": diverged,  # the first round whose train_loss was NaN or infinite
         "damaged": {k: n for k, n in damaged.items() if n},  # left out (read_metrics)
+        # rounds that exchanged and learned from no other peer (no result, nobody's
+        # knowledge), and whether the last was one (its final model is its own)
+        "isolated": sum(int(r.get("isolated_rounds", r["learned_from"] == 0))
+                        for r in by_round.values() if isinstance(r.get("learned_from"), int)),
+        "last_isolated": last.get("learned_from") == 0,
         "cohort": "-" if seen is None else f"{seen}{' ' + SHORT_MARK if short else ''}",
         **{key: last.get(key, math.nan) for key, _, _ in DOMAIN_COLUMNS},
     }
@@ -269,6 +274,18 @@ def stopped_note(rows: list[dict[str, Any]]) -> str | None:
             f"the {len(kept)} peer(s) that reached it")
 
 
+def isolated_note(rows: list[dict[str, Any]]) -> str | None:
+    """A line naming the peers, not marked short, with rounds that learned from no other
+    peer (a round without a result: the table said nothing of a last round that had
+    none, and the final models were each peer's own last local step; a review)."""
+    named = [f"{r['peer']} {r['isolated']}{' (the last round among them)' if r.get('last_isolated') else ''}"
+             for r in rows if r.get("peer") != "mean" and r.get("isolated") and not r.get("short")]
+    if not named:
+        return None
+    return ("rounds that learned from no other peer (no result taken, no member's knowledge: "
+            "the peer's own step only): " + ", ".join(named))
+
+
 def gaps_note(rows: list[dict[str, Any]]) -> str | None:
     """A line naming the peers that reached the last round but took part in fewer rounds
     (a restarted peer sits out the round its earlier life died in: 59 rounds of 60 read
@@ -338,7 +355,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     table = markdown_table([title for _, title, _ in columns],
                            [[_fmt(r.get(k), spec) for k, _, spec in columns] for r in rows])
     notes = [SHORT_NOTE] if any(r.get("short") for r in rows) else []
-    notes += [n for n in [stopped_note(rows), gaps_note(rows),
+    notes += [n for n in [stopped_note(rows), gaps_note(rows), isolated_note(rows),
                           damage_note({r["peer"]: r["damaged"] for r in rows if "damaged" in r})]
               if n]
     diverged = [r for r in rows if r.get("diverged_at") is not None]

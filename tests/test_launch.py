@@ -251,6 +251,15 @@ def test_results_rows_and_mean_from_metrics_files(tmp_path):
          "incarnation": int(r == 3)}) + "\n" for r in (1, 3)))
     table = render_table([rows[0], peer_row("p3", "mlp", gap)])
     assert "took part in fewer than the 3 rounds: p3 (2); restarted peers have no line" in table
+    assert "learned from no other peer" not in table
+    # Rounds with no result (learned from no one) are named, the last above all: the
+    # table said nothing of a last round without a result (a review)
+    (gap / "metrics.jsonl").write_text("".join(json.dumps(
+        {"round": r, "time": 100.0 + 2 * r, "round_time_s": 1.0, "test_acc": 0.5,
+         "learned_from": int(r < 3)}) + "\n" for r in (1, 2, 3)))
+    table = render_table([peer_row("p3", "mlp", gap)])
+    assert ("rounds that learned from no other peer (no result taken, no member's knowledge: "
+            "the peer's own step only): p3 1 (the last round among them)") in table
 
 
 def test_a_failed_seed_is_named_and_left_out_of_the_mean_over_seeds():
