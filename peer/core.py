@@ -2586,6 +2586,10 @@ class PeerCore:
             return "sent a result its promises do not justify (unjustified_result)"
         if self.aggregator_waits_elsewhere(aggregator, r):
             return "waits at an earlier epoch"
+        m = self.membership.members.get(aggregator)
+        if m is not None and m.round > r and self.round_still_open(r, aggregator):
+            # (it said "missed its deadline" well before the deadline: a review)
+            return "went past the round with no result taken here, while a quorum is in it"
         return "missed its deadline"
 
     def catch_up(self, last: int) -> int:

@@ -398,10 +398,21 @@ def test_an_aggregator_that_shows_its_result_to_one_member_and_moves_on_costs_no
     # result (each of the twin's). Now a member fails over where no member absorbed the
     # round and a quorum is still in it, and the new aggregator asks p0 for a copy
     # (heartbeat wants_copy; rev. 18) and publishes it again.
+    from hfl.peer.instructions import Say
+
     for peers, twin in ((4, "p2:hide"), (7, "p3:hide")):
         sim = ProtocolSim(0, peers=peers, scenario=scenario([], peers=peers), signed=True,
                           byzantine=[twin])
+        said: list[str] = []
+        for peer in sim.peers.values():
+            def execute(instructions, _run=peer.execute):
+                said.extend(i.template % i.args for i in instructions if isinstance(i, Say))
+                return _run(instructions)
+            peer.execute = execute
         res = sim.run()
+        # the log says why (it said "missed its deadline", well before it: a review)
+        assert any(f"aggregator {twin[:2]} (epoch 0) went past the round with no result taken "
+                   "here" in s for s in said), [s for s in said if "failing over" in s][:5]
         assert not res.violations and res.rounds_without_result == [], (
             [str(v) for v in res.violations], res.rounds_without_result)
         # the twin's rounds were committed at epoch 1 with the value it hid
