@@ -405,8 +405,8 @@ def test_an_aggregator_that_shows_its_result_to_one_member_and_moves_on_costs_no
                           byzantine=[twin])
         said: list[str] = []
         for peer in sim.peers.values():
-            def execute(instructions, _run=peer.execute):
-                said.extend(i.template % i.args for i in instructions if isinstance(i, Say))
+            def execute(instructions, _run=peer.execute, _said=said):
+                _said.extend(i.template % i.args for i in instructions if isinstance(i, Say))
                 return _run(instructions)
             peer.execute = execute
         res = sim.run()
