@@ -87,6 +87,7 @@ def recount_lazy(m: Membership) -> tuple[set[str], int, int]:
     greeted = {p for p, x in m.members.items() if x.status == ALIVE and x.greeted}
     ids = ({p for p, x in m.members.items() if x.confirmed or x.remembered}
            | {p for p, by in m.reported.items() if len(by) >= m.reports_needed}) - {m.self_id}
+    ids -= m._unwitnessed  # (gone, known to us alone: out of the order, _sole_witness)
     unheard = sum(1 for p in ids if p in m.members and m.members[p].remembered
                   and not m.members[p].confirmed)
     known, unknown_left = len(ids) - unheard, len(m.reported_left - ids)

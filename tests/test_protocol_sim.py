@@ -1011,3 +1011,23 @@ def test_a_peer_cut_off_alone_keeps_the_cohorts_pace_and_learns_again_after_the_
     p0_at_heal = max(e["round"] for e in rounds if e["peer"] == "p0" and e["t"] <= healed)
     p3_at_heal = max(e["round"] for e in rounds if e["peer"] == "p3" and e["t"] <= healed)
     assert p3_at_heal <= p0_at_heal + 50, (p3_at_heal, p0_at_heal)
+
+
+@pytest.mark.parametrize("swim", [False, True], ids=["full", "swim"])
+def test_a_joiner_lost_before_any_member_but_its_bootstrap_heard_it_leaves_no_order_split(swim):
+    # An attack review, real processes (hfl-launch bootstraps each peer from one): p4
+    # greeted p0 and was killed. p0 had it in its rotation order (its own evidence), the
+    # others never could (one report, f + 1 = 2 needed): p0's quorum and elections
+    # differed from theirs for the rest of the run (14 of 40 rounds without a result
+    # there). Here before: p0 learned from others in 10 of 40 rounds. p0 now leaves a
+    # member it alone witnessed, gone for dead_after_s, out of its order.
+    timing = TimingConfig(heartbeat_interval_s=0.5, suspect_after_s=2.0, dead_after_s=4.0,
+                          round_timeout_s=10.0, aggregate_grace_s=2.0, join_timeout_s=30.0)
+    sc = scenario([ProtocolFault(3.0, "late", ("p4",)), ProtocolFault(3.02, "lost", ("p4",))],
+                  timing=timing, peers=5)
+    sim = ProtocolSim(0, peers=5, rounds=40, mode="aggregator", train_s=0.2, signed=True,
+                      scenario=sc, bootstraps=1, swim=swim)
+    res = sim.run()
+    assert not res.violations and not res.rounds_without_result, (
+        [str(v) for v in res.violations], res.rounds_without_result)
+    assert sim.peers["p0"].core.membership.order_size() == 4  # p4 heard by p0 alone: out
