@@ -370,9 +370,14 @@ class Supervisor:
                 continue
             if code != 0:
                 log_path = Path(pp.plan.config.run_dir) / "peer.log"
-                self.failures.append(f"{pid} exited with status {code}")
+                # (a signal from outside says so: "exited with status 143" read as a fault
+                # of the peer's own, a review)
+                by = {143: " (stopped by a SIGTERM not sent by hfl-launch)",
+                      130: " (stopped by a SIGINT not sent by hfl-launch)",
+                      -9: " (killed by SIGKILL)", 137: " (killed by SIGKILL)"}.get(code, "")
+                self.failures.append(f"{pid} exited with status {code}{by}")
                 # Failures are reported even with progress off, on stderr.
-                self._say(f"hfl-launch: {pid} exited with status {code}; last lines of {log_path}:\n"
+                self._say(f"hfl-launch: {pid} exited with status {code}{by}; last lines of {log_path}:\n"
                           f"{_tail(log_path, 15)}")
                 self._read_metrics(pp)  # (a row written just before it exited counts)
                 if not pp.went_on:
