@@ -95,6 +95,9 @@ class Member:
     round_heard: float = 0.0
     greeted: bool = False  # have we sent it our hello?
     confirmed: bool = False  # heard from the peer itself (not only suggested by gossip)
+    # when we first heard from this life of it (None: not yet): a member gone within
+    # dead_after_s of it died at its join (Membership._sole_witness)
+    confirmed_at: float | None = None
     # ``address`` is the peer's own word (its hello or welcome), not a third party's: a
     # member can be confirmed by a message that names no address (a heartbeat, or a
     # probe another member asked it to relay), and its address is then still gossip's.
@@ -310,7 +313,8 @@ class Membership:
             if address is None:
                 return None  # unknown and no address: cannot add it
             self._add(Member(peer_id, address, incarnation, ALIVE, now, confirmed=incarnation >= 0,
-                             placed=incarnation >= 0, remembered=incarnation < 0))
+                             placed=incarnation >= 0, remembered=incarnation < 0,
+                             confirmed_at=now if incarnation >= 0 else None))
             if incarnation < 0:
                 self._remembered.append(peer_id)
             if round is not None:
@@ -365,6 +369,8 @@ class Membership:
         self._hinted.pop(peer_id, None)  # a message is the answer to any crash hint
         self._confirmed_n += not m.confirmed
         m.confirmed = True
+        if m.confirmed_at is None or not same_life:  # (this life's first word)
+            m.confirmed_at = now
         if round is not None:  # within one life a peer's round only goes forward
             if round > m.round:
                 m.round, m.epoch = round, 0
@@ -418,7 +424,7 @@ class Membership:
                 m.last_heard, m.heard_pause = self.heard_at(m), self._paused_s
         if status is not None:
             m.status = status
-            if status in (DEAD, LEFT) and m.vouched:
+            if status in (DEAD, LEFT) and m.confirmed:
                 self._gone_at.setdefault(m.peer_id, -1.0)  # (its time: the next tick's)
             elif status == ALIVE:
                 self._gone_at.pop(m.peer_id, None)
@@ -833,19 +839,24 @@ class Membership:
         return changes
 
     def _sole_witness(self, now: float) -> bool:
-        """Leave out of the rotation order the members we know by our own evidence,
-        gone (dead or left) for ``dead_after_s`` (a witness's own detection and its
-        gossip come within it), that fewer than ``reports_needed``
-        members witnessed, ourselves included (:attr:`witnesses`): no member that did not
-        hear from them itself can have them in its order (it needs that many reports),
-        and the order must be the same everywhere. A joiner that greeted its bootstrap
-        peer only and died had it in that peer's order for good and in no other's: its
-        quorum and elections differed from the others' for the rest of the run (an attack
-        review, real processes: 14 of 40 rounds without a result there, 10-41 s each;
-        hfl.sim.protocol with one bootstrap: learned in 10 of 40 rounds). Not where one
-        report is enough (f = 0: every member takes ours), nor while no member is live
-        (their silence then says nothing); the report of it we stop sending
-        (:meth:`records`). Returns whether the order changed."""
+        """Leave out of the rotation order a member that died at its join for us: heard
+        from first less than ``dead_after_s`` before it went silent (dead or left), gone
+        for ``dead_after_s`` (a witness's own detection and its gossip come within it),
+        and witnessed by fewer than ``reports_needed`` members, ourselves included
+        (:attr:`witnesses`): no member that did not hear from it itself can have it in
+        its order (it needs that many reports), and the order must be the same
+        everywhere. A joiner that greeted its bootstrap peer only and died had it in that
+        peer's order for good and in no other's: its quorum and elections differed from
+        the others' for the rest of the run (an attack review, real processes: 14 of 40
+        rounds without a result there; hfl.sim.protocol with one bootstrap: learned in
+        10 of 40 rounds). Not a member that lived longer for us (it greeted every member
+        it knew, and each heard it itself: one lost to us alone on a one-way loss left
+        our order alone, a review); not where one report is enough (f = 0: every member
+        took ours); not while no member is live (their silence says nothing then). We
+        still report it (:meth:`records`): the witnesses that missed each other's
+        reports find each other again (when we stopped, two witnesses cut apart for a
+        while left it out for good, and the others kept it: a review).
+        Returns whether the order changed."""
         changed = False
         for p, since in list(self._gone_at.items()):
             m = self.members.get(p)
@@ -854,8 +865,14 @@ class Membership:
                 continue
             if since < 0:
                 self._gone_at[p] = since = now
-            if self.reports_needed <= 1 or 1 + len(self.witnesses.get(p, ())) >= self.reports_needed:
-                del self._gone_at[p]  # witnessed enough: in every order, as it is in ours
+            if (self.reports_needed <= 1
+                    or 1 + len(self.witnesses.get(p, ())) >= self.reports_needed
+                    or m.confirmed_at is None or self.heard_at(m) - m.confirmed_at >= self.dead_after_s):
+                # witnessed enough (in every order, as in ours); or it lived past its join
+                # for us: it had greeted every member it knew, and each heard it itself (a
+                # member we lost alone, p4 silent to us on a one-way loss while alive to
+                # the rest, left our order alone: a review)
+                del self._gone_at[p]
                 continue
             if now - since < self.dead_after_s or self._live_n == 0:
                 # (cut off from every member, we hear no witness at all: nothing to conclude;
@@ -863,7 +880,6 @@ class Membership:
                 continue
             del self._gone_at[p]
             self._unwitnessed.add(p)
-            self.rumors.pop(p, None)
             self._order_needed = -1  # (rebuilt without it when next asked)
             self._order_changes += 1
             changed = True
@@ -1211,7 +1227,7 @@ class Membership:
         # With lazy, each record says whether we know the member by our own evidence.
         lazy = self.lazy
         return [own] + [_wire(m, int(lazy and m.vouched)) for m in members
-                        if (m.vouched or m.status == ALIVE) and m.peer_id not in self._unwitnessed]
+                        if m.vouched or m.status == ALIVE]
 
     def vouched_since(self, start: int) -> tuple[list[MemberRecord], int]:
         """Lazy join: ourselves and the members we heard from ourselves after the first

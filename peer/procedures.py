@@ -99,9 +99,11 @@ class RoundProcedures:
         self.quorum_streak = 0
         self.waited_for_cohort = 0  # wait_for_the_cohort: the round it last waited in
         self.alone_said = False  # wait_for_the_cohort: "no member is live" said for this loss
-        #: the last rounds' lengths (seconds) with members live as they began and ended:
-        #: the cohort's pace, kept by a peer alone (wait_for_the_cohort)
+        #: the last times (seconds) from one exchange's start to the next's, members live
+        #: at both: the cohort's pace, kept by a peer alone (wait_for_the_cohort); and
+        #: (when, members live) of the last exchange's start
         self.paces: list[float] = []
+        self.exchanged: tuple[float, bool] | None = None
 
     @property
     def timing(self):
@@ -186,10 +188,12 @@ class RoundProcedures:
             if (yield from self.wait_for_a_quorum(core.round)) and core.catch_up(last) != core.round:
                 continue  # (the cohort went on while we waited: catch up first)
             yield from self.wait_for_the_cohort(core.round)
-            began, with_members = self.now(), core.membership.live_count() > 1
+            if core.communicates(core.round):  # (the cohort's pace: exchange to exchange)
+                began, with_members = self.now(), core.membership.live_count() > 1
+                if with_members and self.exchanged is not None and self.exchanged[1]:
+                    self.paces = [*self.paces[-7:], began - self.exchanged[0]]
+                self.exchanged = (began, with_members)
             yield from self.one_round(core.round, last, evaluate_every)
-            if with_members and core.membership.live_count() > 1:  # (the cohort's pace)
-                self.paces = [*self.paces[-7:], self.now() - began]
             core.contacts = set()
             core.round += 1
             core.buffer.advance(core.round)
@@ -226,9 +230,11 @@ class RoundProcedures:
         A peer with no live member at all keeps the cohort's pace, where it met members
         in this life and one of them may come back (a peer that never met one, a cohort
         of one, runs free, as does one whose members all said goodbye after the last
-        round: they finished, :attr:`PeerCore.finished_by`): each round waits the median
-        of its last rounds with members (:attr:`paces`; ``round_timeout_s`` before it
-        has one) or until a member is back. Cut off alone, it ran thousands of rounds
+        round: they finished, :attr:`PeerCore.finished_by`): each exchange waits the
+        median of its last times from one exchange to the next with members (:attr:`paces`,
+        the local rounds of ``cohort.communicate_every`` included; ``round_timeout_s``
+        before it has one) or until a member is back, so that it runs a little behind
+        the cohort's pace (its own steps come on top). Cut off alone, it ran thousands of rounds
         without a result in a minute, came back thousands of rounds ahead of the cohort,
         took nothing from it again and cost it a fail-over each time it was elected (an
         attack review, peers in network namespaces, one cut off for 60 s: rounds 2,248

@@ -627,7 +627,9 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
                                          max_message_bytes=limits.max_message_bytes,
                                          link_heartbeat_ms=round(
                                              cfg.timing.heartbeat_interval_s * 1000),
-                                         link_timeout_ms=round(cfg.timing.dead_after_s * 1000))))
+                                         # (twice: the link's drop, a crash hint, comes
+                                         # after the silence's own verdict, not before)
+                                         link_timeout_ms=round(cfg.timing.dead_after_s * 2000))))
     if fault_plan is not None:
         transport = FaultyTransport(transport, fault_plan)
     shared = data_split_fingerprint(cfg.data)

@@ -68,13 +68,14 @@ class TransportOptions:
     reconnect_ivl_max_ms: int = 2000  # ...then exponential backoff up to this
     # A link pings its peer (ZMTP heartbeats, answered by the peer's libzmq thread) every
     # link_heartbeat_ms and is dropped and dialled again when nothing came back within
-    # link_timeout_ms (hfl-peer: timing.heartbeat_interval_s and dead_after_s); a dial
+    # link_timeout_ms (hfl-peer: timing.heartbeat_interval_s and twice dead_after_s:
+    # the drop is a crash hint, which must not come before silence's own verdict); a dial
     # gives up after connect_timeout_ms and tries again. Without them a link cut by a
     # partition (no reset reaches anyone) stayed up on TCP's backed-off retransmissions,
     # and traffic came back up to the partition's length after the heal (an attack
     # review, network namespaces: 46.6 s after a 60 s cut, a false death after a 3 s one).
     link_heartbeat_ms: int = 500
-    link_timeout_ms: int = 5000
+    link_timeout_ms: int = 10000
     connect_timeout_ms: int = 3000
     linger_ms: int = 0  # never block process exit on unsent messages
     # Bytes of large messages (a frame of 64 KiB or more) queued for one link and not
@@ -806,6 +807,10 @@ class ZmqTransport(Transport):
             watcher, monitor = watching
             watcher.cancel()
             _stop_monitor(sock, monitor)
+        elif watching is not None and not sock.closed:
+            # (from the watcher itself, which closes the monitor's reader after: the
+            # monitor stops before the socket closes, libzmq's teardown events included)
+            sock.disable_monitor()
         self._senders.pop(key, None)
         self._connected.discard(key)
         self._queued.pop(key, None)
