@@ -251,6 +251,8 @@ class RoundProcedures:
         def arrived() -> bool:
             return mem.max_live_round() >= behind or (runs_free and mem.live_count() <= 1)
 
+        if mem.live_count() > 1:
+            self.alone_said = False  # (a loss after this one is said again)
         if arrived():
             return False
         self.waited_for_cohort = r
@@ -260,8 +262,8 @@ class RoundProcedures:
             if not self.alone_said:
                 self.alone_said = True
                 yield self.say(WARNING, "round %d: no member is live; keeping the cohort's pace "
-                               "(a round per %.2fs) until members come back, rounds without "
-                               "a result", r, pace)
+                               "(an exchange per %.2fs) until members come back, rounds "
+                               "without a result", r, pace)
             yield Wait(arrived, self.now() + pace)
             if mem.live_count() > 1:
                 self.alone_said = False
