@@ -362,17 +362,13 @@ def descendants(root: int) -> list[int]:
 
 
 def become_subreaper() -> bool:
-    """Orphans of our descendants become our children (Linux PR_SET_CHILD_SUBREAPER).
+    """Orphans of our descendants become our children (hfl.launch.zygote's, the one the
+    launcher uses). hfl-launch never waits for its forkserver template, which reaps the
+    peers: without this their CPU time never reaches our RUSAGE_CHILDREN, and an
+    "others' CPU" column would count the benchmark's own peers as other processes."""
+    from hfl.launch.zygote import become_subreaper as adopt_orphans
 
-    hfl-launch never waits for its forkserver template, which reaps the peers: without
-    this their CPU time never reaches our RUSAGE_CHILDREN, and an "others' CPU" column
-    would count the benchmark's own peers as other processes."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    return adopt_orphans()
 
 
 def reap_orphans(wait_s: float = 15.0) -> list[int]:

@@ -164,6 +164,8 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
+    from hfl.peer.status import isolated_rounds
+
     damaged: Counter = Counter()
     records = read_metrics(run_dir, damaged)
     summary = read_summary(run_dir)
@@ -200,8 +202,7 @@ def peer_row(peer_id: str, arch: str, run_dir: Path) -> dict[str, Any]:
         "damaged": {k: n for k, n in damaged.items() if n},  # left out (read_metrics)
         # rounds that exchanged and learned from no other peer (no result, nobody's
         # knowledge), and whether the last was one (its final model is its own)
-        "isolated": sum(int(r.get("isolated_rounds", r["learned_from"] == 0))
-                        for r in by_round.values() if isinstance(r.get("learned_from"), int)),
+        "isolated": isolated_rounds(by_round.values()),
         "last_isolated": last.get("learned_from") == 0,
         "cohort": "-" if seen is None else f"{seen}{' ' + SHORT_MARK if short else ''}",
         **{key: last.get(key, math.nan) for key, _, _ in DOMAIN_COLUMNS},

@@ -56,7 +56,7 @@ def context(extra_modules: list[str] = ()):
     if _CONTEXT is None:
         # The launcher adopts the peers if the template dies (Linux): their exit status
         # is then ours to read (ForkedPeer.poll), not an "exit 255" of a peer that runs on.
-        _become_subreaper()
+        become_subreaper()
         # If anything in the template asks torch.cuda.is_available(), answer from NVML
         # without initialising the CUDA driver (a driver initialised before fork is
         # unusable in the children).
@@ -66,8 +66,9 @@ def context(extra_modules: list[str] = ()):
     return _CONTEXT
 
 
-def _become_subreaper() -> bool:
-    """Orphans of our descendants become our children (Linux PR_SET_CHILD_SUBREAPER)."""
+def become_subreaper() -> bool:
+    """Orphans of our descendants become our children (Linux PR_SET_CHILD_SUBREAPER):
+    their exit status is ours to read, their CPU ours to count (bench/_common.py)."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes

@@ -241,7 +241,7 @@ class Membership:
     #: that too few members witnessed for any other to have them in its order: looked
     #: at each tick (:meth:`_sole_witness`)
     _gone_at: dict[str, float] = field(default_factory=dict)
-    #: such members, left out of the rotation order (and of what we report)
+    #: such members, left out of the rotation order (still reported: records)
     _unwitnessed: set[str] = field(default_factory=set)
 
     def _touch(self, rounds: bool = True) -> None:
@@ -867,7 +867,7 @@ class Membership:
                 self._gone_at[p] = since = now
             if (self.reports_needed <= 1
                     or 1 + len(self.witnesses.get(p, ())) >= self.reports_needed
-                    or m.confirmed_at is None or self.heard_at(m) - m.confirmed_at >= self.dead_after_s):
+                    or self.heard_at(m) - m.confirmed_at >= self.dead_after_s):
                 # witnessed enough (in every order, as in ours); or it lived past its join
                 # for us: it had greeted every member it knew, and each heard it itself (a
                 # member we lost alone, p4 silent to us on a one-way loss while alive to

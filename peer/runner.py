@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hfl.algorithms.base import aggregates_everywhere
 from hfl.peer.checkpoint import (
     CHECKPOINT_NAME,
     append_line,
@@ -683,20 +682,6 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
     if (cfg.node.byzantine is not None or node_signing) and cfg.node.quorum is None and (
             1 < n < f + 1):  # (signed or not: f also counts reports, a review)
         raise ConfigError("node.byzantine", byzantine_refusal(f, n))
-    commits = algorithm.mode == "aggregator" and not aggregates_everywhere(
-        cfg.cohort.aggregate_at, algorithm, cfg.node.min_peers)  # (an elected aggregator)
-    if commits and node_signing and cfg.node.quorum is None and n > 1 and n < 3 * f + 1 and (
-            (n + f) // 2 > n // 2):
-        # (f costs liveness here: a quorum larger than a majority, and fewer than 3f + 1
-        # members; a signed cohort of 3 stopped committing while one member restarted.
-        # Only where results are committed: every CHFL peer of the shipped 3-peer example
-        # warned of commits it never makes, every peer aggregating, a review)
-        log.warning("%s: node.byzantine %d (f) in a cohort of %d: a commit needs %d of the %d "
-                    "members, so %d silent member(s) (a crash, a restart) stop every commit "
-                    "until back; a cohort commits with f members silent from 3f + 1 = %d; "
-                    "node.byzantine: 0 trusts the members (crash faults only) and commits with "
-                    "a majority, %d", cfg.node.id, f, n, (n + f) // 2 + 1, n, n - (n + f) // 2,
-                    3 * f + 1, n // 2 + 1)
     node = Node(
         peer_id=cfg.node.id, transport=transport, algorithm=algorithm, cohort=cfg.cohort,
         num_classes=num_classes, timing=cfg.timing, bootstrap=cfg.node.bootstrap,
@@ -713,6 +698,19 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         sit_out_through=sit_out_through, inline_short_calls=inline_short_calls, limits=limits,
     )
     recorder.node = node
+    commits = algorithm.mode == "aggregator" and not node.everywhere  # (an elected aggregator)
+    if commits and node_signing and cfg.node.quorum is None and n > 1 and n < 3 * f + 1 and (
+            (n + f) // 2 > n // 2):
+        # (f costs liveness here: a quorum larger than a majority, and fewer than 3f + 1
+        # members; a signed cohort of 3 stopped committing while one member restarted.
+        # Only where results are committed: every CHFL peer of the shipped 3-peer example
+        # warned of commits it never makes, every peer aggregating, a review)
+        log.warning("%s: node.byzantine %d (f) in a cohort of %d: a commit needs %d of the %d "
+                    "members, so %d silent member(s) (a crash, a restart) stop every commit "
+                    "until back; a cohort commits with f members silent from 3f + 1 = %d; "
+                    "node.byzantine: 0 trusts the members (crash faults only) and commits with "
+                    "a majority, %d", cfg.node.id, f, n, (n + f) // 2 + 1, n, n - (n + f) // 2,
+                    3 * f + 1, n // 2 + 1)
     watcher = asyncio.create_task(watch_join(
         node, cfg.node.bootstrap, node.core.join_need(node.stop_if_alone),
         cfg.timing.join_timeout_s, run_dir / EVENTS_NAME if hub is None and make is None else None,

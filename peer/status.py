@@ -28,6 +28,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -409,7 +410,7 @@ def cohort_shortfall(mode: str, min_peers: int, metrics: list[dict[str, Any]]) -
                    int(r.get("met_peers", 1))) for r in metrics)
     if seen >= expected:
         # A line may cover several rounds (node.evaluate_every): count rounds, not lines.
-        isolated = sum(int(r.get("isolated_rounds", r.get("learned_from", 1) == 0)) for r in metrics)
+        isolated = isolated_rounds(metrics)
         # Rounds that exchanged: cohort.communicate_every's local steps learn from nobody.
         rounds = sum(int(r.get("exchanges", r.get("span", 1))) for r in metrics if "learned_from" in r)
         if isolated < 2 or 2 * isolated <= rounds:
@@ -424,6 +425,13 @@ def cohort_shortfall(mode: str, min_peers: int, metrics: list[dict[str, Any]]) -
             f"{'this peer trained alone' if seen == 1 else 'the cohort was incomplete'}; "
             "look for refused handshakes or unreachable addresses above, or allow it with "
             "node.allow_solo: true (--allow-solo)")
+
+
+def isolated_rounds(metrics: Iterable[dict[str, Any]]) -> int:
+    """How many of these metrics lines' rounds exchanged and learned from no other peer
+    (``learned_from`` 0; a line folding several rounds says ``isolated_rounds``)."""
+    return sum(int(r.get("isolated_rounds", r.get("learned_from") == 0)) for r in metrics
+               if isinstance(r.get("learned_from"), int))
 
 
 def nobody_joined(algorithm: str, bootstrap: list[str], join_timeout_s: float,

@@ -168,7 +168,8 @@ def _stop_monitor(sock, monitor) -> None:
     thread, and with it every link of the process. Every peer of a cohort stopped
     hearing the others for seconds after a member left, until they declared each other
     dead (an attack review, real processes: 6 of 9 runs; tests/test_transport.py).
-    A closed ``sock`` monitors nothing (zmq_close stops its monitor)."""
+    A closed ``sock`` is left as it is: _close_dealer stops its monitor before it closes
+    it (libzmq stops a closed socket's monitor only when its reaper destroys it)."""
     if sock is not None and not sock.closed:
         sock.disable_monitor()
     monitor.close(linger=0)
