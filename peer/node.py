@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from hfl.peer.status import Repeats, nobody_joined
 from hfl.peer.transport import Transport, advertised_address
 from hfl.protocol import (
     PROTOCOL_VERSION,
+    ErrorCode,
     Limits,
     Message,
     ProtocolError,
@@ -278,6 +280,8 @@ class Node:
         self._tasks.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: task %s failed", self.id, task.get_name(), exc_info=task.exception())
+            self._observe("failed", self, where=f"task {task.get_name()}",
+                          error=repr(task.exception()))
             if task in self._essential and not self._stopping and self._fatal is None:
                 # The receive or tick loop: without it the peer is alive to the others but
                 # deaf (its whole cohort stopped learning). Stop the peer, loudly.
@@ -297,6 +301,9 @@ class Node:
     def _handler_failed(self, identity: str) -> None:
         log.exception("%s: handler failed on a message from %s", self.id, identity)
         self.dropped["handler_error"] += 1
+        # (a bug, caught so that no message can stop the peer: the simulators fail on it)
+        self._observe("failed", self, where=f"the handler of a message from {identity}",
+                      error=repr(sys.exc_info()[1]))
 
     def _drop(self, code: str, reason: str) -> None:
         self.dropped[code] += 1
@@ -328,48 +335,57 @@ class Node:
                                    "second are dropped unread")
 
     async def _carry_out(self, instructions: list[do.Instruction]) -> None:
-        """:meth:`_execute`, with the sends (Send, Broadcast) sent together and awaited
-        (Outbox.batch)."""
-        await asyncio.gather(*self.out.batch(instructions, lambda ins: self._execute([ins])))
+        """Carry out the core's instructions (hfl.peer.instructions), in order, the sends
+        (Send, Broadcast) among them sent together and awaited (Outbox.batch)."""
+        await asyncio.gather(*self.out.batch(instructions, self._do))
 
     def _execute(self, instructions: list[do.Instruction]) -> None:
-        """Carry out the core's instructions (hfl.peer.instructions), in order."""
-        for ins in instructions:
-            if isinstance(ins, do.Reply):
-                self.out.reply(ins.address, ins.msg, ins.peer_id)
-            elif isinstance(ins, do.Dropped):
-                self._drop(ins.code, ins.reason)
-            elif isinstance(ins, do.Wake):
-                self._wakeup.set()
-            elif isinstance(ins, do.MemberChanged):
-                self._log_change(ins.change, ins.level, ins.note)
-            elif isinstance(ins, do.Say):
-                log.log(ins.level, ins.template, *ins.args)
-            elif isinstance(ins, do.SendTo):
-                self._spawn(self.out.send_to(ins.peer_id, ins.msg, ins.timeout_s), ins.why)
-            elif isinstance(ins, do.Forget):
-                self._spawn(self.transport.forget(ins.address, ins.peer_id), "forget")
-            elif isinstance(ins, do.Refused):
-                self.dropped["refused"] += 1
-                self._drops_seen += 1
-                say, more = self._repeats.note(ins.reason)
-                if say:
-                    log.error("%s: %s%s", self.id, clip(ins.reason, 400), Repeats.suffix(more))
-            elif isinstance(ins, do.NamedEquivocator):
-                log.error("%s: %s signed two different contributions for round %s (proof from %s: "
-                          "digests %s and %s): it sent different knowledge to different peers; its "
-                          "contributions are left out for the rest of the run", self.id, ins.peer,
-                          ins.round, ins.via if ins.via != ins.peer else "its own messages",
-                          clip(ins.first, 16), clip(ins.second, 16))
-                self._observe("equivocator", self, peer_named=ins.peer, round=ins.round)
-            elif isinstance(ins, do.ServeSeeds):
-                self._spawn(self.out.send_all(ins.address, ins.peer_id, ins.chunks), "seeds")
-            elif isinstance(ins, do.Note):
-                self._observe(ins.kind, self, **ins.fields)
-            elif isinstance(ins, do.CrashPoint):
-                self._maybe_crash(ins.round, *ins.phases)
-            else:
-                raise TypeError(f"unknown instruction {ins!r}")
+        """:meth:`_carry_out` without waiting (a message's handler, the receive loop's):
+        the sends that must wait go on in a task of their own. (A lazy peer's ask for a
+        member's view, a Send from a heartbeat's handler, raised here: the ask was never
+        sent and the instructions after it were lost, every hfl-sim seed with
+        ``timing.join: lazy``.)"""
+        waits = self.out.batch(instructions, self._do)
+        if waits:
+            self._spawn(_all(waits), "send")
+
+    def _do(self, ins: do.Instruction) -> None:
+        """One instruction other than a send."""
+        if isinstance(ins, do.Reply):
+            self.out.reply(ins.address, ins.msg, ins.peer_id)
+        elif isinstance(ins, do.Dropped):
+            self._drop(ins.code, ins.reason)
+        elif isinstance(ins, do.Wake):
+            self._wakeup.set()
+        elif isinstance(ins, do.MemberChanged):
+            self._log_change(ins.change, ins.level, ins.note)
+        elif isinstance(ins, do.Say):
+            log.log(ins.level, ins.template, *ins.args)
+        elif isinstance(ins, do.SendTo):
+            self._spawn(self.out.send_to(ins.peer_id, ins.msg, ins.timeout_s), ins.why)
+        elif isinstance(ins, do.Forget):
+            self._spawn(self.transport.forget(ins.address, ins.peer_id), "forget")
+        elif isinstance(ins, do.Refused):
+            self.dropped["refused"] += 1
+            self._drops_seen += 1
+            say, more = self._repeats.note(ins.reason)
+            if say:
+                log.error("%s: %s%s", self.id, clip(ins.reason, 400), Repeats.suffix(more))
+        elif isinstance(ins, do.NamedEquivocator):
+            log.error("%s: %s signed two different contributions for round %s (proof from %s: "
+                      "digests %s and %s): it sent different knowledge to different peers; its "
+                      "contributions are left out for the rest of the run", self.id, ins.peer,
+                      ins.round, ins.via if ins.via != ins.peer else "its own messages",
+                      clip(ins.first, 16), clip(ins.second, 16))
+            self._observe("equivocator", self, peer_named=ins.peer, round=ins.round)
+        elif isinstance(ins, do.ServeSeeds):
+            self._spawn(self.out.send_all(ins.address, ins.peer_id, ins.chunks), "seeds")
+        elif isinstance(ins, do.Note):
+            self._observe(ins.kind, self, **ins.fields)
+        elif isinstance(ins, do.CrashPoint):
+            self._maybe_crash(ins.round, *ins.phases)
+        else:
+            raise TypeError(f"unknown instruction {ins!r}")
 
     def _log_change(self, change, level: int | None = None, note: str = "") -> None:
         """Log a membership change and tell the observer (a ``member`` event). A join is
@@ -407,8 +423,9 @@ class Node:
             except TimeoutError:
                 log.warning("%s: tick %d took longer than %.2fs", self.id, tick, interval * 2)
                 self._observe("slow_tick", self, tick=tick, limit_s=interval * 2)
-            except Exception:
+            except Exception as err:
                 log.exception("%s: tick %d failed", self.id, tick)
+                self._observe("failed", self, where=f"tick {tick}", error=repr(err))
             tick += 1
             await asyncio.sleep(interval)
 
@@ -465,11 +482,17 @@ class Node:
                     self.cohort.algorithm, [a for _, a in self.bootstrap],
                     self.timing.join_timeout_s, causes, refused=self.dropped["refused"] > 0)
                 return
-            log.warning("%s: only %d of %d peers joined (none new for %.0fs); starting "
-                        "anyway%s", self.id, len(mem.live_view()), need,
-                        self.timing.join_timeout_s, "".join(f"; {c}" for c in causes))
-            self._observe("join_short", self, joined=len(mem.live_view()), need=need,
-                          causes=causes)
+            # The join's own count (a handshake each), not the live view: a member only
+            # suggested (one that refused our hello) read "only 4 of 4 peers joined".
+            greeted, departed = self.procedures.cohort_so_far()
+            joined = 1 + len(greeted) + departed
+            if self.dropped[ErrorCode.COHORT_MISMATCH] or self.dropped["refused"]:
+                causes.append("hellos were refused (the reasons are logged above)")
+            log.warning("%s: only %d of %d peers joined (none new for %.0fs: %s); starting "
+                        "anyway%s", self.id, joined, need, self.timing.join_timeout_s,
+                        ", ".join(sorted({self.id, *greeted})),
+                        "".join(f"; {c}" for c in causes))
+            self._observe("join_short", self, joined=joined, need=need, causes=causes)
         log.info("%s: cohort %s", self.id, ", ".join(mem.live_view()))
 
     # ================================================================ rounds
@@ -584,7 +607,7 @@ class Node:
             if self._on_enter_round is not None:
                 await self._run_blocking(self._on_enter_round, ins.round)
             return None
-        self._execute([ins])
+        self._do(ins)
         return None
 
     def _maybe_crash(self, r: int, *phases: str) -> None:
@@ -604,6 +627,10 @@ class Node:
 
 class NodeFailed(RuntimeError):
     """The node's own receive or tick loop died: the peer stops (see Node._task_done)."""
+
+
+async def _all(sends) -> None:
+    await asyncio.gather(*sends)
 
 
 def _hard_exit(code: int) -> None:

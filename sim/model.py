@@ -251,6 +251,11 @@ class Checker:
     clock: Callable[[], float] | None = None
 
     def observe(self, event: str, node, **fields: Any) -> None:
+        if event == "failed":  # a handler, a tick or a task of the runtime raised: a bug
+            # (caught by the peer, so that no message stops it: before, a lazy join's
+            # every hfl-sim seed had one, unseen)
+            self.fail("exit", f"{node.id}: {fields['where']} raised {fields['error']}")
+            return
         if event in ("member", "dropped", "crash", "slow_tick", "join_short", "sent"):
             return  # notes no invariant reads: kept out of the history (tests pin its digests)
         if self.clock is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -593,3 +594,29 @@ def test_a_bad_twin_spec_is_named(capsys):
     assert sim.main(["--seed", "0", "--byzantine", "p1:commit", "--byzantine", "p2:commit",
                      "--byzantine", "p3:commit"]) == 2
     assert "must be a majority" in capsys.readouterr().err
+
+
+def test_a_lazy_join_cohort_runs_without_an_error_in_any_handler(tmp_path):
+    # timing.join: lazy: a joined peer asks a member whose order differs for its view
+    # from the member's heartbeat's handler (a Send). The shell's handler path raised on
+    # it ("handler failed", every hfl-sim seed): the ask was never sent and what came
+    # after it was lost. Any exception a handler, a tick or a task of the runtime
+    # raises is now a violation of *exit*.
+    lazy = ["defaults.timing.membership=swim", "defaults.timing.join=lazy",
+            "defaults.cohort.aggregate_at=aggregator"]
+    res = sim.run_seed(0, sim.SimOptions(peers=5, rounds=10, overrides=lazy, keep=tmp_path))
+    assert not res.violations, [str(v) for v in res.violations]
+    log = (tmp_path / "hfl-sim-seed0" / "sim.log").read_text()
+    assert not re.search(r"(handler|tick \d+|task \S+) failed", log), log[-3000:]
+
+
+def test_an_exception_in_a_handler_is_a_violation(tmp_path):
+    c = checker()
+
+    class Peer:
+        id = "p1"
+
+    c.observe("failed", Peer(), where="the handler of a message from p2", error="TypeError()")
+    found = c.check({}, {"p1": "ok"}, calm_at=0.0, end_t=1.0)
+    assert [v.invariant for v in found] == ["exit"]
+    assert "p1: the handler of a message from p2 raised TypeError()" in str(found[0])
