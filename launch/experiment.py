@@ -522,11 +522,38 @@ def expand(exp: ExperimentConfig, gpus: list[str] | None = None, ports: list[int
                                       else f"peer_overrides.{pid}")
             raise err.with_source(f"peer {pid}") from None
         plans.append(PeerPlan(pid, i, cfg, run_dir / "peers" / f"{pid}.yaml", env, cohort_key))
+    _refuse_shared_parts(exp, plans)
     if resume:
         _refuse_model_changes(plans)
     if write:
         write_plans(exp, plans)
     return plans
+
+
+def _refuse_shared_parts(exp: ExperimentConfig, plans: list[PeerPlan]) -> None:
+    """Two peers of one data split on one part would train on the same rows, and
+    another part's rows would be nobody's. The peers refuse each other's hellos
+    (PROTOCOL.md, ``part``), but the other members take both: the run went on, a
+    warning in two logs, after a join timeout (120 s by default) with every member
+    greeting. A launch is refused before any peer starts, naming the field."""
+    from hfl.peer.status import data_split_fingerprint
+
+    owner: dict[tuple[int, int], str] = {}
+    for plan in plans:
+        split = data_split_fingerprint(plan.config.data).get("data_split")
+        if split is None:
+            continue
+        part = plan.config.data.partition_index
+        other = owner.setdefault((split, part), plan.id)
+        if other != plan.id:
+            origin = _origin("data.partition_index", exp.peer_overrides.get(plan.id, {}),
+                             exp.defaults)
+            where = {"overrides": f"peer_overrides.{plan.id}.", "defaults": "defaults."}
+            raise ConfigError(
+                f"{where.get(origin or '', '')}data.partition_index",
+                f"got {part} for {plan.id}, as {other} has: two peers of one data split "
+                f"would train on the same rows; give each peer its own part (0 to "
+                f"{plan.config.data.num_partitions - 1})").with_source(f"peer {plan.id}")
 
 
 def write_plans(exp: ExperimentConfig, plans: list[PeerPlan]) -> None:

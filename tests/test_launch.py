@@ -810,3 +810,19 @@ def test_resume_checks_count_every_peer_and_an_existing_checkpoint(tmp_path):
     for p in ("p0", "p1"):
         (tmp_path / p / "checkpoint.pt").write_bytes(b"x")
     assert nothing_to_resume(tmp_path, off) is None  # the checkpoint there resumes
+
+
+def test_two_peers_given_one_part_of_a_data_split_are_refused_before_any_starts(tmp_path):
+    # peer_overrides that gave p3 p2's partition_index: the two refuse each other's
+    # hellos, but p0 and p1 took both; the run went on with p2's rows trained twice and
+    # p3's by no one, after the join timeout (120 s) with every member greeting.
+    exp = make(tmp_path, peers=4, peer_overrides={"p3": {"data": {"partition_index": 2}}})
+    with pytest.raises(ConfigError, match=r"peer p3: peer_overrides\.p3\.data\.partition_index: "
+                                          r"got 2 for p3, as p2 has: .*its own part \(0 to 3\)"):
+        expand(exp, ports=list(range(7000, 7004)), write=False)
+    # Parts of different splits, and peers that split no data, do not meet
+    other = make(tmp_path, peers=2, peer_overrides={
+        "p0": {"data": {"partition_index": 0, "seed": 1}},
+        "p1": {"data": {"partition_index": 0, "seed": 2}}})
+    assert [p.config.data.partition_index for p in expand(other, ports=[7000, 7001],
+                                                          write=False)] == [0, 0]
