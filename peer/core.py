@@ -865,6 +865,12 @@ class PeerCore:
                 # was lost. Once more.
                 return [*out, Reply(mem.address_of(msg.sender), dataclasses.replace(
                     done, **self.envelope()), msg.sender), WAKE]
+            if (isinstance(msg, Commit) and (msg.round, msg.digest) == self.absorbed[:2]
+                    and msg.round < self.buffer.round):
+                # The result we absorbed and moved on from (its aggregator's heartbeat, or
+                # a relay, overtook the commit): nothing to do, and nothing wrong (it was
+                # a "dropped message" warning on the terminal of a healthy run).
+                return out
             drop = self.note_ack(msg) if isinstance(msg, Ack) else self.admit_commit(msg)
             if drop is not None:
                 return [*out, Dropped(drop.code, drop.reason)]

@@ -804,3 +804,17 @@ def test_an_undecodable_message_is_dropped_and_a_member_is_told_only_what_we_do_
         == [Dropped]
     assert [type(i) for i in core.undecodable("p1", ProtocolError(ErrorCode.BAD_HEADER, "x"))] \
         == [Dropped]
+
+
+def test_the_commit_of_a_result_absorbed_already_is_no_drop():
+    # A member took round 2's result on its aggregator's heartbeat and moved on; the
+    # commit came after. It was dropped as stale with a warning the launcher shows on
+    # the terminal of a healthy run. Another digest for that round still is a drop.
+    core = bare(round=2)
+    core.note_absorbed(2, "d" * 64, "p1", 1.0)
+    core.buffer.advance(3)
+    core.round = 3
+    late = Commit(sender="p1", incarnation=0, round=2, epoch=0, digest="d" * 64)
+    assert not [i for i in core.handle("p1", late, 1.1) if isinstance(i, Dropped)]
+    other = Commit(sender="p1", incarnation=0, round=2, epoch=0, digest="e" * 64)
+    assert [i for i in core.handle("p1", other, 1.2) if isinstance(i, Dropped)]
