@@ -624,10 +624,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
                  else make_transport(cfg.node.id, cfg.node.listen, hub=hub, security=identity,
                                      options=TransportOptions(
                                          max_message_bytes=limits.max_message_bytes,
-                                         link_heartbeat_ms=round(
-                                             cfg.timing.heartbeat_interval_s * 1000),
-                                         # (twice: the link's drop, a crash hint, comes
-                                         # after the silence's own verdict, not before)
+                                         # (twice: after silence's own verdict)
                                          link_timeout_ms=round(cfg.timing.dead_after_s * 2000))))
     if fault_plan is not None:
         transport = FaultyTransport(transport, fault_plan)

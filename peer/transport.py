@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import math
 import os
 import random
 import signal
@@ -66,15 +67,16 @@ class TransportOptions:
     recv_hwm: int = 16
     reconnect_ivl_ms: int = 100  # first reconnect attempt after a dropped link...
     reconnect_ivl_max_ms: int = 2000  # ...then exponential backoff up to this
-    # A link pings its peer (ZMTP heartbeats, answered by the peer's libzmq thread) every
-    # link_heartbeat_ms and is dropped and dialled again when nothing came back within
-    # link_timeout_ms (hfl-peer: timing.heartbeat_interval_s and twice dead_after_s:
-    # the drop is a crash hint, which must not come before silence's own verdict); a dial
-    # gives up after connect_timeout_ms and tries again. Without them a link cut by a
-    # partition (no reset reaches anyone) stayed up on TCP's backed-off retransmissions,
-    # and traffic came back up to the partition's length after the heal (an attack
-    # review, network namespaces: 46.6 s after a 60 s cut, a false death after a 3 s one).
-    link_heartbeat_ms: int = 500
+    # A link we sent on whose peer we heard nothing from (on any link) for link_timeout_ms
+    # since is closed, and the next send dials it afresh (hfl-peer: twice dead_after_s,
+    # after silence's own verdict; 0: never); a dial gives up after connect_timeout_ms
+    # and tries again. Without it a link cut by a partition (no reset reaches anyone)
+    # stayed up on TCP's backed-off retransmissions, and traffic came back up to the
+    # partition's length after the heal (an attack review, network namespaces: 46.6 s
+    # after a 60 s cut). Not libzmq's own link heartbeats (ZMQ_HEARTBEAT_IVL), which did
+    # this before: libzmq 4.3.5 aborts the process on them (stream_engine_base.cpp:310,
+    # "!_io_error"; libzmq issues 3937, 4364, 4767, open) as a long partition heals:
+    # every peer of a cohort, after cuts of 20 s and more (a review, network namespaces).
     link_timeout_ms: int = 10000
     connect_timeout_ms: int = 3000
     linger_ms: int = 0  # never block process exit on unsent messages
@@ -252,6 +254,13 @@ class ZmqTransport(Transport):
         self._reload_asked = False  # SIGHUP
         self._allow_change: tuple[frozenset[str], frozenset[str]] | None = None
         self._heard: set[str] = set()  # peers a message came from (CURVE: authenticated)
+        # Silent links (TransportOptions.link_timeout_ms): when each peer was last heard
+        # from, and per link its peer, when it was dialled and when we last sent on it.
+        self._heard_at: dict[str, float] = {}
+        self._link_peer: dict[tuple[str, str | None], str] = {}
+        self._dialled_at: dict[tuple[str, str | None], float] = {}
+        self._sent_at: dict[tuple[str, str | None], float] = {}
+        self.silent_links_closed = 0
 
     async def start(self) -> None:
         import zmq
@@ -408,6 +417,7 @@ class ZmqTransport(Transport):
                 f"{'it' if len(silent) == 1 else 'one of them'})")
 
     def housekeeping(self) -> None:
+        self._close_silent_links()
         for refusals in (self.refusals, self.dial_refusals):
             if refusals is not None:
                 refusals.flush()
@@ -487,8 +497,6 @@ class ZmqTransport(Transport):
                 sock.setsockopt(zmq.IMMEDIATE, 1)
                 sock.setsockopt(zmq.RECONNECT_IVL, o.reconnect_ivl_ms)
                 sock.setsockopt(zmq.RECONNECT_IVL_MAX, o.reconnect_ivl_max_ms)
-                sock.setsockopt(zmq.HEARTBEAT_IVL, o.link_heartbeat_ms)
-                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, o.link_timeout_ms)
                 sock.setsockopt(zmq.CONNECT_TIMEOUT, o.connect_timeout_ms)
                 # The monitor is attached before connecting: libzmq reports a refused
                 # handshake once and then gives the link up, so an event fired between
@@ -511,6 +519,9 @@ class ZmqTransport(Transport):
                 self._evict_link()
             self._dealers[key] = sock
             self._senders[key] = zmq.Socket.shadow(sock.underlying)
+            self._dialled_at[key] = time.monotonic()
+            if peer_id:
+                self._link_peer[key] = peer_id
             target = f"{peer_id}@{address}" if peer_id else address
             watcher = asyncio.get_running_loop().create_task(
                 self._watch_dial(key, sock, monitor, target), name=f"{self.peer_id}:dial:{target}")
@@ -571,6 +582,7 @@ class ZmqTransport(Transport):
         if tracker is not None:
             self._queued.setdefault(key, deque()).append((tracker, nbytes))
             self._largest = max(self._largest, nbytes)
+        self._sent_at[key] = time.monotonic()
         self.stats.messages_sent += 1
         self.stats.bytes_sent += nbytes
         return True
@@ -771,6 +783,8 @@ class ZmqTransport(Transport):
             self._heard.add(identity)
         else:
             identity = parts[0].bytes.decode("utf-8", errors="replace")
+        if identity in self._heard_at or len(self._heard_at) < MAX_HEARD:
+            self._heard_at[identity] = time.monotonic()
         frames = [p.buffer for p in parts[1:]]
         self.stats.messages_received += 1
         self.stats.bytes_received += frames_nbytes(frames)
@@ -815,7 +829,30 @@ class ZmqTransport(Transport):
         self._senders.pop(key, None)
         self._connected.discard(key)
         self._queued.pop(key, None)
+        for kept in (self._link_peer, self._dialled_at, self._sent_at):
+            kept.pop(key, None)
         sock.close(linger=0)
+
+    def _close_silent_links(self) -> None:
+        """Close each link up that we sent on since its peer was last heard from (or the
+        link dialled), when that was link_timeout_ms ago: its connection is held by
+        TCP's backed-off retransmissions (a partition), and a new dial reaches the peer
+        as soon as the network does. No hint for failure detection: silence decided
+        that already. Not a link a send waits on (that send times out first)."""
+        timeout = self.options.link_timeout_ms / 1000
+        if timeout <= 0:
+            return
+        now = time.monotonic()
+        for key in [k for k in self._connected if not self._waiting.get(k)]:
+            peer = self._link_peer.get(key)
+            if peer is None:
+                continue
+            since = max(self._heard_at.get(peer, -math.inf), self._dialled_at.get(key, -math.inf))
+            if self._sent_at.get(key, -math.inf) > since and now - since > timeout:
+                log.info("%s: link to %s@%s silent for %.1fs while we sent: closed, dialled "
+                         "afresh at the next send", self.peer_id, peer, key[0], now - since)
+                self.silent_links_closed += 1
+                self._close_dealer(key)
 
     async def forget(self, address: str, peer_id: str | None = None) -> None:
         self._close_dealers(address, peer_id if self.security is not None else None)
@@ -884,6 +921,9 @@ def _zmq_ints() -> dict[str, int]:
 #: pyzmq's zmq.COPY_THRESHOLD: frames this large go without a copy (where that is
 #: safe: :func:`_zero_copy`), so their release can be tracked.
 LARGE_MESSAGE_BYTES = 65536
+#: Peers whose last message's time is kept (silent links); a plaintext sender names
+#: itself, so the table is bounded: past it, a new name's link counts as never heard from.
+MAX_HEARD = 8192
 
 
 def _send_parts(sock, frames: Frames, track: bool = False):
