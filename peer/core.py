@@ -191,6 +191,9 @@ class PeerCore:
         self.round_began = 0.0  # clock time the current round started
         self.joining = True  # until the join ends (RoundProcedures.join)
         self._asked_view_at = -math.inf  # lazy join: when we last asked a member for its view
+        #: peer -> (incarnation, why) of a hello we refused, or of its refusal of ours:
+        #: nothing else from that life or an earlier one is taken (refused_life)
+        self.refused_lives: dict[str, tuple[int, str]] = {}
         #: lazy join: (member, incarnation) -> how much of its view we have (its view_upto)
         self._view_cursor: dict[tuple[str, int], int] = {}
         #: member -> (its digest, ours, when) of our last ask made on a digest that differed
@@ -929,6 +932,7 @@ class PeerCore:
             # (named: the refused peer relays it, where "ours" read as its own value)
             reason = f"{field_name} differs" + (f": {self.id} has {clip(repr(ours))}"
                                                 if self.allowed_peers is not None else "")
+            self.refuse_life(msg.sender, msg.incarnation, f"{field_name} differs")
             return [Dropped(ErrorCode.COHORT_MISMATCH, f"hello from {msg.sender}: {field_name} "
                             f"differs: theirs {clip(repr(theirs))}, ours {ours!r}"
                             f"{MISMATCH_HINTS.get(field_name, '')}"),
@@ -941,6 +945,8 @@ class PeerCore:
             why = (f"it trains on part {msg.part - 1} of the cohort's data split "
                    f"(data.partition_index), as {self.id} does: two peers would train on "
                    "the same rows; give each peer its own data.partition_index")
+            self.refuse_life(msg.sender, msg.incarnation,
+                             f"data.partition_index {msg.part - 1} is {self.id}'s too")
             return [Dropped(ErrorCode.COHORT_MISMATCH, f"hello from {msg.sender}: {why}"),
                     Reply(msg.address, Error(
                         **self.envelope(), code=ErrorCode.COHORT_MISMATCH, ref_type="hello",
@@ -951,6 +957,7 @@ class PeerCore:
         drop = self.admit_hello(msg)
         if drop is not None:
             return [Dropped(drop.code, drop.reason)]
+        self.refused_lives.pop(msg.sender, None)  # (its terms agree now: a new config)
         out: list[Instruction] = []
         change = mem.heard_from(msg.sender, msg.incarnation, now, address=msg.address,
                                 round=msg.round)
@@ -1069,6 +1076,34 @@ class PeerCore:
 
     # ================================================================ admission
 
+    #: refused lives kept at most (a plaintext sender names itself: bounded)
+    MAX_REFUSED = 4096
+
+    def refuse_life(self, peer: str, incarnation: int, why: str) -> None:
+        """Take nothing more from ``peer``'s life ``incarnation`` (or an earlier one):
+        its hello disagreed with ours, or it refused ours. Before, a refused peer known
+        to this one (gossiped by a member, or a member before its restart with another
+        config) was taken back by its next message of any kind, its refusal of our hello
+        included: its knowledge and results taken, elected in the rotation (an attack
+        review: a peer restarted on another's data part, or with other rounds, was in
+        the cohort's results again 1.4 s later)."""
+        if peer not in self.refused_lives and len(self.refused_lives) >= self.MAX_REFUSED:
+            self.refused_lives.pop(next(iter(self.refused_lives)))
+        self.refused_lives[peer] = (incarnation, why)
+
+    def refused_life(self, msg: Message) -> Drop | None:
+        """The drop of a message from a life :meth:`refuse_life` refused, or None. A
+        later life is taken as any new one: its hello is checked again."""
+        refused = self.refused_lives.get(msg.sender)
+        if refused is None or msg.incarnation > refused[0]:
+            return None
+        if isinstance(msg, Error):  # (its refusal of ours, again: said as the first was)
+            return Drop("refused", f"{msg.sender} refused our {msg.ref_type or 'message'}: "
+                                   f"{msg.code}: {msg.reason}")
+        return Drop(ErrorCode.COHORT_MISMATCH, f"{msg.TYPE} from {msg.sender}: its hello was "
+                    f"refused ({refused[1]}): nothing from it is taken until a hello of it "
+                    "agrees")
+
     def admit(self, identity: str, msg: Message) -> Drop | None:
         """Why a decoded message from connection ``identity`` is dropped (None: take it).
         Hellos have their own rule (:meth:`admit_hello`)."""
@@ -1079,6 +1114,14 @@ class PeerCore:
             return Drop(ErrorCode.NOT_MEMBER, f"{msg.TYPE} from {msg.sender!r}: not on the allow-list")
         if isinstance(msg, Hello):
             return None
+        if isinstance(msg, Error) and msg.ref_type == "hello" and (
+                msg.code == ErrorCode.COHORT_MISMATCH):
+            # A member that refused our hello takes nothing of ours: it is no member of
+            # ours either (its refusal was taken for the life of it: alive, elected)
+            self.refuse_life(msg.sender, msg.incarnation, f"it refused our hello: "
+                             f"{clip(msg.reason, 200)}")
+        if (refused := self.refused_life(msg)) is not None:
+            return refused
         mem = self.membership
         if msg.sender not in mem.members:
             if isinstance(msg, Welcome):

@@ -818,3 +818,34 @@ def test_the_commit_of_a_result_absorbed_already_is_no_drop():
     assert not [i for i in core.handle("p1", late, 1.1) if isinstance(i, Dropped)]
     other = Commit(sender="p1", incarnation=0, round=2, epoch=0, digest="e" * 64)
     assert [i for i in core.handle("p1", other, 1.2) if isinstance(i, Dropped)]
+
+
+def test_a_peer_whose_hello_was_refused_is_taken_back_by_no_other_message():
+    # An attack review: p2 restarted (incarnation 1) with another cohort.rounds, or on
+    # p0's data part. Its hello was refused, but its next heartbeat, or its own refusal
+    # of our hello, marked it alive again ("restarted"): its knowledge and results were
+    # taken and it was elected, 1.4 s later. Now nothing of a refused life is taken
+    # until a hello of it agrees; a later life's hello is checked as any.
+    core = bare()
+    core.membership.tick(30.0)  # p1 and p2: dead by silence
+    beat = Heartbeat(sender="p2", incarnation=1, round=1)
+    out = core.handle("p2", dataclasses.replace(hello("p2", rounds=7), incarnation=1), 30.1)
+    assert [i.code for i in out if isinstance(i, Dropped)] == ["cohort_mismatch"]
+    assert [i.code for i in core.handle("p2", beat, 30.2) if isinstance(i, Dropped)] == [
+        "cohort_mismatch"]
+    refusal = Error(sender="p2", incarnation=1, code="cohort_mismatch", ref_type="hello",
+                    reason="rounds differs")
+    assert [type(i).__name__ for i in core.handle("p2", refusal, 30.3)] == ["Refused"]
+    assert core.membership.members["p2"].status == "dead"
+    assert "p2" not in core.membership.live_view()
+    # fixed and restarted: its hello agrees, and it is a member again
+    assert not [i for i in core.handle("p2", dataclasses.replace(hello("p2"), incarnation=2), 31.0)
+                if isinstance(i, Dropped)]
+    assert not [i for i in core.handle("p2", dataclasses.replace(beat, incarnation=2), 31.1)
+                if isinstance(i, Dropped)]
+    assert "p2" in core.membership.live_view()
+    # A member that refuses our hello (its config differs) is no member of ours either
+    core.handle("p1", dataclasses.replace(refusal, sender="p1", incarnation=0), 31.2)
+    beat1 = Heartbeat(sender="p1", incarnation=0, round=1)
+    assert [i.code for i in core.handle("p1", beat1, 31.3) if isinstance(i, Dropped)] == [
+        "cohort_mismatch"]
