@@ -60,6 +60,7 @@ log = logging.getLogger("hfl.peer")
 class NodeResult:
     rounds_completed: int
     last_round: int
+    #: this life's metrics lines (keep_metrics False, a peer process: the last only)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
     #: round -> peers whose heartbeat said they absorbed another aggregate for it
@@ -109,6 +110,7 @@ class Node:
         on_enter_round: Callable[[int], None] | None = None,
         sit_out_through: int = 0,
         inline_short_calls: bool = False,
+        keep_metrics: bool = True,  # NodeResult.metrics: every line (False: the last)
     ):
         self.id = peer_id
         self.alg = algorithm
@@ -160,7 +162,7 @@ class Node:
         # Each round's record; evaluated, recorded and checkpointed every N rounds (and
         # after the last), the rounds between folded into the next line.
         self.evaluate_every = evaluate_every
-        self.ledger = RoundLedger(peer_id, evaluate_every)
+        self.ledger = RoundLedger(peer_id, evaluate_every, keep_lines=keep_metrics)
         self._stopping = False
         self.pauses = Pauses(peer_id)  # the times this peer stood still (SIGSTOP, a stalled loop)
         # The receive loop: each sender in turn (_handle may be swapped, by a test).

@@ -693,6 +693,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         stop_if_alone=stop_if_alone, run_blocking=run_blocking, hold_round=recorder.hold,
         observer=observe, on_enter_round=enter_round if cfg.node.checkpoint else None,
         sit_out_through=sit_out_through, inline_short_calls=inline_short_calls, limits=limits,
+        keep_metrics=not own_process,  # (hfl-peer reads its lines from metrics.jsonl)
     )
     recorder.node = node
     commits = algorithm.mode == "aggregator" and not node.everywhere  # (an elected aggregator)
@@ -743,7 +744,7 @@ async def _run_peer(cfg: PeerConfig, hub, fault_plan, clock, run_dir: Path, star
         "sent_bytes_by_type": result.sent_bytes,  # and their bytes
         "max_rss_mb": max_rss_mb(),  # the process's peak resident memory (Linux, macOS)
         "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
-        "max_live_peers": max((int(r.get("live_peers", 1)) for r in result.metrics), default=1),
+        "max_live_peers": node.ledger.max_live_peers,
         "min_peers": cfg.node.min_peers, "cohort_shortfall": shortfall,
     }
     write_atomic(run_dir / SUMMARY_NAME, json.dumps(summary, indent=2, default=float).encode())
