@@ -502,14 +502,25 @@ class PeerCore:
         # Bootstrap until someone live answers; then greet whoever gossip taught us. A
         # resumed peer remembers its cohort at the addresses of its last run, which on
         # a cluster (a resubmitted SLURM job) are all new: the bootstrap finds them.
-        if not mem.any_greeted_alive():
-            hello = self.hello()
-            out += [Send(a, hello, 0.05, peer) for peer, a in self.bootstrap
-                    if a != mem.self_address and peer != self.id]
         # A dead member is greeted again once per dead_after_s: restarted at the same
         # address with no checkpoint (killed before its first), it remembers nobody, and
         # drops our heartbeats as "unknown peer" until our hello introduces us.
         regreet = tick % max(1, round(timing.dead_after_s / timing.heartbeat_interval_s)) == 0
+        if not mem.any_greeted_alive():
+            hello = self.hello()
+            out += [Send(a, hello, 0.05, peer) for peer, a in self.bootstrap
+                    if a != mem.self_address and peer != self.id]
+        elif regreet:
+            # A bootstrap peer never heard from, once per dead_after_s: it may have started
+            # after us. (Only until someone answered, before: ten peers started at once,
+            # each bootstrapping from the one before it, split for good into p0-p3 and
+            # p4-p9, whose p4 was first greeted by p5 before p3 listened; an attack review.)
+            # (Named ones only: a bootstrap address alone may be answered from another
+            # address, a member's advertised one, and would be greeted for good.)
+            hello = self.hello()
+            out += [Send(a, hello, 0.05, peer) for peer, a in self.bootstrap
+                    if peer and peer != self.id and peer not in mem.members
+                    and a != mem.self_address]
         # A member silent to us that gossip places somewhere else (a lead): greeted there
         # when a reporter first names the place, then once per dead_after_s with the dead
         # (a member must not make every peer send a hello a tick to a place it names).

@@ -323,6 +323,18 @@ def test_a_peer_greets_its_bootstrap_until_someone_answers_then_only_new_members
     core.handle("p1", Welcome(sender="p1", incarnation=0, address="mem://p1", round=1), 2.0)
     out = core.tick_greetings(2, now=2.0)
     assert not [i for i in out if isinstance(i, Send)]  # p1 answered: no more bootstrap hellos
+    # ... but a bootstrap peer named and never heard from, once per dead_after_s: it may
+    # have started after us (ten peers started at once, each bootstrapping from the one
+    # before, split for good into two cohorts: p4 was greeted by p5 before p3 listened)
+    core.bootstrap = (("p3", "mem://p3"), ("p1", "mem://p1"))
+    every = round(core.timing.dead_after_s / core.timing.heartbeat_interval_s)
+    sends = [[i.msg.TYPE for i in core.tick_greetings(t, now=2.0 + t / 10)
+              if isinstance(i, Send) and i.address == "mem://p3"]
+             for t in range(every, 2 * every + 1)]
+    assert sends[0] == sends[-1] == ["hello"] and not any(sends[1:-1])
+    core.handle("p3", Welcome(sender="p3", incarnation=0, address="mem://p3", round=1), 9.0)
+    assert not [i for i in core.tick_greetings(3 * every, now=9.5)
+                if isinstance(i, Send) and i.peer_id == "p3" and i.msg.introduced == 0]
 
 
 def test_a_silent_member_is_greeted_where_other_members_place_it_once_then_with_the_dead():
