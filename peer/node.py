@@ -389,6 +389,10 @@ class Node:
         else:
             raise TypeError(f"unknown instruction {ins!r}")
 
+    def refusals(self) -> int:
+        """Hellos this peer refused, and refusals of its own, in this life."""
+        return self.dropped[ErrorCode.COHORT_MISMATCH] + self.dropped["refused"]
+
     def _log_change(self, change, level: int | None = None, note: str = "") -> None:
         """Log a membership change and tell the observer (a ``member`` event). A join is
         one line per member and peer: a million lines for a thousand peers (with swim),
@@ -488,7 +492,7 @@ class Node:
             # suggested (one that refused our hello) read "only 4 of 4 peers joined".
             greeted, departed = self.procedures.cohort_so_far()
             joined = 1 + len(greeted) + departed
-            if self.dropped[ErrorCode.COHORT_MISMATCH] or self.dropped["refused"]:
+            if self.refusals():
                 causes.append("hellos were refused (the reasons are logged above)")
             log.warning("%s: only %d of %d peers joined (none new for %.0fs: %s); starting "
                         "anyway%s", self.id, joined, need, self.timing.join_timeout_s,

@@ -326,6 +326,9 @@ class RoundRecorder:
         who = ("no peer of the cohort answered" if heard == 0 else
                f"only {heard} other peer(s) of the cohort answered, fewer than the "
                f"{self.need} a result needs (node.quorum)")
+        if self.node.refusals():  # (it was "the cohort has finished or is down")
+            who += ("; hellos were refused (the reasons are logged above: a cohort.rounds "
+                    "or other term that differs from the cohort's; make the configs agree)")
         raise CohortGone(
             f"resumed after round {self.resumed_after} but {who} within "
             f"timing.join_timeout_s={self.timing.join_timeout_s:g}s: the cohort has finished "

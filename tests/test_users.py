@@ -1221,3 +1221,43 @@ def test_a_peer_that_stops_alone_names_the_fix_for_why_nobody_joined():
     silent = nobody_joined("fedavg", boot, 10, [])
     assert "check that a peer listens there (address, port, firewall)" in silent
     assert "make the configs agree" in nobody_joined("fedavg", boot, 10, [key], refused=True)
+
+
+def test_a_resumed_peer_that_every_member_refuses_stops_and_says_why(tmp_path):
+    """An attack review: p1 resumed with another cohort.rounds (6 against the cohort's
+    4). Its members refuse its hello (and, PeerCore.refuse_life, everything after it),
+    so it stops as a resumed peer that nobody answered does (CohortGone), trains no
+    round alone, and says the hellos were refused: it said "the cohort has finished
+    or is down"."""
+    import asyncio
+
+    from hfl.peer.config import config_from_dict
+    from hfl.peer.runner import run_peer
+    from hfl.peer.status import CohortTooSmall
+    from hfl.peer.transport import MemoryHub
+
+    def cfg(i, rounds, run_dir):
+        return config_from_dict({
+            "security": {"mode": "none"},
+            "node": {"id": f"p{i}", "listen": f"mem://p{i}", "bootstrap": ["p0@mem://p0"] if i
+                     else [], "run_dir": str(run_dir / f"p{i}"), "min_peers": 2},
+            "cohort": {"algorithm": "fedavg", "rounds": rounds},
+            "timing": {"heartbeat_interval_s": 0.05, "suspect_after_s": 0.2, "dead_after_s": 0.4,
+                       "join_timeout_s": 1.0, "round_timeout_s": 1.0, "aggregate_grace_s": 0.2},
+            "data": {"partition": "iid", "num_partitions": 2, "partition_index": i},
+            "model": {"arch": "mlp", "options": {"hidden": [8]}}, "train": {"max_batches": 1},
+        })
+
+    async def run(*cfgs):
+        hub = MemoryHub()
+        return await asyncio.gather(*(run_peer(c, hub=hub) for c in cfgs),
+                                    return_exceptions=True)
+
+    first = asyncio.run(run(cfg(0, 4, tmp_path / "a"), cfg(1, 4, tmp_path / "a")))
+    assert not any(isinstance(r, BaseException) for r in first), first
+    # p0 starts over elsewhere (the cohort's 4 rounds); p1 resumes its run with 6
+    again = asyncio.run(run(cfg(0, 4, tmp_path / "b"), cfg(1, 6, tmp_path / "a")))
+    assert isinstance(again[1], CohortTooSmall), again
+    assert "hellos were refused" in str(again[1]), again[1]
+    rows = [json.loads(line) for line in (tmp_path / "a" / "p1" / "metrics.jsonl").open()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]  # nothing trained alone
