@@ -326,15 +326,16 @@ class RoundRecorder:
         who = ("no peer of the cohort answered" if heard == 0 else
                f"only {heard} other peer(s) of the cohort answered, fewer than the "
                f"{self.need} a result needs (node.quorum)")
-        if self.node.refusals():  # (it was "the cohort has finished or is down")
-            who += ("; hellos were refused (the reasons are logged above: a cohort.rounds "
-                    "or other term that differs from the cohort's; make the configs agree)")
+        why, fix = "the cohort has finished or is down", "restart the cohort"
+        if self.node.refusals():  # (it said "the cohort has finished or is down")
+            why = ("hellos were refused (the reasons are logged above: a cohort.rounds or "
+                   "another term that differs from the cohort's)")
+            fix = "make the configs agree"
         raise CohortGone(
             f"resumed after round {self.resumed_after} but {who} within "
-            f"timing.join_timeout_s={self.timing.join_timeout_s:g}s: the cohort has finished "
-            "or is down, so this peer stops instead of running the remaining rounds without "
-            f"it; nothing was recorded for round {r} (restart the cohort, or allow it with "
-            "node.allow_solo: true)")
+            f"timing.join_timeout_s={self.timing.join_timeout_s:g}s: {why}, so this peer "
+            "stops instead of running the remaining rounds without it; nothing was recorded "
+            f"for round {r} ({fix}, or allow it with node.allow_solo: true)")
 
     async def hold(self, r: int, node: Node) -> None:
         """Awaited by the node before round ``r``'s checkpoint: while watching, hold the
