@@ -660,7 +660,8 @@ def test_the_join_gives_up_join_timeout_s_after_the_last_arrival(tmp_path, caplo
     assert all(res.metrics[0]["live_peers"] == 2 for res in results)
     assert join <= took < join + WAIT_S
     said = [r.getMessage() for r in caplog.records if "peers joined" in r.getMessage()]
-    assert any("only 2 of 3 peers joined (none new for 1s); starting anyway" in m for m in said)
+    assert any("only 2 of 3 peers joined (none new for 1s: p0, p1); starting anyway" in m
+               for m in said)
     # ... and the same as a typed note (events.jsonl), which tools read instead of the line
     short = sorted((peer, f["joined"], f["need"]) for e, peer, f in notes if e == "join_short")
     assert short == [("p0", 2, 3), ("p1", 2, 3)]

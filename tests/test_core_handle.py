@@ -621,12 +621,23 @@ def test_every_function_protocol_md_names_behind_a_rule_exists():
     import importlib
     import re
 
-    from hfl.peer import inbox, membership, node, outbox, procedures, rounds, runner, seeds
+    from hfl.peer import (
+        inbox,
+        membership,
+        node,
+        outbox,
+        procedures,
+        rounds,
+        runner,
+        seeds,
+        transport,
+    )
     spec = (Path(__file__).resolve().parent.parent / "PROTOCOL.md").read_text()
     owners = {"PeerCore": PeerCore, "Membership": Membership, "Node": node.Node,
               "RoundProcedures": procedures.RoundProcedures, "RoundBuffer": rounds.RoundBuffer,
               "Member": membership.Member, "SeedStore": seeds.SeedStore, "Outbox": outbox.Outbox,
-              "RoundRecorder": runner.RoundRecorder, "FloodBudget": inbox.FloodBudget}
+              "RoundRecorder": runner.RoundRecorder, "FloodBudget": inbox.FloodBudget,
+              "ZmqTransport": transport.ZmqTransport}
     named = set(re.findall(r"`([A-Z]\w*)\.(\w+)`", spec))
     assert len(named) > 30
     unknown = sorted({cls for cls, _ in named} - set(owners))
