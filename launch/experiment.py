@@ -538,13 +538,14 @@ def _refuse_shared_parts(exp: ExperimentConfig, plans: list[PeerPlan]) -> None:
     greeting. A launch is refused before any peer starts, naming the field."""
     from hfl.peer.status import data_split_fingerprint
 
-    owner: dict[tuple[int, int], str] = {}
+    owner: dict[tuple[str, int, int], str] = {}
     for plan in plans:
         split = data_split_fingerprint(plan.config.data).get("data_split")
         if split is None:
             continue
         part = plan.config.data.partition_index
-        other = owner.setdefault((split, part), plan.id)
+        # (per cohort: two cohorts of one experiment never greet each other, a review)
+        other = owner.setdefault((plan.config.cohort.name, split, part), plan.id)
         if other != plan.id:
             origin = _origin("data.partition_index", exp.peer_overrides.get(plan.id, {}),
                              exp.defaults)

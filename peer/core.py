@@ -520,7 +520,7 @@ class PeerCore:
             hello = self.hello()
             out += [Send(a, hello, 0.05, peer) for peer, a in self.bootstrap
                     if peer and peer != self.id and peer not in mem.members
-                    and a != mem.self_address]
+                    and peer not in self.refused_lives and a != mem.self_address]
         # A member silent to us that gossip places somewhere else (a lead): greeted there
         # when a reporter first names the place, then once per dead_after_s with the dead
         # (a member must not make every peer send a hello a tick to a place it names).
@@ -1092,7 +1092,7 @@ class PeerCore:
 
     def refuse_life(self, peer: str, incarnation: int, why: str) -> None:
         """Take nothing more from ``peer``'s life ``incarnation`` (or an earlier one):
-        its hello disagreed with ours, or it refused ours. Before, a refused peer known
+        its hello disagreed with ours. Before, a refused peer known
         to this one (gossiped by a member, or a member before its restart with another
         config) was taken back by its next message of any kind, its refusal of our hello
         included: its knowledge and results taken, elected in the rotation (an attack
@@ -1100,13 +1100,21 @@ class PeerCore:
         the cohort's results again 1.4 s later)."""
         if peer not in self.refused_lives and len(self.refused_lives) >= self.MAX_REFUSED:
             self.refused_lives.pop(next(iter(self.refused_lives)))
-        self.refused_lives[peer] = (incarnation, why)
+        held = self.refused_lives.get(peer, (incarnation, why))[0]
+        self.refused_lives[peer] = (max(held, incarnation), why)  # (a late hello: not lower)
 
     def refused_life(self, msg: Message) -> Drop | None:
         """The drop of a message from a life :meth:`refuse_life` refused, or None. A
-        later life is taken as any new one: its hello is checked again."""
+        later life is taken as any new one: its hello is checked again. A ``welcome``
+        lifts the refusal: the peer took our hello, so its terms agree with ours (the
+        check is the same both ways). Else one hello forged in its name (plaintext:
+        anyone can claim any id) shut out a member that never greets us again, for the
+        rest of the run (a review: it looks alive to its own side)."""
         refused = self.refused_lives.get(msg.sender)
         if refused is None or msg.incarnation > refused[0]:
+            return None
+        if isinstance(msg, Welcome):
+            del self.refused_lives[msg.sender]
             return None
         if isinstance(msg, Error):  # (its refusal of ours, again: said as the first was)
             return Drop("refused", f"{msg.sender} refused our {msg.ref_type or 'message'}: "
@@ -1125,12 +1133,6 @@ class PeerCore:
             return Drop(ErrorCode.NOT_MEMBER, f"{msg.TYPE} from {msg.sender!r}: not on the allow-list")
         if isinstance(msg, Hello):
             return None
-        if isinstance(msg, Error) and msg.ref_type == "hello" and (
-                msg.code == ErrorCode.COHORT_MISMATCH):
-            # A member that refused our hello takes nothing of ours: it is no member of
-            # ours either (its refusal was taken for the life of it: alive, elected)
-            self.refuse_life(msg.sender, msg.incarnation, f"it refused our hello: "
-                             f"{clip(msg.reason, 200)}")
         if (refused := self.refused_life(msg)) is not None:
             return refused
         mem = self.membership

@@ -1096,6 +1096,11 @@ class Membership:
         m = self.members.get(peer_id)
         return m is not None and m.status in (ALIVE, SUSPECT)
 
+    def is_dead(self, peer_id: str) -> bool:
+        """Dead by this peer's own evidence (not left: a goodbye closes its link anyway)."""
+        m = self.members.get(peer_id)
+        return m is not None and m.status == DEAD
+
     def live_peers(self) -> list[str]:
         """Other members we still wait for (alive or suspect), sorted."""
         return list(self.live_ids())

@@ -221,6 +221,7 @@ class Node:
         self.core.open_view(advertised_address(self.transport.address, self.advertise),
                             random.Random(f"{self.rng.random()}"))
         self.transport.on_link = self._on_link
+        self.transport.given_up = lambda peer: self.core.membership.is_dead(peer)
         self.membership.remember(self.known_members, self.clock.now())  # (from a checkpoint)
         log.info("%s listening on %s, reachable at %s (incarnation %d)", self.id,
                  self.transport.address, self.membership.self_address, self.incarnation)

@@ -149,6 +149,10 @@ class Transport(ABC):
     #: whose handshake completed (ZeroMQ's, CURVE's where on). ``peer_id`` is the peer the
     #: link authenticates (None without security). Set by the node; None: not reported.
     on_link: Callable[[str, str | None, bool], None] | None = None
+    #: Called as ``given_up(peer_id)``: whether the node holds that member dead by its own
+    #: evidence, so that a silent link to it may be closed and dialled afresh
+    #: (ZmqTransport._close_silent_links). Set by the node; None: no link is closed.
+    given_up: Callable[[str], bool] | None = None
 
     def housekeeping(self) -> None:  # noqa: B027 - optional hook
         """Periodic chores (the node calls it every heartbeat): e.g. report the
@@ -365,6 +369,9 @@ class ZmqTransport(Transport):
                     up = event["event"] == zmq.EVENT_CONNECTED
                     if self._dealers.get(key) is sock:  # (not a link closed since)
                         (self._connected.add if up else self._connected.discard)(key)
+                        if up:  # (silence counts from here: a link redialled during a
+                            # cut was closed again at the heal, before its peer spoke)
+                            self._dialled_at[key] = time.monotonic()
                         if not up and shook and self.on_link is not None:
                             self.on_link(address, key[1], False)
                     shook = False
@@ -834,18 +841,22 @@ class ZmqTransport(Transport):
         sock.close(linger=0)
 
     def _close_silent_links(self) -> None:
-        """Close each link up that we sent on since its peer was last heard from (or the
-        link dialled), when that was link_timeout_ms ago: its connection is held by
-        TCP's backed-off retransmissions (a partition), and a new dial reaches the peer
-        as soon as the network does. No hint for failure detection: silence decided
-        that already. Not a link a send waits on (that send times out first)."""
+        """Close each link up to a member the node holds dead (:attr:`given_up`) that we
+        sent on since it was last heard from (or the link dialled), when that was
+        link_timeout_ms ago: its connection is held by TCP's backed-off retransmissions
+        (a partition), and a new dial reaches the peer as soon as the network does. Only
+        a dead member's: with swim a live member may say nothing to us for longer than
+        that (a knowledge upload to an aggregator that answers nobody directly), and its
+        link was closed with what it still queued (a review: 4,739 closes in a calm
+        100-peer run). Not a link a send waits on (that send times out first)."""
         timeout = self.options.link_timeout_ms / 1000
-        if timeout <= 0:
+        given_up = self.given_up
+        if timeout <= 0 or given_up is None:
             return
         now = time.monotonic()
         for key in [k for k in self._connected if not self._waiting.get(k)]:
             peer = self._link_peer.get(key)
-            if peer is None:
+            if peer is None or not given_up(peer):
                 continue
             since = max(self._heard_at.get(peer, -math.inf), self._dialled_at.get(key, -math.inf))
             if self._sent_at.get(key, -math.inf) > since and now - since > timeout:
@@ -1207,6 +1218,14 @@ class FaultyTransport(Transport):
     @on_link.setter
     def on_link(self, hook) -> None:
         self.inner.on_link = hook
+
+    @property
+    def given_up(self):
+        return self.inner.given_up
+
+    @given_up.setter
+    def given_up(self, hook) -> None:
+        self.inner.given_up = hook
 
     def __init__(self, inner: Transport, plan: FaultPlan):
         super().__init__(inner.peer_id, inner.address)

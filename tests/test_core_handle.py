@@ -867,8 +867,16 @@ def test_a_peer_whose_hello_was_refused_is_taken_back_by_no_other_message():
     assert not [i for i in core.handle("p2", dataclasses.replace(beat, incarnation=2), 31.1)
                 if isinstance(i, Dropped)]
     assert "p2" in core.membership.live_view()
-    # A member that refuses our hello (its config differs) is no member of ours either
-    core.handle("p1", dataclasses.replace(refusal, sender="p1", incarnation=0), 31.2)
+    # A hello forged in p1's name (plaintext: anyone can claim any id) shuts p1 out only
+    # until p1 takes our hello: its welcome says its terms agree (a review: p1, alive to
+    # its own side, never greets us again, and was shut out for the run). A refusal of
+    # ours that a member sends (or that is forged) refuses nothing.
+    core.handle("p1", dataclasses.replace(hello("p1", rounds=7), incarnation=0), 31.2)
     beat1 = Heartbeat(sender="p1", incarnation=0, round=1)
     assert [i.code for i in core.handle("p1", beat1, 31.3) if isinstance(i, Dropped)] == [
         "cohort_mismatch"]
+    welcome = Welcome(sender="p1", incarnation=0, address="mem://p1", round=1)
+    assert not [i for i in core.handle("p1", welcome, 31.4) if isinstance(i, Dropped)]
+    assert not [i for i in core.handle("p1", beat1, 31.5) if isinstance(i, Dropped)]
+    core.handle("p1", dataclasses.replace(refusal, sender="p1", incarnation=0), 31.6)
+    assert not [i for i in core.handle("p1", beat1, 31.7) if isinstance(i, Dropped)]

@@ -826,3 +826,7 @@ def test_two_peers_given_one_part_of_a_data_split_are_refused_before_any_starts(
         "p1": {"data": {"partition_index": 0, "seed": 2}}})
     assert [p.config.data.partition_index for p in expand(other, ports=[7000, 7001],
                                                           write=False)] == [0, 0]
+    two = make(tmp_path, peers=2, peer_overrides={
+        "p0": {"data": {"partition_index": 0}, "cohort": {"name": "a"}},
+        "p1": {"data": {"partition_index": 0}, "cohort": {"name": "b"}}})
+    assert len(expand(two, ports=[7000, 7001], write=False)) == 2  # two cohorts: no overlap

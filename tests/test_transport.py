@@ -875,9 +875,10 @@ def test_zmq_a_link_whose_peer_stops_answering_is_closed_and_dialled_again():
     # An attack review, peers in network namespaces: a link cut by a partition (no reset
     # reaches anyone) stayed up on TCP's backed-off retransmissions, and traffic came
     # back up to the cut's length after the heal (46.6 s after 60 s). A link we send on
-    # whose peer says nothing for link_timeout_ms is closed, and dialled afresh by the
-    # next send; here a peer process that answers each message, stopped (SIGSTOP: no
-    # answer, as behind a partition), then continued. Not by libzmq's link heartbeats
+    # whose peer the node holds dead and that says nothing for link_timeout_ms is
+    # closed, and dialled afresh by the next send (a live one, quiet, is not: with swim a
+    # member answers few of our messages); here a peer process that answers each
+    # message, stopped (SIGSTOP: no answer, as behind a partition), then continued. Not by libzmq's link heartbeats
     # (ZMQ_HEARTBEAT_IVL): libzmq 4.3.5 aborted every peer on them as a long cut healed.
     import os
     import signal
@@ -902,6 +903,8 @@ def test_zmq_a_link_whose_peer_stops_answering_is_closed_and_dialled_again():
         child.stdin.flush()
         b = f"tcp://127.0.0.1:{port}"
         answers = []
+        dead = [False]  # the node's verdict on b (Transport.given_up)
+        a.given_up = lambda peer: peer == "b" and dead[0]
 
         async def talk(seconds: float) -> None:  # a message and housekeeping a tick
             end = time.monotonic() + seconds
@@ -919,8 +922,12 @@ def test_zmq_a_link_whose_peer_stops_answering_is_closed_and_dialled_again():
             sock, _ = a._dealer(b, "b")
             assert sock.getsockopt(zmq.HEARTBEAT_IVL) == 0  # (libzmq's: off)
             os.kill(child.pid, signal.SIGSTOP)
-            await talk(1.5)
+            await talk(1.5)  # silent, but alive to the node (a swim member answers few)
+            assert a.silent_links_closed == 0
+            dead[0] = True  # dead by the node's own evidence: a partition, say
+            await talk(1.0)
             assert a.silent_links_closed >= 1  # closed, dialled again by the next send
+            dead[0] = False
             os.kill(child.pid, signal.SIGCONT)
             before = len(answers)
             for _ in range(100):  # (answers again within a few ticks: 5 s at most)
