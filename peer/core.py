@@ -191,8 +191,8 @@ class PeerCore:
         self.round_began = 0.0  # clock time the current round started
         self.joining = True  # until the join ends (RoundProcedures.join)
         self._asked_view_at = -math.inf  # lazy join: when we last asked a member for its view
-        #: peer -> (incarnation, why) of a hello we refused, or of its refusal of ours:
-        #: nothing else from that life or an earlier one is taken (refused_life)
+        #: peer -> (incarnation, why) of a hello we refused: nothing else from that life
+        #: or an earlier one is taken until it agrees (refused_life)
         self.refused_lives: dict[str, tuple[int, str]] = {}
         #: lazy join: (member, incarnation) -> how much of its view we have (its view_upto)
         self._view_cursor: dict[tuple[str, int], int] = {}

@@ -391,7 +391,8 @@ class Node:
             raise TypeError(f"unknown instruction {ins!r}")
 
     def refusals(self) -> int:
-        """Hellos this peer refused, and refusals of its own, in this life."""
+        """Messages this peer dropped for a refused handshake (theirs, or the answer to
+        its own hello), in this life: more than 0 says the cohort's configs differ."""
         return self.dropped[ErrorCode.COHORT_MISMATCH] + self.dropped["refused"]
 
     def _log_change(self, change, level: int | None = None, note: str = "") -> None:

@@ -67,9 +67,10 @@ class TransportOptions:
     recv_hwm: int = 16
     reconnect_ivl_ms: int = 100  # first reconnect attempt after a dropped link...
     reconnect_ivl_max_ms: int = 2000  # ...then exponential backoff up to this
-    # A link we sent on whose peer we heard nothing from (on any link) for link_timeout_ms
-    # since is closed, and the next send dials it afresh (hfl-peer: twice dead_after_s,
-    # after silence's own verdict; 0: never); a dial gives up after connect_timeout_ms
+    # A link to a member the node holds dead (Transport.given_up) that we sent on, whose
+    # peer we heard nothing from (on any link) for link_timeout_ms since it connected, is
+    # closed, and the next send dials it afresh (hfl-peer: twice dead_after_s, after
+    # silence's own verdict; 0: never); a dial gives up after connect_timeout_ms
     # and tries again. Without it a link cut by a partition (no reset reaches anyone)
     # stayed up on TCP's backed-off retransmissions, and traffic came back up to the
     # partition's length after the heal (an attack review, network namespaces: 46.6 s
