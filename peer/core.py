@@ -915,6 +915,12 @@ class PeerCore:
                       else self.seeds.offer(msg))  # (the store checks what it keeps)
             if reason:
                 return [*out, Dropped("seed_rejected", reason)]
+        elif isinstance(msg, Error) and msg.ref_type == "hello" and (
+                msg.code == ErrorCode.COHORT_MISMATCH):
+            # A member refused our hello (restarted with another config, say): said as a
+            # stranger's refusal is, and counted (a resumed peer's stop names it)
+            out.append(Refused(f"{msg.sender} refused our hello: {msg.code}: "
+                               f"{clip(msg.reason, 300)}"))
         elif isinstance(msg, Error):
             out.append(Say(logging.WARNING, "%s: %s reports %s: %s",
                            (self.id, msg.sender, clip(msg.code), clip(msg.reason, 300))))
