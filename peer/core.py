@@ -974,7 +974,13 @@ class PeerCore:
         drop = self.admit_hello(msg)
         if drop is not None:
             return [Dropped(drop.code, drop.reason)]
-        self.refused_lives.pop(msg.sender, None)  # (its terms agree now: a new config)
+        if msg.sender in self.refused_lives:
+            if msg.incarnation < self.refused_lives[msg.sender][0]:
+                # An earlier life's late hello: it lifted a later life's refusal, and
+                # that life was taken in by its next heartbeat (a review)
+                return [Dropped("stale_incarnation", f"hello from {msg.sender} incarnation "
+                                f"{msg.incarnation}, a life before one whose hello was refused")]
+            del self.refused_lives[msg.sender]  # (its terms agree now: a new config)
         out: list[Instruction] = []
         change = mem.heard_from(msg.sender, msg.incarnation, now, address=msg.address,
                                 round=msg.round)
@@ -1119,7 +1125,8 @@ class PeerCore:
         refused = self.refused_lives.get(msg.sender)
         if refused is None or msg.incarnation > refused[0]:
             return None
-        if isinstance(msg, Welcome):
+        if isinstance(msg, Welcome) and msg.incarnation == refused[0]:
+            # (that life's own: an earlier life's late welcome lifted a later one's, a review)
             del self.refused_lives[msg.sender]
             return None
         if isinstance(msg, Error):  # (its refusal of ours, again: said as the first was)

@@ -481,6 +481,10 @@ class ZmqTransport(Transport):
         sock = self._dealers.pop(key, None)
         if sock is not None:
             self._dealers[key] = sock  # (the most recently used last: _evict_link)
+            if peer_id and self.security is None:
+                # (plaintext: one link per address, whoever listens there now; labelled
+                # with a dead member's id, a live peer's link was closed as silent)
+                self._link_peer[key] = peer_id
         if sock is None and self._redial_at.get(key, 0.0) > time.monotonic():
             raise zmq.Again()  # refused a moment ago: dial again after the backoff
         if sock is None:
