@@ -80,7 +80,8 @@ class TransportOptions:
     # every peer of a cohort, after cuts of 20 s and more (a review, network namespaces).
     link_timeout_ms: int = 10000
     connect_timeout_ms: int = 3000
-    linger_ms: int = 0  # never block process exit on unsent messages
+    linger_ms: int = 0  # never block process exit on unsent messages...
+    goodbye_linger_ms: int = 250  # ...but what close() finds queued gets this long to go
     # Bytes of large messages (a frame of 64 KiB or more) queued for one link and not
     # yet written to its connection, at most: max(this, 4 x the largest message sent so
     # far). Beyond it a send to that link is as on a full queue: it waits up to its
@@ -821,13 +822,15 @@ class ZmqTransport(Transport):
                         len(self._dealers), self._evicted)
         self._close_dealer(key)
 
-    def _close_dealers(self, address: str | None = None, peer_id: str | None = None) -> None:
+    def _close_dealers(self, address: str | None = None, peer_id: str | None = None,
+                       linger_ms: int = 0) -> None:
         """Close the links to ``address`` (every link when None), only ``peer_id``'s if given."""
         for key in [k for k in self._dealers if (address is None or k[0] == address)
                     and (peer_id is None or k[1] == peer_id)]:
-            self._close_dealer(key)
+            self._close_dealer(key, linger_ms=linger_ms)
 
-    def _close_dealer(self, key: tuple[str, str | None], watch: bool = True) -> None:
+    def _close_dealer(self, key: tuple[str, str | None], watch: bool = True,
+                      linger_ms: int = 0) -> None:
         watching = self._dial_monitors.pop(key, None)
         sock = self._dealers.pop(key)
         if watch and watching is not None:
@@ -843,7 +846,7 @@ class ZmqTransport(Transport):
         self._queued.pop(key, None)
         for kept in (self._link_peer, self._dialled_at, self._sent_at):
             kept.pop(key, None)
-        sock.close(linger=0)
+        sock.close(linger=linger_ms)
 
     def _close_silent_links(self) -> None:
         """Close each link up to a member the node holds dead (:attr:`given_up`) that we
@@ -877,7 +880,11 @@ class ZmqTransport(Transport):
         self._closing = True
         _on_sighup(self, stop=True)
         watchers = [watcher for watcher, _ in self._dial_monitors.values()]
-        self._close_dealers()
+        # What is queued on a link up (a goodbye, sent just before) gets this long to go
+        # out: closed at once, it was lost when libzmq had not written it yet, and the
+        # member took the peer's exit for a crash that may come back (a fresh-clone CI
+        # run, Ctrl-C: its next round waited 15 s for it). Links down queue nothing.
+        self._close_dealers(linger_ms=self.options.goodbye_linger_ms)
         await asyncio.gather(*watchers, return_exceptions=True)
         if self._monitor_task is not None:
             self._monitor_task.cancel()
