@@ -97,6 +97,12 @@ class Drop:
     reason: str
 
 
+def refusal(msg: Error) -> Drop:
+    """An ``error`` refusing one of our messages, as the shell says it (a Refused line)."""
+    return Drop("refused", f"{msg.sender} refused our {msg.ref_type or 'message'}: "
+                           f"{msg.code}: {msg.reason}")
+
+
 #: A hello's ``shared`` terms that stay off the wire at their default (a hello is then
 #: as before the option existed), and what their absence means: the values a refusal
 #: names, and what a peer that sends the default explicitly agrees with.
@@ -919,8 +925,7 @@ class PeerCore:
                 msg.code == ErrorCode.COHORT_MISMATCH):
             # A member refused our hello (restarted with another config, say): said as a
             # stranger's refusal is, and counted (a resumed peer's stop names it)
-            out.append(Refused(f"{msg.sender} refused our hello: {msg.code}: "
-                               f"{clip(msg.reason, 300)}"))
+            out.append(Refused(refusal(msg).reason))
         elif isinstance(msg, Error):
             out.append(Say(logging.WARNING, "%s: %s reports %s: %s",
                            (self.id, msg.sender, clip(msg.code), clip(msg.reason, 300))))
@@ -1130,8 +1135,7 @@ class PeerCore:
             del self.refused_lives[msg.sender]
             return None
         if isinstance(msg, Error):  # (its refusal of ours, again: said as the first was)
-            return Drop("refused", f"{msg.sender} refused our {msg.ref_type or 'message'}: "
-                                   f"{msg.code}: {msg.reason}")
+            return refusal(msg)
         return Drop(ErrorCode.COHORT_MISMATCH, f"{msg.TYPE} from {msg.sender}: its hello was "
                     f"refused ({refused[1]}): nothing from it is taken until a hello of it "
                     "agrees")
@@ -1154,8 +1158,7 @@ class PeerCore:
                 pass  # the answer to our hello: the peer speaks for itself
             elif isinstance(msg, Error):
                 # Most likely the refusal of our hello: the shell logs its reason loudly.
-                return Drop("refused", f"{msg.sender} refused our {msg.ref_type or 'message'}: "
-                                       f"{msg.code}: {msg.reason}")
+                return refusal(msg)
             else:
                 return Drop(ErrorCode.NOT_MEMBER, f"{msg.TYPE} from unknown peer {msg.sender!r}")
         elif not mem.is_current(msg.sender, msg.incarnation):
