@@ -25,7 +25,7 @@ class RoundLedger:
         self.evaluate_every = evaluate_every
         # One per evaluated round, this life; only the last where the caller reads the
         # lines from metrics.jsonl (hfl-peer): kept all, they grew the process by 1.6 MB
-        # a thousand rounds for as long as it ran (a review: 170 MB at 100k rounds).
+        # a thousand rounds for as long as it ran (a review; at that rate, 170 MB at 100k rounds).
         self.lines: list[dict[str, Any]] = []
         self.keep_lines = keep_lines
         self.max_live_peers = 1  # the most live peers a line of this life saw

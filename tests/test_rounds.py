@@ -138,7 +138,7 @@ def test_catch_up_only_for_coordinated_modes_and_never_past_the_last_round():
 
 def test_a_peer_process_keeps_only_its_last_metrics_line_in_memory():
     # A review: every line was kept for the process's life (1.6 MB a thousand rounds,
-    # 170 MB at 100k), though hfl-peer reads its lines from metrics.jsonl. Kept: the
+    # so 170 MB at 100k), though hfl-peer reads its lines from metrics.jsonl. Kept: the
     # last line and the most live peers any line saw (the summary's).
     from types import SimpleNamespace
 
